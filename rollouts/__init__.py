@@ -1,0 +1,4 @@
+"""Playwright browser environment, action grammar + parser, prompt builder, policies, async engine.
+
+Built by the live-rollouts issue; imports only ``warehouse``.
+"""

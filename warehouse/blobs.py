@@ -1,0 +1,120 @@
+"""Content-addressed blob store for screenshots, accessibility trees, prompts and long texts.
+
+A blob is named by the sha256 of its bytes and stored at ``root/ab/cd/abcd…`` (two levels of
+sharding keep folders small). Writes are atomic (temp file + rename) and deduplicated: putting
+the same bytes twice stores one file. Reads verify the hash; bytes that no longer match it raise
+:class:`BlobCorruptError` naming the blob and its path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class BlobError(RuntimeError):
+    """Base of blob store errors."""
+
+
+class BlobNotFoundError(BlobError, KeyError):
+    """No blob with this hash is in the store."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class BlobCorruptError(BlobError):
+    """A stored blob's bytes no longer hash to its name."""
+
+
+@dataclass(frozen=True)
+class PutResult:
+    hash: str
+    size: int
+    new: bool  # False when the blob was already stored (deduplicated)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BlobStore:
+    """A folder of blobs addressed by sha256."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, digest: str) -> Path:
+        """Where the blob ``digest`` lives (whether or not it exists)."""
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise BlobError(f"not a sha256 hex digest: {digest!r}")
+        return self.root / digest[:2] / digest[2:4] / digest
+
+    def put(self, data: bytes) -> PutResult:
+        """Store ``data``; return its hash. Atomic, and a no-op when already stored."""
+        digest = sha256_hex(data)
+        target = self.path(digest)
+        if target.exists():
+            return PutResult(digest, len(data), new=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return PutResult(digest, len(data), new=True)
+
+    def put_text(self, text: str) -> PutResult:
+        return self.put(text.encode("utf-8"))
+
+    def get(self, digest: str) -> bytes:
+        """The blob's bytes, verified against its hash."""
+        path = self.path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise BlobNotFoundError(f"blob {digest} not found under {self.root}") from None
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise BlobCorruptError(
+                f"blob {digest} is corrupt: its bytes at {path} hash to {actual}"
+            )
+        return data
+
+    def get_text(self, digest: str) -> str:
+        return self.get(digest).decode("utf-8")
+
+    def exists(self, digest: str) -> bool:
+        return self.path(digest).exists()
+
+    def __iter__(self) -> Iterator[str]:
+        if not self.root.exists():
+            return
+        for path in self.root.glob("??/??/*"):
+            if not path.name.startswith(".tmp-"):
+                yield path.name
+
+    def verify(self) -> list[str]:
+        """Hashes of all corrupt blobs in the store (empty when all are intact)."""
+        bad = []
+        for digest in self:
+            try:
+                self.get(digest)
+            except BlobCorruptError:
+                bad.append(digest)
+        return bad
+
+    def stats(self) -> tuple[int, int]:
+        """(number of blobs, total bytes)."""
+        n = size = 0
+        for digest in self:
+            n += 1
+            size += self.path(digest).stat().st_size
+        return n, size

@@ -1,0 +1,113 @@
+"""A small migration runner: versioned ``schema/NNNN_name.sql`` files and a version table.
+
+Each file is applied once, in its own transaction, and recorded in ``webloop_schema``. Several
+processes opening a fresh warehouse at once race safely: a losing transaction conflicts, is
+retried, and then finds the version already applied. Opening a warehouse whose schema is newer
+than this code raises :class:`SchemaTooNewError` instead of guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from warehouse.connection import LAKE, WarehouseError, with_retry
+
+SCHEMA_DIR = Path(__file__).parent / "schema"
+VERSION_TABLE = "webloop_schema"
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+class SchemaTooNewError(WarehouseError):
+    """The warehouse was written by a newer webloop than the one running."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available(schema_dir: Path = SCHEMA_DIR) -> list[Migration]:
+    """The migrations shipped with this code, in version order (gaps are an error)."""
+    found = []
+    for path in sorted(schema_dir.glob("*.sql")):
+        m = _NAME.match(path.name)
+        if not m:
+            raise WarehouseError(f"{path}: migration files are named NNNN_name.sql")
+        found.append(Migration(int(m.group(1)), m.group(2), path.read_text(encoding="utf-8")))
+    for expected, mig in enumerate(found, start=1):
+        if mig.version != expected:
+            raise WarehouseError(f"{schema_dir}: migration {expected:04d} is missing")
+    return found
+
+
+def latest_version(schema_dir: Path = SCHEMA_DIR) -> int:
+    migs = available(schema_dir)
+    return migs[-1].version if migs else 0
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The schema version recorded in the warehouse (0 for an empty one)."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+        [LAKE, VERSION_TABLE],
+    ).fetchone()[0]
+    if not exists:
+        return 0
+    row = con.execute(f"SELECT max(version) FROM {LAKE}.{VERSION_TABLE}").fetchone()
+    return int(row[0] or 0)
+
+
+def check_not_newer(con: duckdb.DuckDBPyConnection, schema_dir: Path = SCHEMA_DIR) -> int:
+    """Raise if the warehouse schema is newer than this code knows; return its version."""
+    have, know = current_version(con), latest_version(schema_dir)
+    if have > know:
+        raise SchemaTooNewError(
+            f"this warehouse has schema version {have}, but this webloop only knows versions up "
+            f"to {know}: upgrade webloop (pip install -U webloop) to open it"
+        )
+    return have
+
+
+def migrate(con: duckdb.DuckDBPyConnection, schema_dir: Path = SCHEMA_DIR) -> list[int]:
+    """Apply pending migrations; return the versions applied by this call."""
+    applied: list[int] = []
+    check_not_newer(con, schema_dir)
+    for mig in available(schema_dir):
+        if with_retry(lambda mig=mig: _apply(con, mig), what=f"migration {mig.version}"):
+            applied.append(mig.version)
+    return applied
+
+
+def _apply(con: duckdb.DuckDBPyConnection, mig: Migration) -> bool:
+    con.execute("BEGIN")
+    try:
+        if current_version(con) >= mig.version:
+            con.execute("ROLLBACK")
+            return False
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS {LAKE}.{VERSION_TABLE} "
+            "(version BIGINT NOT NULL, name VARCHAR, applied_at TIMESTAMP WITH TIME ZONE)"
+        )
+        con.execute(mig.sql)
+        con.execute(
+            f"INSERT INTO {LAKE}.{VERSION_TABLE} VALUES (?, ?, now())", [mig.version, mig.name]
+        )
+        con.execute("CALL lake.set_commit_message('webloop', ?)", [f"migration {mig.version}"])
+        con.execute("COMMIT")
+        return True
+    except BaseException:
+        _rollback(con)
+        raise
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass

@@ -1,0 +1,321 @@
+"""The warehouse: typed, idempotent bulk writes and polars reads over the DuckLake.
+
+Open one with :meth:`Warehouse.open` (from the environment) and use it from one thread; every
+process opens its own. Writes take records or frames of one record type, run in a transaction
+(retried on contention) and are idempotent by key: rewriting a row leaves one copy, and a row
+whose non-volatile columns did not change is not rewritten at all (no new snapshot churn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import polars as pl
+
+from warehouse import migrations
+from warehouse.blobs import BlobStore
+from warehouse.config import WarehouseConfig, redact
+from warehouse.connection import LAKE, WarehouseError, connect, with_retry
+from warehouse.records import (
+    TERMINAL_STATUSES,
+    Record,
+    Step,
+    Trajectory,
+    conform,
+    from_frame,
+    to_frame,
+)
+
+R = TypeVar("R", bound=Record)
+T = TypeVar("T")
+QUERY_DIR = Path(__file__).parent / "queries"
+Rows = Sequence[Record] | pl.DataFrame
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """How many rows a write inserted and updated (unchanged rows count in neither)."""
+
+    inserted: int = 0
+    updated: int = 0
+
+    def __add__(self, other: WriteResult) -> WriteResult:
+        return WriteResult(self.inserted + other.inserted, self.updated + other.updated)
+
+
+class Warehouse:
+    """A connection to one webloop warehouse (catalog + data files + blob store)."""
+
+    def __init__(self, cfg: WarehouseConfig, con: duckdb.DuckDBPyConnection) -> None:
+        self.cfg = cfg
+        self.con = con
+        self.blobs = BlobStore(cfg.blob_path)
+        # traj_id -> (status, n_steps) of trajectories known to be stored, per run loaded once:
+        # lets write_trajectories skip a scan of the steps table on every batch.
+        self._known: dict[str, tuple[str, int]] = {}
+        self._known_runs: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        cfg: WarehouseConfig | None = None,
+        *,
+        migrate: bool = True,
+        read_only: bool = False,
+    ) -> Warehouse:
+        """Open (and by default create or upgrade) the warehouse described by ``cfg``/the env."""
+        cfg = cfg or WarehouseConfig.from_env()
+        con = connect(cfg, read_only=read_only)
+        try:
+            if migrate and not read_only:
+                migrations.migrate(con)
+            else:
+                migrations.check_not_newer(con)
+        except BaseException:
+            con.close()
+            raise
+        return cls(cfg, con)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads ----------------------------------------------------------------------------------
+    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
+        """Run a query (values as ``?`` or ``$name`` parameters) and return a polars frame."""
+        try:
+            return with_retry(lambda: self.con.execute(query, params).pl(), what="query")
+        except duckdb.Error as exc:
+            raise type(exc)(redact(str(exc), self.cfg.secret)) from None
+
+    def read(
+        self,
+        cls: type[Record],
+        where: str | None = None,
+        params: Sequence[Any] | dict[str, Any] | None = None,
+        *,
+        version: int | None = None,
+    ) -> pl.DataFrame:
+        """All rows of a record's table (optionally filtered, optionally at a pinned snapshot)."""
+        at = " AT (VERSION => $__version)" if version is not None else ""
+        q = f"SELECT * FROM {LAKE}.{cls.TABLE}{at}"
+        if where:
+            q += f" WHERE {where}"
+        if version is not None:
+            if isinstance(params, Sequence) and params:
+                raise ValueError("use named ($name) parameters together with version=")
+            params = {**(params or {}), "__version": int(version)}
+        return self.sql(q, params)
+
+    def records(
+        self,
+        cls: type[R],
+        where: str | None = None,
+        params: Sequence[Any] | dict[str, Any] | None = None,
+    ) -> list[R]:
+        """Like :meth:`read`, as record objects."""
+        return from_frame(cls, self.read(cls, where, params))
+
+    def query(self, name: str, **params: Any) -> pl.DataFrame:
+        """Run the analytic query ``warehouse/queries/<name>.sql`` with named parameters."""
+        path = QUERY_DIR / f"{name}.sql"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in QUERY_DIR.glob("*.sql")))
+            raise WarehouseError(f"no query named {name!r} (known: {known})")
+        text = path.read_text(encoding="utf-8")
+        declared = set(re.findall(r"\$([A-Za-z_]\w*)", text))
+        unknown = set(params) - declared
+        if unknown:
+            raise WarehouseError(f"query {name!r} takes no parameter(s) {sorted(unknown)}")
+        # Parameters a query declares but the caller left out are NULL (= "no filter").
+        return self.sql(text, {k: params.get(k) for k in declared} or None)
+
+    def count(self, cls: type[Record]) -> int:
+        return int(self.sql(f"SELECT count(*) AS n FROM {LAKE}.{cls.TABLE}").item())
+
+    # -- writes ---------------------------------------------------------------------------------
+    def transaction(self, body: Callable[[], T], *, what: str, message: str | None = None) -> T:
+        """Run ``body`` in one transaction, retried as a whole on transient contention."""
+
+        def attempt() -> T:
+            self.con.execute("BEGIN")
+            try:
+                out = body()
+                if message:
+                    self.con.execute("CALL lake.set_commit_message('webloop', ?)", [message])
+                self.con.execute("COMMIT")
+                return out
+            except BaseException:
+                try:
+                    self.con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+
+        return with_retry(attempt, what=what)
+
+    def write(self, rows: Rows, cls: type[Record] | None = None) -> WriteResult:
+        """Write records (or a frame of ``cls`` rows) idempotently, in one transaction."""
+        return self.write_many([(rows, cls)])
+
+    def write_many(self, batches: Sequence[tuple[Rows, type[Record] | None]]) -> WriteResult:
+        """Write several tables' rows in ONE transaction: readers see all of it or none."""
+        prepared = [_prepare(rows, cls) for rows, cls in batches]
+        prepared = [(c, f) for c, f in prepared if f.height]
+        if not prepared:
+            return WriteResult()
+
+        def body() -> WriteResult:
+            total = WriteResult()
+            for cls, frame in prepared:
+                total += self._write_frame(cls, frame)
+            return total
+
+        result = self.transaction(body, what="write")
+        for cls, frame in prepared:
+            if cls is Trajectory:
+                self._remember(frame)
+        return result
+
+    def write_trajectories(
+        self, trajectories: Rows, steps: Rows, extra: Sequence[tuple[Rows, type[Record]]] = ()
+    ) -> WriteResult:
+        """Write trajectories with their steps (and optional other rows) in one transaction.
+
+        This is the collector's hot path. A trajectory is the unit: its steps are (re)written
+        only when the trajectory is new, or was stored unfinished or with another step count
+        (then its old steps are replaced). A finished trajectory written again leaves one copy
+        and, if unchanged, no new snapshot. Which trajectories exist is looked up once per run
+        and then tracked in memory, so a batch costs no scan of the steps table; one run is
+        meant to have one writer at a time (the collector that owns it).
+        """
+        _, trajs = _prepare(trajectories, Trajectory)
+        _, step_frame = _prepare(steps, Step)
+        orphans = set(step_frame.get_column("traj_id")) - set(trajs.get_column("traj_id"))
+        if orphans:
+            raise WarehouseError(
+                f"steps given for trajectories not in this write: {sorted(orphans)[:5]}"
+            )
+        self._load_known(set(trajs.get_column("run_id")))
+        replace: list[str] = []
+        unchanged: list[str] = []
+        for tid, status, n in trajs.select("traj_id", "status", "n_steps").iter_rows():
+            known = self._known.get(tid)
+            if known is None:
+                continue
+            if known == (status, n) and status in TERMINAL_STATUSES:
+                unchanged.append(tid)
+            else:
+                replace.append(tid)
+        new_steps = step_frame.filter(~pl.col("traj_id").is_in(unchanged))
+        extras = [_prepare(rows, cls) for rows, cls in extra]
+
+        known = pl.col("traj_id").is_in(replace + unchanged)
+        fresh, again = trajs.filter(~known), trajs.filter(known)
+
+        def body() -> WriteResult:
+            total = self._write_frame(Trajectory, fresh, all_new=True)
+            if again.height:
+                total += self._write_frame(Trajectory, again)
+            if replace:
+                self._register("__replace", pl.DataFrame({"traj_id": replace}))
+                self.con.execute(
+                    f"DELETE FROM {LAKE}.steps WHERE traj_id IN (SELECT traj_id FROM __replace)"
+                )
+            if new_steps.height:
+                self._register("__src", new_steps)
+                self.con.execute(f"INSERT INTO {LAKE}.steps SELECT * FROM __src")
+                total += WriteResult(inserted=new_steps.height)
+            for cls, frame in extras:
+                total += self._write_frame(cls, frame)
+            return total
+
+        result = self.transaction(body, what="write trajectories")
+        self._remember(trajs)
+        return result
+
+    # -- internals ------------------------------------------------------------------------------
+    def _register(self, name: str, frame: pl.DataFrame) -> None:
+        self.con.register(name, frame.to_arrow())
+
+    def _write_frame(
+        self, cls: type[Record], frame: pl.DataFrame, *, all_new: bool = False
+    ) -> WriteResult:
+        """Idempotent write of one table's rows; ``all_new`` skips the key lookup (caller knows)."""
+        self._register("__src", frame)
+        table = f"{LAKE}.{cls.TABLE}"
+        cols = [f.name for f in dataclasses.fields(cls)]
+        if all_new:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM __src")
+            return WriteResult(inserted=frame.height)
+        on = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in cls.KEY)
+        existing = self.con.execute(
+            f"SELECT count(*) FROM __src s WHERE EXISTS (SELECT 1 FROM {table} t WHERE {on})"
+        ).fetchone()[0]
+        inserted = frame.height - int(existing)
+        if cls.MODE == "insert":
+            if inserted:
+                self.con.execute(
+                    f"INSERT INTO {table} SELECT s.* FROM __src s WHERE NOT EXISTS "
+                    f"(SELECT 1 FROM {table} t WHERE {on})"
+                )
+            return WriteResult(inserted=inserted)
+        compare = [c for c in cols if c not in cls.KEY and c not in cls.VOLATILE]
+        changed = " OR ".join(f"t.{c} IS DISTINCT FROM s.{c}" for c in compare) or "false"
+        sets = ", ".join(f"{c} = s.{c}" for c in cols if c not in cls.KEY)
+        col_list = ", ".join(cols)
+        vals = ", ".join(f"s.{c}" for c in cols)
+        affected = self.con.execute(
+            f"MERGE INTO {table} AS t USING __src AS s ON {on} "
+            f"WHEN MATCHED AND ({changed}) THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED THEN INSERT ({col_list}) VALUES ({vals})"
+        ).fetchone()[0]
+        return WriteResult(inserted=inserted, updated=int(affected) - inserted)
+
+    def _load_known(self, run_ids: set[str]) -> None:
+        todo = sorted(run_ids - self._known_runs)
+        if not todo:
+            return
+        rows = self.con.execute(
+            f"SELECT traj_id, status, n_steps FROM {LAKE}.trajectories "
+            "WHERE run_id IN (SELECT unnest(?))",
+            [todo],
+        ).fetchall()
+        for tid, status, n in rows:
+            self._known[tid] = (status, n)
+        self._known_runs.update(todo)
+
+    def _remember(self, trajs: pl.DataFrame) -> None:
+        for tid, status, n in trajs.select("traj_id", "status", "n_steps").iter_rows():
+            self._known[tid] = (status, n)
+
+
+def _prepare(rows: Rows, cls: type[Record] | None) -> tuple[type[Record], pl.DataFrame]:
+    if isinstance(rows, pl.DataFrame):
+        if cls is None:
+            raise ValueError("writing a frame needs its record type (cls=)")
+        frame = conform(cls, rows)
+    else:
+        if not rows:
+            if cls is None:
+                raise ValueError("writing an empty list needs its record type (cls=)")
+            return cls, to_frame([], cls)
+        kinds = {type(r) for r in rows}
+        if len(kinds) != 1 or (cls is not None and kinds != {cls}):
+            raise ValueError(f"one record type per write, got {sorted(k.__name__ for k in kinds)}")
+        cls = kinds.pop()
+        frame = to_frame(rows, cls)
+    # A key written twice in one batch: the last one wins (MERGE needs unique source keys).
+    return cls, frame.unique(subset=list(cls.KEY), keep="last", maintain_order=True)
