@@ -1,0 +1,1 @@
+"""Import and export of other projects' trajectory formats (Online-Mind2Web)."""

@@ -1,0 +1,373 @@
+"""Online-Mind2Web interop: its per-task trajectory folders and human labels.
+
+Layout (what Online-Mind2Web's auto-evaluators read)::
+
+    DIR/<task_id>/result.json      {"task_id", "task", "final_result_response",
+                                    "action_history": [str], "thoughts": [str]}
+    DIR/<task_id>/trajectory/*.png screenshots, ordered by the first number in the file name
+
+Human labels (``human_label.json``): 0 failure, 1 success, 2 not executable. Accepted shapes:
+``{task_id: label}``, ``[{"task_id": …, "label": …}]``, ``[{"task_id": …, "<agent>": label, …}]``
+(pick the column with ``agent=``) and ``{"<agent>": {task_id: label}}``.
+
+Import keeps going past malformed folders: each is reported with the reason, the rest imports.
+Export writes the same layout from a webloop run, plus a ``webloop`` key in ``result.json``
+(ignored by the evaluators) that lets a re-import recover the sample index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warehouse.connection import WarehouseError
+from warehouse.ids import make_id, traj_id_for
+from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
+from warehouse.store import Warehouse
+from warehouse.tasks import put_tasks
+
+SUITE = "om2w"
+LABEL_NAMES = {0: "failure", 1: "success", 2: "not_executable"}
+LABEL_CODES = {v: k for k, v in LABEL_NAMES.items()}
+_IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp"}
+_MEDIA = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
+_BATCH = 50
+
+
+@dataclass
+class ParsedFolder:
+    """One valid Online-Mind2Web task folder."""
+
+    folder: Path
+    task_id: str
+    task: str
+    answer: str | None
+    actions: list[str]
+    thoughts: list[str]
+    screenshots: list[Path]
+    website: str | None
+    sample_idx: int
+
+
+@dataclass
+class ImportReport:
+    """Outcome of :func:`import_om2w`."""
+
+    run_id: str
+    imported: list[str] = field(default_factory=list)  # trajectory ids
+    malformed: list[tuple[str, str]] = field(default_factory=list)  # (folder, reason)
+    labels_written: int = 0
+    label_problems: list[str] = field(default_factory=list)
+
+
+class MalformedFolder(ValueError):
+    """A task folder that cannot be imported; the message says why."""
+
+
+def parse_folder(folder: Path) -> ParsedFolder:
+    """Validate and read one task folder, or raise :class:`MalformedFolder` with the reason."""
+    result_path = folder / "result.json"
+    if not result_path.is_file():
+        raise MalformedFolder("no result.json")
+    try:
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedFolder(f"result.json is not valid JSON ({exc})") from None
+    if not isinstance(result, dict):
+        raise MalformedFolder("result.json is not a JSON object")
+    task_id = _require_str(result, "task_id")
+    task = _require_str(result, "task")
+    answer = result.get("final_result_response")
+    if answer is not None and not isinstance(answer, str):
+        answer = json.dumps(answer, ensure_ascii=False)
+    actions = _str_list(result, "action_history")
+    thoughts = _str_list(result, "thoughts")
+    shots_dir = folder / "trajectory"
+    if not shots_dir.is_dir():
+        raise MalformedFolder("no trajectory/ folder of screenshots")
+    shots = [p for p in shots_dir.iterdir() if p.suffix.lower() in _IMAGE_EXT]
+    unnumbered = [p.name for p in shots if not re.search(r"\d+", p.name)]
+    if unnumbered:
+        raise MalformedFolder(f"screenshot names without a step number: {unnumbered[:3]}")
+    shots.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
+    meta = result.get("webloop") if isinstance(result.get("webloop"), dict) else {}
+    sample_idx = meta.get("sample_idx", 0)
+    website = result.get("website") if isinstance(result.get("website"), str) else None
+    return ParsedFolder(
+        folder, task_id, task, answer, actions, thoughts, shots, website, int(sample_idx)
+    )
+
+
+def _require_str(result: dict[str, Any], key: str) -> str:
+    value = result.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise MalformedFolder(f"result.json: '{key}' is missing or not a non-empty string")
+    return value
+
+
+def _str_list(result: dict[str, Any], key: str) -> list[str]:
+    value = result.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise MalformedFolder(f"result.json: '{key}' must be a list of strings")
+    return ["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in value]
+
+
+def import_om2w(
+    wh: Warehouse,
+    root: str | Path,
+    *,
+    labels: str | Path | None = None,
+    run_name: str | None = None,
+    agent: str | None = None,
+    reviewer: str = "om2w-human",
+) -> ImportReport:
+    """Import every task folder under ``root`` (and optional human labels) into ``wh``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise WarehouseError(f"{root}: not a folder of Online-Mind2Web task folders")
+    label_map = read_labels(labels, agent) if labels else {}
+    run = Run(
+        run_id=run_name or make_id("om2w-import", root.resolve().name, agent),
+        kind="import",
+        name=run_name or f"om2w import of {root.name}",
+        config={"source": "online-mind2web", "folder": root.name, "agent": agent},
+        status="running",
+    )
+    wh.write([run])
+    rep = ImportReport(run_id=run.run_id)
+    parsed = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            parsed.append(parse_folder(folder))
+        except MalformedFolder as exc:
+            rep.malformed.append((folder.name, str(exc)))
+    for start in range(0, len(parsed), _BATCH):
+        _import_batch(wh, run, parsed[start : start + _BATCH], rep)
+    if labels:
+        _write_labels(wh, run.run_id, parsed, label_map, reviewer, Path(labels).name, rep)
+    wh.write([_finish(run)])
+    return rep
+
+
+def _finish(run: Run) -> Run:
+    from dataclasses import replace
+
+    return replace(run, status="completed", ended_at=utcnow())
+
+
+def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: ImportReport) -> None:
+    tasks, trajs, steps, blobs = [], [], [], {}
+    for p in batch:
+        try:
+            shot_hashes = []
+            for shot in p.screenshots:
+                put = wh.blobs.put(shot.read_bytes())
+                shot_hashes.append(put.hash)
+                blobs[put.hash] = Blob(put.hash, put.size, _MEDIA.get(shot.suffix.lower()))
+        except OSError as exc:
+            rep.malformed.append((p.folder.name, f"unreadable screenshot: {exc}"))
+            continue
+        tasks.append(
+            Task(
+                task_id=p.task_id,
+                suite=SUITE,
+                site=p.website,
+                instruction=p.task,
+                start_url=p.website or "",
+                source="online-mind2web",
+            )
+        )
+        tid = traj_id_for(run.run_id, p.task_id, p.sample_idx)
+        n = max(len(shot_hashes), len(p.actions))
+        for i in range(n):
+            action = p.actions[i] if i < len(p.actions) else None
+            steps.append(
+                Step(
+                    traj_id=tid,
+                    step_idx=i,
+                    screenshot_hash=shot_hashes[i] if i < len(shot_hashes) else None,
+                    thought=(p.thoughts[i] or None) if i < len(p.thoughts) else None,
+                    action={"raw": action} if action is not None else None,
+                    action_text=action,
+                )
+            )
+        trajs.append((tid, p, n))
+        rep.imported.append(tid)
+    stored = {t.task_id: t for t in put_tasks(wh, tasks).stored}
+    traj_rows = [
+        Trajectory(
+            traj_id=tid,
+            run_id=run.run_id,
+            task_id=p.task_id,
+            task_version=stored[p.task_id].version,
+            policy=run.config.get("agent") or "om2w-import",
+            status=FINISHED,
+            group_id=make_id("group", run.run_id, p.task_id),
+            sample_idx=p.sample_idx,
+            n_steps=n,
+            answer=p.answer,
+            meta={"folder": p.folder.name},
+        )
+        for tid, p, n in trajs
+    ]
+    wh.write_trajectories(traj_rows, steps, extra=[(list(blobs.values()), Blob)])
+
+
+def read_labels(path: str | Path, agent: str | None = None) -> dict[str, int]:
+    """Read a human-label file into ``{task_id: 0|1|2}``; raise with the reason if malformed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WarehouseError(f"{path}: cannot read human labels ({exc})") from None
+    return dict(_label_pairs(data, agent, path))
+
+
+def _label_pairs(data: Any, agent: str | None, path: Path) -> Iterator[tuple[str, Any]]:
+    if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+        if agent is None:
+            raise WarehouseError(f"{path}: labels for several agents {sorted(data)}: pick --agent")
+        if agent not in data:
+            raise WarehouseError(f"{path}: no labels for agent {agent!r} (have {sorted(data)})")
+        yield from data[agent].items()
+    elif isinstance(data, dict):
+        yield from data.items()
+    elif isinstance(data, list):
+        for i, row in enumerate(data):
+            if not isinstance(row, dict) or "task_id" not in row:
+                raise WarehouseError(f"{path}: entry {i} is not an object with a task_id")
+            yield row["task_id"], _row_label(row, agent, path, i)
+    else:
+        raise WarehouseError(f"{path}: expected a JSON object or list of labels")
+
+
+def _row_label(row: dict[str, Any], agent: str | None, path: Path, i: int) -> Any:
+    if agent is not None:
+        if agent not in row:
+            raise WarehouseError(f"{path}: entry {i} has no label for agent {agent!r}")
+        return row[agent]
+    if "label" in row:
+        return row["label"]
+    cols = [k for k, v in row.items() if k not in ("task_id", "task") and isinstance(v, int)]
+    if len(cols) == 1:
+        return row[cols[0]]
+    raise WarehouseError(f"{path}: entry {i} has labels for {cols}: pick --agent")
+
+
+def _write_labels(
+    wh: Warehouse,
+    run_id: str,
+    parsed: list[ParsedFolder],
+    label_map: dict[str, Any],
+    reviewer: str,
+    source: str,
+    rep: ImportReport,
+) -> None:
+    by_task = {}
+    for p in parsed:
+        by_task.setdefault(p.task_id, []).append(traj_id_for(run_id, p.task_id, p.sample_idx))
+    rows = []
+    for task_id, code in label_map.items():
+        if code not in LABEL_NAMES:
+            rep.label_problems.append(f"task {task_id}: label {code!r} is not 0, 1 or 2")
+            continue
+        if task_id not in by_task:
+            rep.label_problems.append(f"task {task_id}: labelled but not among the imported")
+            continue
+        for tid in by_task[task_id]:
+            rows.append(
+                HumanLabel(
+                    label_id=make_id("label", tid, None, reviewer),
+                    traj_id=tid,
+                    label=LABEL_NAMES[code],
+                    reviewer=reviewer,
+                    source=source,
+                )
+            )
+    if rows:
+        wh.write(rows)
+    rep.labels_written = len(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+@dataclass
+class ExportReport:
+    folders: list[Path] = field(default_factory=list)
+
+
+def folder_name(task_id: str) -> str:
+    """A file-system-safe folder name for a task id."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", task_id)
+
+
+def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
+    """Write a run's trajectories as Online-Mind2Web task folders under ``out``."""
+    out = Path(out)
+    trajs = wh.sql(
+        "SELECT t.*, k.instruction FROM trajectories t LEFT JOIN tasks k "
+        "ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1) "
+        "WHERE t.run_id = ? ORDER BY t.task_id, t.sample_idx",
+        [run_id],
+    )
+    if trajs.is_empty():
+        raise WarehouseError(f"run {run_id!r} has no trajectories to export")
+    per_task = trajs.group_by("task_id").len()
+    multi = {r[0] for r in per_task.iter_rows() if r[1] > 1}
+    rep = ExportReport()
+    for t in trajs.iter_rows(named=True):
+        name = folder_name(t["task_id"])
+        if t["task_id"] in multi:
+            name += f"__s{t['sample_idx']}"
+        rep.folders.append(_export_one(wh, t, out / name))
+    return rep
+
+
+def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
+    steps = wh.sql("SELECT * FROM steps WHERE traj_id = ? ORDER BY step_idx", [t["traj_id"]])
+    shots = folder / "trajectory"
+    shots.mkdir(parents=True, exist_ok=True)
+    actions, thoughts = [], []
+    for s in steps.iter_rows(named=True):
+        if s["action_text"] is not None or s["step_idx"] < t["n_steps"] - 1:
+            actions.append(s["action_text"] or "")
+            thoughts.append(s["thought"] or "")
+        if s["screenshot_hash"]:
+            data = wh.blobs.get(s["screenshot_hash"])
+            (shots / f"{s['step_idx']}_full_screenshot{_ext(data)}").write_bytes(data)
+    result = {
+        "task_id": t["task_id"],
+        "task": t["instruction"] or "",
+        "final_result_response": t["answer"],
+        "action_history": actions,
+        "thoughts": thoughts,
+        "webloop": {
+            "traj_id": t["traj_id"],
+            "run_id": t["run_id"],
+            "policy": t["policy"],
+            "sample_idx": t["sample_idx"],
+            "status": t["status"],
+        },
+    }
+    (folder / "result.json").write_text(
+        json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
+    return folder
+
+
+def _ext(data: bytes) -> str:
+    if data.startswith(b"\x89PNG"):
+        return ".png"
+    if data.startswith(b"\xff\xd8"):
+        return ".jpg"
+    if data[8:12] == b"WEBP":
+        return ".webp"
+    return ".png"
