@@ -66,6 +66,9 @@ class WarehouseConfig:
         blobs = Path(blob_path or os.environ.get("WEBLOOP_BLOBS") or home_p / "blobs").absolute()
         return cls(home_p, kind, catalog, data, blobs, secret=secret)
 
+    def __repr__(self) -> str:  # never show a catalog password
+        return f"WarehouseConfig({self.describe()}, data_path={self.data_path!r})"
+
     def describe(self) -> str:
         """A human-readable catalog description with any password removed."""
         if self.catalog_kind == "sqlite":

@@ -1,0 +1,117 @@
+"""Shared fixtures: temporary warehouses (SQLite and PostgreSQL catalogs) and the Prefect harness."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from warehouse import Warehouse, WarehouseConfig
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> WarehouseConfig:
+    """A fresh SQLite-catalog warehouse config under tmp_path."""
+    return WarehouseConfig.from_env(home=tmp_path / "home", warehouse="")
+
+
+@pytest.fixture
+def wh(cfg: WarehouseConfig) -> Iterator[Warehouse]:
+    with Warehouse.open(cfg) as w:
+        yield w
+
+
+# -- PostgreSQL: a throwaway cluster on a free loopback port ----------------------------------
+
+
+def pg_bindir() -> Path | None:
+    """Folder with initdb/pg_ctl: $WEBLOOP_PG_BIN, Debian's layout, or PATH."""
+    if os.environ.get("WEBLOOP_PG_BIN"):
+        return Path(os.environ["WEBLOOP_PG_BIN"])
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgCluster:
+    def __init__(self, bindir: Path, base: Path, port: int, as_user: list[str]) -> None:
+        self.bindir, self.base, self.port, self.as_user = bindir, base, port, as_user
+
+    def run(self, tool: str, *args: str) -> None:
+        cmd = [*self.as_user, str(self.bindir / tool), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{tool} failed: {proc.stdout}\n{proc.stderr}")
+
+    def new_database(self) -> str:
+        name = "wl_" + uuid.uuid4().hex[:10]
+        self.run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    bindir = pg_bindir()
+    if bindir is None or not (bindir / "pg_ctl").exists():
+        pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) not found: run `make setup`")
+    base = Path(tempfile.mkdtemp(prefix="webloop-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: use the postgres account
+        shutil.chown(base, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    cluster = PgCluster(bindir, base, port, as_user)
+    data = base / "data"
+    cluster.run("initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "-N")
+    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    cluster.run("pg_ctl", "-D", str(data), "-l", str(base / "log"), "-w", "-o", opts, "start")
+    try:
+        yield cluster
+    finally:
+        cluster.run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> str:
+    """The URL of a fresh, empty PostgreSQL database for a DuckLake catalog."""
+    return pg_cluster.new_database()
+
+
+@pytest.fixture
+def pg_cfg(pg_url: str, tmp_path: Path) -> WarehouseConfig:
+    """A warehouse config with a fresh PostgreSQL catalog database and local data files."""
+    return WarehouseConfig.from_env(home=tmp_path / "home", warehouse=pg_url)
+
+
+# -- Prefect ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """A temporary Prefect server and database for the whole session (~11 s, once)."""
+    from flows import prefect_env
+
+    prefect_env.configure()
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
