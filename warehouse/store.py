@@ -235,9 +235,7 @@ class Warehouse:
                     f"DELETE FROM {LAKE}.steps WHERE traj_id IN (SELECT traj_id FROM __replace)"
                 )
             if new_steps.height:
-                self._register("__src", new_steps)
-                self.con.execute(f"INSERT INTO {LAKE}.steps SELECT * FROM __src")
-                total += WriteResult(inserted=new_steps.height)
+                total += self._write_frame(Step, new_steps, all_new=True)
             for cls, frame in extras:
                 total += self._write_frame(cls, frame)
             return total
@@ -254,12 +252,12 @@ class Warehouse:
         self, cls: type[Record], frame: pl.DataFrame, *, all_new: bool = False
     ) -> WriteResult:
         """Idempotent write of one table's rows; ``all_new`` skips the key lookup (caller knows)."""
-        self._register("__src", frame)
         table = f"{LAKE}.{cls.TABLE}"
-        cols = [f.name for f in dataclasses.fields(cls)]
         if all_new:
-            self.con.execute(f"INSERT INTO {table} SELECT * FROM __src")
+            self.con.from_arrow(frame.to_arrow()).insert_into(table)
             return WriteResult(inserted=frame.height)
+        self._register("__src", frame)
+        cols = [f.name for f in dataclasses.fields(cls)]
         on = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in cls.KEY)
         existing = self.con.execute(
             f"SELECT count(*) FROM __src s WHERE EXISTS (SELECT 1 FROM {table} t WHERE {on})"

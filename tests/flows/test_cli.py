@@ -1,0 +1,120 @@
+"""The webloop CLI, run as users run it (a subprocess) against a real warehouse."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from warehouse import Warehouse, WarehouseConfig, sample
+
+
+def webloop(home: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
+    env.pop("WEBLOOP_WAREHOUSE", None)
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    h = tmp_path_factory.mktemp("cli") / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        sample.load(wh, sample.generate(seed=1, n_tasks=4, samples=2))
+    return h
+
+
+def test_sql_formats(home: Path):
+    out = webloop(home, "sql", "SELECT task_id, site FROM tasks ORDER BY task_id",
+                  "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["site"] for r in rows] == ["mail", "shop", "travel", "wiki"]
+    out = webloop(home, "sql", "SELECT count(*) AS n FROM steps", "--format", "json").stdout
+    n = json.loads(out)[0]["n"]
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        assert n == wh.sql("SELECT count(*) FROM steps").item() > 0
+    table = webloop(home, "sql", "SELECT 'hello' AS greeting").stdout
+    assert "greeting" in table and "hello" in table
+
+
+def test_sql_refuses_writes_without_the_flag(home: Path):
+    proc = webloop(home, "sql", "DELETE FROM steps", ok=False)
+    assert proc.returncode == 2
+    assert "refusing to run a DELETE statement without --write" in proc.stderr
+    proc = webloop(home, "sql", "SELECT 1; DROP TABLE steps", ok=False)
+    assert proc.returncode == 2 and "DROP" in proc.stderr
+    n = json.loads(webloop(home, "sql", "SELECT count(*) AS n FROM steps", "--format",
+                           "json").stdout)[0]["n"]
+    assert n > 0  # nothing was deleted
+
+
+def test_sql_with_write_changes_data(home: Path):
+    webloop(home, "sql", "INSERT INTO pins VALUES ('p-cli', 1, 'from cli', now())", "--write")
+    out = webloop(home, "sql", "SELECT reason FROM pins WHERE pin_id = 'p-cli'",
+                  "--format", "json").stdout
+    assert json.loads(out) == [{"reason": "from cli"}]
+
+
+def test_sql_errors_are_one_line_without_traceback(home: Path):
+    proc = webloop(home, "sql", "SELECT nope FROM steps", ok=False)
+    assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_info_reports_counts(home: Path):
+    info = json.loads(webloop(home, "warehouse", "info", "--format", "json").stdout)
+    tables = {t["table"]: t["rows"] for t in info["tables"]}
+    assert tables["tasks"] == 4 and tables["trajectories"] == 8
+    assert info["schema_version"] == 1 and info["blob_count"] == tables["blobs"]
+    assert info["data_files"] > 0 and info["data_bytes"] > 0
+
+
+def test_attach_sql_opens_the_warehouse_from_a_plain_duckdb(home: Path):
+    script = webloop(home, "warehouse", "attach-sql").stdout
+    lines = [ln for ln in script.splitlines() if ln and not ln.startswith("--")]
+    from warehouse.connection import extension_directory
+
+    con = duckdb.connect(config={"extension_directory": extension_directory(),
+                                 "autoinstall_known_extensions": False})
+    for stmt in lines:
+        con.execute(stmt)
+    assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 8
+
+
+def test_maintain_runs(home: Path):
+    out = webloop(home, "warehouse", "maintain", "--keep-recent-minutes", "0").stdout
+    assert "data files" in out and "expired" in out
+    out = webloop(home, "sql", "SELECT count(*) AS n FROM trajectories", "--format",
+                  "json").stdout
+    assert json.loads(out)[0]["n"] == 8
+
+
+def test_import_and_export_om2w(home: Path, tmp_path: Path):
+    run = json.loads(webloop(home, "sql", "SELECT run_id FROM runs WHERE kind = 'sample'",
+                             "--format", "json").stdout)[0]["run_id"]
+    out = tmp_path / "om2w"
+    assert "wrote 8 task folder(s)" in webloop(home, "export", "om2w", str(out), "--run",
+                                                run).stdout
+    (out / "broken").mkdir()
+    proc = webloop(home, "import", "om2w", str(out), "--run", "reimported")
+    assert "imported 8 trajectories" in proc.stdout
+    assert "malformed broken: no result.json" in proc.stderr
+    proc = webloop(home, "export", "om2w", str(tmp_path / "x"), "--run", "nope", ok=False)
+    assert proc.returncode == 2 and "has no trajectories" in proc.stderr
+
+
+def test_a_newer_warehouse_is_refused_with_a_clear_message(tmp_path: Path):
+    h = tmp_path / "h"
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        wh.con.execute("INSERT INTO webloop_schema VALUES (999, 'future', now())")
+    proc = webloop(h, "sql", "SELECT 1", ok=False)
+    assert proc.returncode == 2 and "schema version 999" in proc.stderr
