@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,7 +33,7 @@ console = Console()
 err = Console(stderr=True)
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
@@ -90,7 +90,9 @@ def statement_kinds(query: str) -> list[str]:
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="SQL over the warehouse tables (schema 'lake').")],
-    write: Annotated[bool, typer.Option("--write", help="Allow statements that change data.")] = False,
+    write: Annotated[
+        bool, typer.Option("--write", help="Allow statements that change data.")
+    ] = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
     """Run SQL against the warehouse; read-only unless --write."""
@@ -248,7 +250,9 @@ def demo(
     import polars as pl
 
     print_frame(pl.DataFrame(out["summary"]), title="success by suite / site / split / policy")
-    console.print('next: webloop sql "SELECT * FROM trajectories LIMIT 5"  ·  webloop warehouse info')
+    console.print(
+        'next: webloop sql "SELECT * FROM trajectories LIMIT 5"  ·  webloop warehouse info'
+    )
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Shared fixtures: temporary warehouses (SQLite and PostgreSQL catalogs) and the Prefect harness."""
+"""Shared fixtures: temporary warehouses (SQLite and PostgreSQL catalogs), the Prefect harness."""
 
 from __future__ import annotations
 

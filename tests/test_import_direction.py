@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("warehouse", "sites", "rollouts", "judging", "curation", "training", "flows",
-            "dashboards")
+PACKAGES = (
+    "warehouse",
+    "sites",
+    "rollouts",
+    "judging",
+    "curation",
+    "training",
+    "flows",
+    "dashboards",
+)
 ALLOWED = {
     "warehouse": set(),
     "sites": {"warehouse"},

@@ -1,4 +1,4 @@
-"""The webloop trajectory warehouse: DuckDB SQL over a DuckLake, plus a content-addressed blob store.
+"""The webloop trajectory warehouse: DuckDB SQL over a DuckLake plus a content-addressed blob store.
 
 Every stage reads and writes through here. Public surface::
 

@@ -1,4 +1,4 @@
-"""Deterministic identifiers: the same inputs always give the same id, so retries never duplicate."""
+"""Deterministic identifiers: the same inputs give the same id, so retries never duplicate."""
 
 from __future__ import annotations
 

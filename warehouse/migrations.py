@@ -8,6 +8,7 @@ than this code raises :class:`SchemaTooNewError` instead of guessing.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +108,5 @@ def _apply(con: duckdb.DuckDBPyConnection, mig: Migration) -> bool:
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    try:
+    with contextlib.suppress(duckdb.Error):
         con.execute("ROLLBACK")
-    except duckdb.Error:
-        pass

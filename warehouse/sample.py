@@ -97,7 +97,9 @@ def _trajectory(out: Sample, task: Task, k: int, group: str, x: str, rng: random
         action = _ACTIONS[rng.randrange(len(_ACTIONS))].format(x=x)
         last = s == n - 1 and status != "infra_error"
         action = f"answer('{x}')" if last else action
-        png = screenshot(url, f"{task.site} — step {s}", [task.instruction, action], int(stable_hash(tid, s), 16))
+        png = screenshot(
+            url, f"{task.site} — step {s}", [task.instruction, action], int(stable_hash(tid, s), 16)
+        )
         digest = sha256_hex(png)
         out.screenshots[digest] = png
         out.steps.append(

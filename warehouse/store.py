@@ -8,6 +8,7 @@ whose non-volatile columns did not change is not rewritten at all (no new snapsh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -158,10 +159,8 @@ class Warehouse:
                 self.con.execute("COMMIT")
                 return out
             except BaseException:
-                try:
+                with contextlib.suppress(duckdb.Error):
                     self.con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
                 raise
 
         return with_retry(attempt, what=what)

@@ -77,7 +77,9 @@ def put_tasks(wh: Warehouse, tasks: Sequence[Task]) -> TaskWriteReport:
     return rep
 
 
-def latest_tasks(wh: Warehouse, where: str | None = None, params: dict | None = None) -> pl.DataFrame:
+def latest_tasks(
+    wh: Warehouse, where: str | None = None, params: dict | None = None
+) -> pl.DataFrame:
     """The latest version of each task (optionally filtered)."""
     q = f"SELECT * FROM {LAKE}.tasks QUALIFY version = max(version) OVER (PARTITION BY task_id)"
     if where:

@@ -19,8 +19,13 @@ from warehouse import Warehouse, WarehouseConfig, sample
 def webloop(home: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
     env.pop("WEBLOOP_WAREHOUSE", None)
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -35,8 +40,9 @@ def home(tmp_path_factory) -> Path:
 
 
 def test_sql_formats(home: Path):
-    out = webloop(home, "sql", "SELECT task_id, site FROM tasks ORDER BY task_id",
-                  "--format", "csv").stdout
+    out = webloop(
+        home, "sql", "SELECT task_id, site FROM tasks ORDER BY task_id", "--format", "csv"
+    ).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [r["site"] for r in rows] == ["mail", "shop", "travel", "wiki"]
     out = webloop(home, "sql", "SELECT count(*) AS n FROM steps", "--format", "json").stdout
@@ -53,15 +59,17 @@ def test_sql_refuses_writes_without_the_flag(home: Path):
     assert "refusing to run a DELETE statement without --write" in proc.stderr
     proc = webloop(home, "sql", "SELECT 1; DROP TABLE steps", ok=False)
     assert proc.returncode == 2 and "DROP" in proc.stderr
-    n = json.loads(webloop(home, "sql", "SELECT count(*) AS n FROM steps", "--format",
-                           "json").stdout)[0]["n"]
+    n = json.loads(
+        webloop(home, "sql", "SELECT count(*) AS n FROM steps", "--format", "json").stdout
+    )[0]["n"]
     assert n > 0  # nothing was deleted
 
 
 def test_sql_with_write_changes_data(home: Path):
     webloop(home, "sql", "INSERT INTO pins VALUES ('p-cli', 1, 'from cli', now())", "--write")
-    out = webloop(home, "sql", "SELECT reason FROM pins WHERE pin_id = 'p-cli'",
-                  "--format", "json").stdout
+    out = webloop(
+        home, "sql", "SELECT reason FROM pins WHERE pin_id = 'p-cli'", "--format", "json"
+    ).stdout
     assert json.loads(out) == [{"reason": "from cli"}]
 
 
@@ -83,8 +91,9 @@ def test_attach_sql_opens_the_warehouse_from_a_plain_duckdb(home: Path):
     lines = [ln for ln in script.splitlines() if ln and not ln.startswith("--")]
     from warehouse.connection import extension_directory
 
-    con = duckdb.connect(config={"extension_directory": extension_directory(),
-                                 "autoinstall_known_extensions": False})
+    con = duckdb.connect(
+        config={"extension_directory": extension_directory(), "autoinstall_known_extensions": False}
+    )
     for stmt in lines:
         con.execute(stmt)
     assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 8
@@ -93,17 +102,20 @@ def test_attach_sql_opens_the_warehouse_from_a_plain_duckdb(home: Path):
 def test_maintain_runs(home: Path):
     out = webloop(home, "warehouse", "maintain", "--keep-recent-minutes", "0").stdout
     assert "data files" in out and "expired" in out
-    out = webloop(home, "sql", "SELECT count(*) AS n FROM trajectories", "--format",
-                  "json").stdout
+    out = webloop(home, "sql", "SELECT count(*) AS n FROM trajectories", "--format", "json").stdout
     assert json.loads(out)[0]["n"] == 8
 
 
 def test_import_and_export_om2w(home: Path, tmp_path: Path):
-    run = json.loads(webloop(home, "sql", "SELECT run_id FROM runs WHERE kind = 'sample'",
-                             "--format", "json").stdout)[0]["run_id"]
+    run = json.loads(
+        webloop(
+            home, "sql", "SELECT run_id FROM runs WHERE kind = 'sample'", "--format", "json"
+        ).stdout
+    )[0]["run_id"]
     out = tmp_path / "om2w"
-    assert "wrote 8 task folder(s)" in webloop(home, "export", "om2w", str(out), "--run",
-                                                run).stdout
+    assert (
+        "wrote 8 task folder(s)" in webloop(home, "export", "om2w", str(out), "--run", run).stdout
+    )
     (out / "broken").mkdir()
     proc = webloop(home, "import", "om2w", str(out), "--run", "reimported")
     assert "imported 8 trajectories" in proc.stdout

@@ -25,12 +25,26 @@ def writer(stop: Path, batches: int, per_batch: int, n_steps: int) -> dict:
         trajs, steps = [], []
         for k in range(per_batch):
             tid = f"b{b:03d}-t{k:02d}"
-            trajs.append(Trajectory(traj_id=tid, run_id="conc", task_id=f"task{k}",
-                                    policy="p", status="success", n_steps=n_steps,
-                                    meta={"batch": b}))
-            steps += [Step(traj_id=tid, step_idx=i, url=f"http://x/{b}/{k}/{i}",
-                           model_output="Thought: … Action: click(1, 2)" * 4)
-                      for i in range(n_steps)]
+            trajs.append(
+                Trajectory(
+                    traj_id=tid,
+                    run_id="conc",
+                    task_id=f"task{k}",
+                    policy="p",
+                    status="success",
+                    n_steps=n_steps,
+                    meta={"batch": b},
+                )
+            )
+            steps += [
+                Step(
+                    traj_id=tid,
+                    step_idx=i,
+                    url=f"http://x/{b}/{k}/{i}",
+                    model_output="Thought: … Action: click(1, 2)" * 4,
+                )
+                for i in range(n_steps)
+            ]
         wh.write_trajectories(trajs, steps)
     wh.close()
     stop.touch()
@@ -42,12 +56,20 @@ def labeller(stop: Path) -> dict:
     labelled, rounds = 0, 0
     while True:
         done = stop.exists()  # read before the pass, so the last pass sees every trajectory
-        todo = wh.sql("SELECT traj_id FROM trajectories WHERE traj_id NOT IN "
-                      "(SELECT traj_id FROM human_labels)")["traj_id"].to_list()
+        todo = wh.sql(
+            "SELECT traj_id FROM trajectories WHERE traj_id NOT IN "
+            "(SELECT traj_id FROM human_labels)"
+        )["traj_id"].to_list()
         if todo:
-            rows = [HumanLabel(label_id=make_id("label", t), traj_id=t,
-                               label=random.choice(["success", "failure"]), reviewer="bot")
-                    for t in todo]
+            rows = [
+                HumanLabel(
+                    label_id=make_id("label", t),
+                    traj_id=t,
+                    label=random.choice(["success", "failure"]),
+                    reviewer="bot",
+                )
+                for t in todo
+            ]
             wh.write(rows)
             labelled += len(rows)
         rounds += 1

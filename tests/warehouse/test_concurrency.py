@@ -23,13 +23,22 @@ BATCHES, PER_BATCH, STEPS = 30, 8, 12
 def run_three(cfg: WarehouseConfig, env_url: str, tmp_path: Path) -> dict:
     with Warehouse.open(cfg):  # create the schema first, as `webloop` would
         pass
-    env = {**os.environ, "WEBLOOP_HOME": str(cfg.home), "WEBLOOP_WAREHOUSE": env_url,
-           "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {
+        **os.environ,
+        "WEBLOOP_HOME": str(cfg.home),
+        "WEBLOOP_WAREHOUSE": env_url,
+        "PYTHONPATH": str(Path(__file__).parents[2]),
+    }
     stop = tmp_path / "writer-done"
     nums = [str(BATCHES), str(PER_BATCH), str(STEPS)]
     procs = {
-        role: subprocess.Popen([sys.executable, str(WORKER), role, str(stop), *nums], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        role: subprocess.Popen(
+            [sys.executable, str(WORKER), role, str(stop), *nums],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for role in ("labeller", "reader", "writer")
     }
     results = {}

@@ -53,8 +53,9 @@ def om2w_dir(tmp_path: Path) -> Path:
         p.unlink()
     (shots / "trajectory").rmdir()
     listy = make_task(root, "bad_actions", 1, 1)
-    (listy / "result.json").write_text(json.dumps({"task_id": "x", "task": "t",
-                                                   "action_history": "click"}))
+    (listy / "result.json").write_text(
+        json.dumps({"task_id": "x", "task": "t", "action_history": "click"})
+    )
     (root / "human_label.json").write_text("[]")  # a stray file in the root is ignored
     return root
 
@@ -74,7 +75,10 @@ def test_import_reports_malformed_folders_and_imports_the_rest(wh: Warehouse, om
     assert trajs["a1b2"].n_steps == 12 and trajs["a1b2"].answer == "Open 9-5 (a1b2)"
     assert trajs["a1b2"].status == "finished"
     s = wh.read(Step, "traj_id = ?", [trajs["a1b2"].traj_id]).sort("step_idx")
-    assert s["action_text"].to_list()[:2] == ["<button> Step 0 -> CLICK", "<button> Step 1 -> CLICK"]
+    assert s["action_text"].to_list()[:2] == [
+        "<button> Step 0 -> CLICK",
+        "<button> Step 1 -> CLICK",
+    ]
     assert s["action_text"].to_list()[-1] is None  # 12 screenshots, 11 actions
     # numeric order: the 10th screenshot is step 10, not step 2
     assert wh.blobs.get(s["screenshot_hash"][10]) == png((200, 5, 9))
@@ -88,20 +92,26 @@ def test_import_reports_malformed_folders_and_imports_the_rest(wh: Warehouse, om
 
 def test_human_labels_map_0_1_2(wh: Warehouse, om2w_dir: Path, tmp_path: Path):
     labels = tmp_path / "human_label.json"
-    labels.write_text(json.dumps([
-        {"task_id": "a1b2", "task": "…", "Operator": 1, "SeeAct": 0},
-        {"task_id": "c3d4", "task": "…", "Operator": 2, "SeeAct": 1},
-        {"task_id": "e5f6", "task": "…", "Operator": 7, "SeeAct": 1},
-        {"task_id": "zzzz", "task": "…", "Operator": 0, "SeeAct": 0},
-    ]))
+    labels.write_text(
+        json.dumps(
+            [
+                {"task_id": "a1b2", "task": "…", "Operator": 1, "SeeAct": 0},
+                {"task_id": "c3d4", "task": "…", "Operator": 2, "SeeAct": 1},
+                {"task_id": "e5f6", "task": "…", "Operator": 7, "SeeAct": 1},
+                {"task_id": "zzzz", "task": "…", "Operator": 0, "SeeAct": 0},
+            ]
+        )
+    )
     with pytest.raises(WarehouseError, match="pick --agent"):
         om2w.import_om2w(wh, om2w_dir, labels=labels, run_name="r")
     rep = om2w.import_om2w(wh, om2w_dir, labels=labels, run_name="r", agent="Operator")
     assert rep.labels_written == 2
     assert any("label 7 is not 0, 1 or 2" in p for p in rep.label_problems)
     assert any("zzzz" in p and "not among the imported" in p for p in rep.label_problems)
-    got = wh.sql("SELECT k.task_id, l.label FROM human_labels l JOIN trajectories t USING "
-                 "(traj_id) JOIN tasks k ON k.task_id = t.task_id ORDER BY 1")
+    got = wh.sql(
+        "SELECT k.task_id, l.label FROM human_labels l JOIN trajectories t USING "
+        "(traj_id) JOIN tasks k ON k.task_id = t.task_id ORDER BY 1"
+    )
     assert got.rows() == [("a1b2", "success"), ("c3d4", "not_executable")]
     assert all(r.policy == "Operator" for r in wh.records(Trajectory))
 

@@ -10,30 +10,70 @@ from warehouse.records import Judgment, Step, Task, Trajectory
 
 @pytest.fixture
 def filled(wh: Warehouse) -> Warehouse:
-    wh.write([
-        Task(task_id="s1", suite="bundled", site="shop", split="train", instruction="i",
-             start_url="u"),
-        Task(task_id="w1", suite="bundled", site="wiki", split="test", instruction="i",
-             start_url="u"),
-    ])
-    statuses = {"a": "success", "b": "failure", "c": "success", "d": "infra_error",
-                "e": "finished", "f": "running"}
+    wh.write(
+        [
+            Task(
+                task_id="s1",
+                suite="bundled",
+                site="shop",
+                split="train",
+                instruction="i",
+                start_url="u",
+            ),
+            Task(
+                task_id="w1",
+                suite="bundled",
+                site="wiki",
+                split="test",
+                instruction="i",
+                start_url="u",
+            ),
+        ]
+    )
+    statuses = {
+        "a": "success",
+        "b": "failure",
+        "c": "success",
+        "d": "infra_error",
+        "e": "finished",
+        "f": "running",
+    }
     trajs, steps = [], []
     for i, (tid, status) in enumerate(statuses.items()):
         task = "s1" if tid in "abcd" else "w1"
-        trajs.append(Trajectory(traj_id=tid, run_id="r", task_id=task, policy="expert",
-                                status=status, n_steps=i + 1, duration_s=float(i)))
-        steps += [Step(traj_id=tid, step_idx=k, action_error="bad" if k == 0 and tid == "b"
-                       else None) for k in range(i + 1)]
+        trajs.append(
+            Trajectory(
+                traj_id=tid,
+                run_id="r",
+                task_id=task,
+                policy="expert",
+                status=status,
+                n_steps=i + 1,
+                duration_s=float(i),
+            )
+        )
+        steps += [
+            Step(traj_id=tid, step_idx=k, action_error="bad" if k == 0 and tid == "b" else None)
+            for k in range(i + 1)
+        ]
     wh.write_trajectories(trajs, steps)
-    wh.write([
-        Judgment(judgment_id="j1", traj_id="e", judge="rubric", judge_version="1",
-                 verdict="success"),
-        Judgment(judgment_id="j2", traj_id="a", judge="rubric", judge_version="1",
-                 verdict="failure"),
-        Judgment(judgment_id="j3", traj_id="c", judge="rubric", judge_version="1",
-                 error="unparseable output"),
-    ])
+    wh.write(
+        [
+            Judgment(
+                judgment_id="j1", traj_id="e", judge="rubric", judge_version="1", verdict="success"
+            ),
+            Judgment(
+                judgment_id="j2", traj_id="a", judge="rubric", judge_version="1", verdict="failure"
+            ),
+            Judgment(
+                judgment_id="j3",
+                traj_id="c",
+                judge="rubric",
+                judge_version="1",
+                error="unparseable output",
+            ),
+        ]
+    )
     return wh
 
 

@@ -13,10 +13,12 @@ from warehouse.versions import current_snapshot, maintain, pin, pinned_snapshots
 
 
 def write_batch(wh: Warehouse, b: int, status: str = "success") -> None:
-    t = Trajectory(traj_id=f"t{b}", run_id="r", task_id=f"task{b}", policy="p", status=status,
-                   n_steps=2)
-    wh.write_trajectories([t], [Step(traj_id=f"t{b}", step_idx=i, url=f"u{b}.{i}")
-                                for i in range(2)])
+    t = Trajectory(
+        traj_id=f"t{b}", run_id="r", task_id=f"task{b}", policy="p", status=status, n_steps=2
+    )
+    wh.write_trajectories(
+        [t], [Step(traj_id=f"t{b}", step_idx=i, url=f"u{b}.{i}") for i in range(2)]
+    )
 
 
 def test_pinned_version_stays_readable_after_maintenance(wh: Warehouse):

@@ -14,8 +14,9 @@ from warehouse.versions import current_snapshot
 
 
 def traj(tid: str = "t1", status: str = "success", n: int = 3, **kw) -> Trajectory:
-    return Trajectory(traj_id=tid, run_id="r1", task_id="task", policy="p", status=status,
-                      n_steps=n, **kw)
+    return Trajectory(
+        traj_id=tid, run_id="r1", task_id="task", policy="p", status=status, n_steps=n, **kw
+    )
 
 
 def steps(tid: str = "t1", n: int = 3, tag: str = "a") -> list[Step]:
@@ -81,8 +82,15 @@ def test_null_key_parts_still_match(wh: Warehouse):
 
 def test_write_many_is_one_transaction(wh: Warehouse):
     good = Run(run_id="r1", kind="collect")
-    bad = pl.DataFrame({"traj_id": ["t1"], "run_id": [None], "task_id": ["x"], "policy": ["p"],
-                        "status": ["success"]})  # run_id NOT NULL
+    bad = pl.DataFrame(
+        {
+            "traj_id": ["t1"],
+            "run_id": [None],
+            "task_id": ["x"],
+            "policy": ["p"],
+            "status": ["success"],
+        }
+    )  # run_id NOT NULL
     with pytest.raises(duckdb.Error, match="NOT NULL"):
         wh.write_many([([good], Run), (bad, Trajectory)])
     assert wh.count(Run) == 0  # the first table's rows were rolled back too
@@ -111,6 +119,6 @@ def test_read_only_warehouse_refuses_writes(wh: Warehouse):
     wh.write([Run(run_id="r1", kind="collect")])
     ro = Warehouse.open(wh.cfg, read_only=True)
     assert ro.count(Run) == 1
-    with pytest.raises(duckdb.Error, match="read-only|read only"):
+    with pytest.raises(duckdb.Error, match=r"read-only|read only"):
         ro.write([Run(run_id="r2", kind="collect")])
     ro.close()
