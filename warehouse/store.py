@@ -197,8 +197,10 @@ class Warehouse:
         only when the trajectory is new, or was stored unfinished or with another step count
         (then its old steps are replaced). A finished trajectory written again leaves one copy
         and, if unchanged, no new snapshot. Which trajectories exist is looked up once per run
-        and then tracked in memory, so a batch costs no scan of the steps table; one run is
-        meant to have one writer at a time (the collector that owns it).
+        and then tracked in memory, so a batch of new trajectories costs no scan of the stored
+        tables (rewrites are checked against the table). One run is meant to have one writer at
+        a time (the collector that owns it): another process adding trajectories to the same
+        run after this one loaded it is not seen.
         """
         _, trajs = _prepare(trajectories, Trajectory)
         _, step_frame = _prepare(steps, Step)
@@ -208,31 +210,26 @@ class Warehouse:
                 f"steps given for trajectories not in this write: {sorted(orphans)[:5]}"
             )
         self._load_known(set(trajs.get_column("run_id")))
-        replace: list[str] = []
-        unchanged: list[str] = []
-        for tid, status, n in trajs.select("traj_id", "status", "n_steps").iter_rows():
-            known = self._known.get(tid)
-            if known is None:
-                continue
-            if known == (status, n) and status in TERMINAL_STATUSES:
-                unchanged.append(tid)
-            else:
-                replace.append(tid)
-        new_steps = step_frame.filter(~pl.col("traj_id").is_in(unchanged))
+        maybe_stored = pl.col("traj_id").is_in(list(self._known))
+        fresh, again = trajs.filter(~maybe_stored), trajs.filter(maybe_stored)
         extras = [_prepare(rows, cls) for rows, cls in extra]
-
-        known = pl.col("traj_id").is_in(replace + unchanged)
-        fresh, again = trajs.filter(~known), trajs.filter(known)
 
         def body() -> WriteResult:
             total = self._write_frame(Trajectory, fresh, all_new=True)
-            if again.height:
+            keep: list[str] = []
+            if again.height:  # rewrites: check what is really stored, inside the transaction
+                stored = self._stored_states(again.get_column("traj_id").to_list())
+                for tid, status, n in again.select("traj_id", "status", "n_steps").iter_rows():
+                    if stored.get(tid) == (status, n) and status in TERMINAL_STATUSES:
+                        keep.append(tid)
+                redo = [t for t in again.get_column("traj_id").to_list() if t not in keep]
                 total += self._write_frame(Trajectory, again)
-            if replace:
-                self._register("__replace", pl.DataFrame({"traj_id": replace}))
-                self.con.execute(
-                    f"DELETE FROM {LAKE}.steps WHERE traj_id IN (SELECT traj_id FROM __replace)"
-                )
+                if redo:
+                    self._register("__redo", pl.DataFrame({"traj_id": redo}))
+                    self.con.execute(
+                        f"DELETE FROM {LAKE}.steps WHERE traj_id IN (SELECT traj_id FROM __redo)"
+                    )
+            new_steps = step_frame.filter(~pl.col("traj_id").is_in(keep))
             if new_steps.height:
                 total += self._write_frame(Step, new_steps, all_new=True)
             for cls, frame in extras:
@@ -293,6 +290,14 @@ class Warehouse:
         for tid, status, n in rows:
             self._known[tid] = (status, n)
         self._known_runs.update(todo)
+
+    def _stored_states(self, traj_ids: list[str]) -> dict[str, tuple[str, int]]:
+        rows = self.con.execute(
+            f"SELECT traj_id, status, n_steps FROM {LAKE}.trajectories "
+            "WHERE traj_id IN (SELECT unnest(?))",
+            [traj_ids],
+        ).fetchall()
+        return {tid: (status, n) for tid, status, n in rows}
 
     def _remember(self, trajs: pl.DataFrame) -> None:
         for tid, status, n in trajs.select("traj_id", "status", "n_steps").iter_rows():

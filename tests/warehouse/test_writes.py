@@ -122,3 +122,13 @@ def test_read_only_warehouse_refuses_writes(wh: Warehouse):
     with pytest.raises(duckdb.Error, match=r"read-only|read only"):
         ro.write([Run(run_id="r2", kind="collect")])
     ro.close()
+
+
+def test_a_trajectory_deleted_elsewhere_is_written_again_with_its_steps(wh: Warehouse):
+    wh.write_trajectories([traj()], steps())
+    other = Warehouse.open(wh.cfg)
+    other.con.execute("DELETE FROM steps")
+    other.con.execute("DELETE FROM trajectories")
+    other.close()
+    wh.write_trajectories([traj()], steps())  # this connection still remembers t1
+    assert wh.count(Trajectory) == 1 and wh.count(Step) == 3
