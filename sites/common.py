@@ -1,0 +1,162 @@
+"""What every bundled site shares: per-session state, templates, the cookie banner, inspection.
+
+Each site is a Starlette app built by ``build(ctx)``. A browser session is identified by the
+``wl_sid`` cookie (set on first visit); each site keeps its state per session id, so concurrent
+rollouts (separate browser contexts) never see each other's carts, bookings or mail.
+
+The inspection endpoint ``GET /__webloop/state?session=SID`` returns a site's state for a
+session as JSON. Pages never link to it and it answers 403 unless the request carries the
+server's secret in the ``X-Webloop-Secret`` header: agents cannot read or fake their grade.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from sites.content import Content
+
+TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"
+SID_COOKIE = "wl_sid"
+SECRET_HEADER = "X-Webloop-Secret"
+MAX_SESSIONS = 20_000
+
+_env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+
+
+@dataclass
+class SiteContext:
+    """Shared by one site's handlers: content, per-session state, secret, timing log."""
+
+    name: str
+    content: Content
+    secret: str
+    new_state: Callable[[], dict[str, Any]]
+    slow_s: float = 0.4
+    sessions: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
+    timings: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+
+    def state(self, request: Request) -> dict[str, Any]:
+        """This browser session's state (created on first use; least recent evicted)."""
+        sid = session_id(request)
+        st = self.sessions.get(sid)
+        if st is None:
+            st = self.sessions[sid] = self.new_state()
+            while len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        else:
+            self.sessions.move_to_end(sid)
+        return st
+
+    def render(self, request: Request, template: str, status: int = 200, **kw: Any) -> Response:
+        banner = request.cookies.get(f"wl_cookies_{self.name}") is None
+        html = _env.get_template(template).render(
+            site=self.name, request=request, show_cookie_banner=banner, **kw
+        )
+        return HTMLResponse(html, status_code=status)
+
+
+def session_id(request: Request) -> str:
+    sid = request.cookies.get(SID_COOKIE) or request.scope.get("wl_new_sid")
+    if not sid:
+        sid = request.scope["wl_new_sid"] = uuid.uuid4().hex
+    return sid
+
+
+def new_secret() -> str:
+    return secrets.token_hex(16)
+
+
+def common_routes(ctx: SiteContext) -> list[Route]:
+    """Inspection, metrics, cookie consent and the stylesheet — on every site."""
+
+    def authorized(request: Request) -> bool:
+        given = request.headers.get(SECRET_HEADER, "")
+        return hmac.compare_digest(given.encode(), ctx.secret.encode())
+
+    async def inspect(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"error": "forbidden"}, status_code=403)
+        sid = request.query_params.get("session", "")
+        st = ctx.sessions.get(sid)
+        return JSONResponse(
+            {
+                "site": ctx.name,
+                "session": sid,
+                "known": st is not None,
+                "state": st if st is not None else ctx.new_state(),
+            }
+        )
+
+    async def metrics(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"error": "forbidden"}, status_code=403)
+        return JSONResponse({"site": ctx.name, "page_seconds": list(ctx.timings)})
+
+    async def consent(request: Request) -> Response:
+        back = request.query_params.get("next", "/")
+        resp = Response(
+            status_code=303, headers={"Location": back if back.startswith("/") else "/"}
+        )
+        resp.set_cookie(f"wl_cookies_{ctx.name}", "accepted", max_age=86400 * 365)
+        return resp
+
+    async def css(request: Request) -> Response:
+        return Response((STATIC / "site.css").read_bytes(), media_type="text/css")
+
+    return [
+        Route("/__webloop/state", inspect),
+        Route("/__webloop/metrics", metrics),
+        Route("/consent", consent, methods=["GET", "POST"]),
+        Route("/static/site.css", css),
+    ]
+
+
+class SessionMiddleware:
+    """Gives every browser a ``wl_sid`` cookie and records page latencies."""
+
+    def __init__(self, app: Starlette, ctx: SiteContext) -> None:
+        self.app, self.ctx = app, ctx
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        has_sid = SID_COOKIE.encode() + b"=" in dict(scope["headers"]).get(b"cookie", b"")
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start" and not has_sid:
+                sid = scope.get("wl_new_sid") or uuid.uuid4().hex
+                scope["wl_new_sid"] = sid
+                cookie = f"{SID_COOKIE}={sid}; Path=/; HttpOnly; SameSite=Lax".encode()
+                message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie)]
+            done = message["type"] == "http.response.body" and not message.get("more_body")
+            if done and scope.get("wl_html"):
+                self.ctx.timings.append(time.perf_counter() - start)
+            await send(message)
+
+        if not has_sid:
+            scope["wl_new_sid"] = uuid.uuid4().hex
+        path = scope.get("path", "")
+        scope["wl_html"] = not path.startswith(("/static", "/img", "/api", "/__webloop"))
+        await self.app(scope, receive, send_wrapper)
+
+
+def make_app(ctx: SiteContext, routes: list[Route]) -> SessionMiddleware:
+    app = Starlette(routes=[*common_routes(ctx), *routes])
+    return SessionMiddleware(app, ctx)

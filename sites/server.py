@@ -1,0 +1,206 @@
+"""One HTTP server process hosting every bundled site, each on its own loopback port (origin).
+
+A single uvicorn server listens on one socket per site and dispatches by the port a request
+arrived on. Start it in a background thread (tests, flows) or a child process (benchmarks, where
+the browser and the server should not share one interpreter)::
+
+    with SiteServer(seed=0) as server:
+        server.url("shop")            # 'http://127.0.0.1:41234'
+        server.secret                 # for the inspection endpoint
+
+``python -m sites.server --seed 0`` (and ``webloop sites serve``) runs it in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from sites import mail, shop, travel, wiki
+from sites.common import SiteContext, new_secret
+from sites.content import generate
+
+SITES: dict[str, Any] = {"shop": shop, "travel": travel, "wiki": wiki, "mail": mail}
+
+
+def build_apps(seed: int, secret: str, slow_s: float) -> dict[str, Any]:
+    content = generate(seed)
+    apps = {}
+    for name, module in SITES.items():
+        ctx = SiteContext(
+            name=name, content=content, secret=secret, new_state=module.new_state, slow_s=slow_s
+        )
+        apps[name] = module.build(ctx)
+    return apps
+
+
+class Dispatcher:
+    """ASGI app routing each connection to the site bound to the port it arrived on."""
+
+    def __init__(self, by_port: dict[int, Any]) -> None:
+        self.by_port = by_port
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await self.by_port[scope["server"][1]](scope, receive, send)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.set_inheritable(True)
+    return sock
+
+
+class SiteServer:
+    """The bundled sites on loopback ports; a context manager that starts and stops them."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        ports: dict[str, int] | None = None,
+        secret: str | None = None,
+        slow_s: float = 0.4,
+        mode: str = "thread",
+    ) -> None:
+        if mode not in ("thread", "process"):
+            raise ValueError("mode is 'thread' or 'process'")
+        self.seed, self.host, self.slow_s, self.mode = seed, host, slow_s, mode
+        self.secret = secret or new_secret()
+        self._ports = dict(ports or {})
+        self.urls: dict[str, str] = {}
+        self._thread: threading.Thread | None = None
+        self._server: uvicorn.Server | None = None
+        self._proc: mp.process.BaseProcess | None = None
+
+    def url(self, site: str) -> str:
+        """Origin of a site, e.g. ``http://127.0.0.1:41234``."""
+        try:
+            return self.urls[site]
+        except KeyError:
+            raise KeyError(f"unknown or stopped site {site!r}; sites: {sorted(SITES)}") from None
+
+    def start(self) -> SiteServer:
+        socks = {name: _bind(self.host, self._ports.get(name, 0)) for name in SITES}
+        self.urls = {n: f"http://{self.host}:{s.getsockname()[1]}" for n, s in socks.items()}
+        if self.mode == "thread":
+            self._start_thread(socks)
+        else:
+            self._start_process(socks)
+        return self
+
+    def _start_thread(self, socks: dict[str, socket.socket]) -> None:
+        self._server = _make_server(self.seed, self.secret, self.slow_s, socks)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": list(socks.values())},
+            daemon=True,
+            name="webloop-sites",
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the sites server did not start")
+            time.sleep(0.01)
+
+    def _start_process(self, socks: dict[str, socket.socket]) -> None:
+        ctx = mp.get_context("spawn")
+        ports = {n: s.getsockname()[1] for n, s in socks.items()}
+        for s in socks.values():
+            s.close()  # the child binds the same ports (SO_REUSEADDR)
+        ready = ctx.Event()
+        self._proc = ctx.Process(
+            target=_serve_child,
+            args=(self.seed, self.secret, self.slow_s, self.host, ports, ready),
+            daemon=True,
+            name="webloop-sites",
+        )
+        self._proc.start()
+        if not ready.wait(60):
+            self._proc.kill()
+            raise RuntimeError("the sites server process did not start")
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.join(timeout=10)
+        self._server = self._thread = self._proc = None
+
+    def __enter__(self) -> SiteServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _make_server(
+    seed: int, secret: str, slow_s: float, socks: dict[str, socket.socket]
+) -> uvicorn.Server:
+    apps = build_apps(seed, secret, slow_s)
+    by_port = {s.getsockname()[1]: apps[name] for name, s in socks.items()}
+    config = uvicorn.Config(
+        Dispatcher(by_port),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+    )
+    return uvicorn.Server(config)
+
+
+def _serve_child(
+    seed: int, secret: str, slow_s: float, host: str, ports: dict[str, int], ready: Any
+) -> None:
+    socks = {name: _bind(host, port) for name, port in ports.items()}
+    server = _make_server(seed, secret, slow_s, socks)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=list(socks.values())))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        ready.set()
+        await task
+
+    asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Serve the bundled webloop sites.")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--base-port", type=int, default=0, help="shop, travel, wiki, mail from here")
+    ap.add_argument("--json", action="store_true", help="print URLs and secret as JSON")
+    args = ap.parse_args(argv)
+    ports = {n: args.base_port + i for i, n in enumerate(SITES)} if args.base_port else None
+    server = SiteServer(seed=args.seed, host=args.host, ports=ports).start()
+    info = {"urls": server.urls, "secret": server.secret}
+    print(
+        json.dumps(info) if args.json else "\n".join(f"{n:7s} {u}" for n, u in server.urls.items()),
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""``shop``: catalogue search with filters, sorting and pagination; product pages with variants;
+cart; checkout with a validated address form; order confirmations.
+
+Agent obstacles: cookie banner, a newsletter modal on the first home-page visit, reviews
+loaded lazily by script, pagination, form validation errors.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from functools import lru_cache
+from typing import Any
+
+from PIL import Image, ImageDraw
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from sites.common import SiteContext, make_app
+from sites.content import CATEGORIES, Content, Product
+from warehouse.ids import stable_hash
+
+PAGE_SIZE = 12
+COUNTRIES = ["Norland", "Estavia", "Marivel", "Kordania", "Solmere", "Veyland"]
+SORTS = {"relevance": None, "price_asc": "price", "price_desc": "-price", "rating": "-rating"}
+
+
+def new_state() -> dict[str, Any]:
+    return {"cart": [], "orders": [], "modal_dismissed": False}
+
+
+def search(content: Content, params: dict[str, str]) -> list[Product]:
+    """Filter and sort products as the search page does (shared with task generators)."""
+    q = params.get("q", "").strip().lower()
+    items = content.products
+    if q:
+        words = q.split()
+        items = [
+            p for p in items if all(w in p.name.lower() or w in p.category.lower() for w in words)
+        ]
+    if params.get("category"):
+        items = [p for p in items if p.category == params["category"]]
+    if params.get("brand"):
+        items = [p for p in items if p.brand == params["brand"]]
+    lo, hi = _num(params.get("min_price")), _num(params.get("max_price"))
+    if lo is not None:
+        items = [p for p in items if p.price >= lo]
+    if hi is not None:
+        items = [p for p in items if p.price <= hi]
+    key = SORTS.get(params.get("sort", "relevance"))
+    if key:
+        attr = key.lstrip("-")
+        items = sorted(items, key=lambda p: (getattr(p, attr), p.pid), reverse=key[0] == "-")
+    return items
+
+
+def _num(v: str | None) -> float | None:
+    try:
+        return float(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=4096)
+def product_png(seed: int, pid: str, name: str) -> bytes:
+    h = stable_hash(seed, pid)
+    color = tuple(int(h[i : i + 2], 16) // 2 + 64 for i in (0, 2, 4))
+    img = Image.new("RGB", (240, 180), color)
+    d = ImageDraw.Draw(img)
+    d.ellipse([70, 40, 170, 140], fill=tuple(255 - c // 2 for c in color))
+    d.text((10, 160), name[:34], fill=(255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def build(ctx: SiteContext):
+    c = ctx.content
+
+    async def home(request: Request) -> Response:
+        st = ctx.state(request)
+        featured = sorted(c.products, key=lambda p: (-p.rating, p.pid))[:8]
+        return ctx.render(
+            request,
+            "shop/home.html",
+            categories=CATEGORIES,
+            products=featured,
+            show_modal=not st["modal_dismissed"],
+        )
+
+    async def dismiss_modal(request: Request) -> Response:
+        ctx.state(request)["modal_dismissed"] = True
+        return RedirectResponse("/", status_code=303)
+
+    async def search_page(request: Request) -> Response:
+        params = dict(request.query_params)
+        results = search(c, params)
+        pages = max(1, math.ceil(len(results) / PAGE_SIZE))
+        page = min(max(1, int(_num(params.get("page")) or 1)), pages)
+        shown = results[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        brands = sorted({p.brand for p in c.products})
+        base = {k: v for k, v in params.items() if k != "page" and v}
+        return ctx.render(
+            request,
+            "shop/search.html",
+            results=shown,
+            total=len(results),
+            page=page,
+            pages=pages,
+            params=params,
+            base=base,
+            categories=CATEGORIES,
+            brands=brands,
+            sorts=list(SORTS),
+        )
+
+    async def product(request: Request) -> Response:
+        p = c.product_by_id.get(request.path_params["pid"])
+        if p is None:
+            return ctx.render(request, "shop/notfound.html", status=404)
+        error = request.query_params.get("error")
+        return ctx.render(
+            request, "shop/product.html", p=p, reviews=_reviews(c, p)[:3], error=error
+        )
+
+    async def reviews_api(request: Request) -> Response:
+        p = c.product_by_id.get(request.path_params["pid"])
+        if p is None:
+            return JSONResponse({"reviews": []}, status_code=404)
+        off = int(_num(request.query_params.get("offset")) or 0)
+        return JSONResponse({"reviews": _reviews(c, p)[off : off + 5]})
+
+    async def image(request: Request) -> Response:
+        p = c.product_by_id.get(request.path_params["pid"])
+        if p is None:
+            return Response(status_code=404)
+        return Response(product_png(c.seed, p.pid, p.name), media_type="image/png")
+
+    async def cart_add(request: Request) -> Response:
+        form = await request.form()
+        p = c.product_by_id.get(str(form.get("pid", "")))
+        if p is None:
+            return RedirectResponse("/cart", status_code=303)
+        color, size = str(form.get("color", "")), str(form.get("size", ""))
+        qty = int(_num(str(form.get("qty", "1"))) or 0)
+        problem = _variant_problem(p, color, size, qty)
+        if problem:
+            return RedirectResponse(f"/product/{p.pid}?error={problem}", status_code=303)
+        cart = ctx.state(request)["cart"]
+        for item in cart:
+            if (item["pid"], item["color"], item["size"]) == (p.pid, color, size):
+                item["qty"] += qty
+                break
+        else:
+            cart.append(
+                {
+                    "pid": p.pid,
+                    "name": p.name,
+                    "color": color,
+                    "size": size,
+                    "qty": qty,
+                    "price": p.price,
+                }
+            )
+        return RedirectResponse("/cart", status_code=303)
+
+    async def cart_remove(request: Request) -> Response:
+        form = await request.form()
+        idx = int(_num(str(form.get("index", "-1"))) or -1)
+        cart = ctx.state(request)["cart"]
+        if 0 <= idx < len(cart):
+            cart.pop(idx)
+        return RedirectResponse("/cart", status_code=303)
+
+    async def cart_page(request: Request) -> Response:
+        cart = ctx.state(request)["cart"]
+        total = round(sum(i["price"] * i["qty"] for i in cart), 2)
+        return ctx.render(request, "shop/cart.html", cart=cart, total=total)
+
+    async def checkout(request: Request) -> Response:
+        st = ctx.state(request)
+        if request.method == "GET":
+            return ctx.render(
+                request,
+                "shop/checkout.html",
+                form={},
+                errors={},
+                countries=COUNTRIES,
+                cart=st["cart"],
+            )
+        form = {k: str(v).strip() for k, v in (await request.form()).items()}
+        errors = _address_errors(form)
+        if not st["cart"]:
+            errors["cart"] = "Your cart is empty."
+        if errors:
+            return ctx.render(
+                request,
+                "shop/checkout.html",
+                status=422,
+                form=form,
+                errors=errors,
+                countries=COUNTRIES,
+                cart=st["cart"],
+            )
+        oid = f"o{len(st['orders']) + 1:03d}"
+        address = {k: form.get(k, "") for k in ("name", "street", "city", "zip", "country")}
+        total = round(sum(i["price"] * i["qty"] for i in st["cart"]), 2)
+        st["orders"].append({"oid": oid, "items": st["cart"], "address": address, "total": total})
+        st["cart"] = []
+        return RedirectResponse(f"/order/{oid}", status_code=303)
+
+    async def order(request: Request) -> Response:
+        st = ctx.state(request)
+        o = next((o for o in st["orders"] if o["oid"] == request.path_params["oid"]), None)
+        if o is None:
+            return ctx.render(request, "shop/notfound.html", status=404)
+        return ctx.render(request, "shop/order.html", order=o)
+
+    return make_app(
+        ctx,
+        [
+            Route("/", home),
+            Route("/modal/dismiss", dismiss_modal, methods=["POST"]),
+            Route("/search", search_page),
+            Route("/product/{pid}", product),
+            Route("/api/reviews/{pid}", reviews_api),
+            Route("/img/product/{pid}.png", image),
+            Route("/cart", cart_page),
+            Route("/cart/add", cart_add, methods=["POST"]),
+            Route("/cart/remove", cart_remove, methods=["POST"]),
+            Route("/checkout", checkout, methods=["GET", "POST"]),
+            Route("/order/{oid}", order),
+        ],
+    )
+
+
+def _variant_problem(p: Product, color: str, size: str, qty: int) -> str | None:
+    if p.colors and color not in p.colors:
+        return "Please choose a colour."
+    if p.sizes and size not in p.sizes:
+        return "Please choose a size."
+    if not 1 <= qty <= 10:
+        return "Quantity must be between 1 and 10."
+    return None
+
+
+def _address_errors(form: dict[str, str]) -> dict[str, str]:
+    errors = {}
+    for key, label in (("name", "Full name"), ("street", "Street"), ("city", "City")):
+        if not form.get(key):
+            errors[key] = f"{label} is required."
+    if not re.fullmatch(r"\d{5}", form.get("zip", "")):
+        errors["zip"] = "ZIP code must be 5 digits."
+    if form.get("country") not in COUNTRIES:
+        errors["country"] = "Choose a country."
+    return errors
+
+
+def _reviews(c: Content, p: Product) -> list[dict[str, Any]]:
+    import random
+
+    rng = random.Random(stable_hash(c.seed, p.pid, "reviews"))
+    words = ["sturdy", "pretty", "light", "solid", "cheap-feeling", "great", "useful", "nice"]
+    return [
+        {
+            "author": f"Customer {rng.randrange(100, 999)}",
+            "stars": rng.randint(1, 5),
+            "text": f"Quite {rng.choice(words)} and {rng.choice(words)}.",
+        }
+        for _ in range(p.n_reviews)
+    ]

@@ -1,0 +1,153 @@
+"""``travel``: flight search with city autocomplete and a date picker, results with sorting and
+filters (served slowly, like a real fare search), and a validated booking form."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from sites.common import SiteContext, make_app
+from sites.content import AIRLINES, City, Content, Flight
+
+SORTS = ("price", "duration", "depart")
+
+
+def new_state() -> dict[str, Any]:
+    return {"bookings": []}
+
+
+def resolve_city(content: Content, text: str) -> City | None:
+    """A city from a code (``ZUT``), a name (``Zutan``) or an autocomplete label."""
+    text = text.strip()
+    m = re.search(r"\(([A-Z]{3})\)\s*$", text)
+    code = m.group(1) if m else text.upper()
+    if code in content.city_by_code:
+        return content.city_by_code[code]
+    return next((c for c in content.cities if c.name.lower() == text.lower()), None)
+
+
+def find_flights(content: Content, params: dict[str, str]) -> list[Flight]:
+    """Results as the page shows them: filtered by stops/airline, sorted (shared with tasks)."""
+    o, d = (
+        resolve_city(content, params.get("from", "")),
+        resolve_city(content, params.get("to", "")),
+    )
+    if not o or not d:
+        return []
+    flights = content.flights(o.code, d.code, params.get("date", ""))
+    stops = params.get("stops", "any")
+    if stops in ("0", "1"):
+        flights = [f for f in flights if f.stops <= int(stops)]
+    if params.get("airline"):
+        flights = [f for f in flights if f.airline == params["airline"]]
+    key = params.get("sort", "price")
+    attr = {"price": "price", "duration": "duration_min", "depart": "depart"}.get(key, "price")
+    return sorted(flights, key=lambda f: (getattr(f, attr), f.fid))
+
+
+def build(ctx: SiteContext):
+    c = ctx.content
+
+    async def home(request: Request) -> Response:
+        return ctx.render(
+            request,
+            "travel/home.html",
+            error=request.query_params.get("error"),
+            today=c.today.isoformat(),
+        )
+
+    async def cities(request: Request) -> Response:
+        q = request.query_params.get("q", "").strip().lower()
+        hits = [
+            {"code": x.code, "label": f"{x.name} ({x.code})"}
+            for x in c.cities
+            if q and (x.name.lower().startswith(q) or x.code.lower().startswith(q))
+        ]
+        return JSONResponse(hits[:8])
+
+    async def flights(request: Request) -> Response:
+        params = dict(request.query_params)
+        o, d = resolve_city(c, params.get("from", "")), resolve_city(c, params.get("to", ""))
+        if not o or not d or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", params.get("date", "")):
+            return RedirectResponse(
+                "/?error=Choose+both+cities+from+the+list+and+a+date.", status_code=303
+            )
+        await asyncio.sleep(ctx.slow_s)  # fare search is slow, as on the real web
+        results = find_flights(c, params)
+        return ctx.render(
+            request,
+            "travel/results.html",
+            flights=results,
+            origin=o,
+            dest=d,
+            params=params,
+            airlines=AIRLINES,
+            sorts=SORTS,
+        )
+
+    async def book(request: Request) -> Response:
+        f = c.flight(request.path_params["fid"])
+        if f is None:
+            return ctx.render(request, "travel/notfound.html", status=404)
+        if request.method == "GET":
+            return ctx.render(request, "travel/book.html", f=f, form={}, errors={})
+        form = {k: str(v).strip() for k, v in (await request.form()).items()}
+        errors = _booking_errors(form)
+        if errors:
+            return ctx.render(
+                request, "travel/book.html", status=422, f=f, form=form, errors=errors
+            )
+        st = ctx.state(request)
+        bid = f"B{len(st['bookings']) + 1:03d}"
+        st["bookings"].append(
+            {
+                "bid": bid,
+                "fid": f.fid,
+                "origin": f.origin,
+                "dest": f.dest,
+                "date": f.date,
+                "airline": f.airline,
+                "price": f.price,
+                "first_name": form["first_name"],
+                "last_name": form["last_name"],
+                "email": form["email"],
+                "seats": int(form["seats"]),
+            }
+        )
+        return RedirectResponse(f"/booking/{bid}", status_code=303)
+
+    async def booking(request: Request) -> Response:
+        st = ctx.state(request)
+        b = next((b for b in st["bookings"] if b["bid"] == request.path_params["bid"]), None)
+        if b is None:
+            return ctx.render(request, "travel/notfound.html", status=404)
+        return ctx.render(request, "travel/booking.html", b=b)
+
+    return make_app(
+        ctx,
+        [
+            Route("/", home),
+            Route("/api/cities", cities),
+            Route("/flights", flights),
+            Route("/book/{fid}", book, methods=["GET", "POST"]),
+            Route("/booking/{bid}", booking),
+        ],
+    )
+
+
+def _booking_errors(form: dict[str, str]) -> dict[str, str]:
+    errors = {}
+    if not form.get("first_name"):
+        errors["first_name"] = "First name is required."
+    if not form.get("last_name"):
+        errors["last_name"] = "Last name is required."
+    if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[a-z]{2,}", form.get("email", "")):
+        errors["email"] = "Enter a valid email address."
+    if form.get("seats") not in ("1", "2", "3", "4"):
+        errors["seats"] = "Choose 1 to 4 seats."
+    return errors
