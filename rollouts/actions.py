@@ -1,0 +1,335 @@
+"""webloop's action grammar: typed actions, a parser for model output, and a canonical printer.
+
+One implementation serves rollouts, judging and training (and the reference solutions of the
+bundled tasks). Grammar (one call per action; strings in single or double quotes)::
+
+    click(x, y)                 coordinates (pixels, or 0-1000 normalized by config)
+    click(e12)  click([12])     an accessibility-snapshot ref / a set-of-marks id
+    click(css="#add-to-cart")   a CSS selector (scripted experts, tests)
+    type("text")                type into the focused element
+    type(e12, "text")           type into a target (also [12], css="…"; replaces its value)
+    press("Enter")              a key or chord ("Control+A")
+    scroll(down)  scroll(dx, dy)  scroll(css="#list", down)
+    select(css="#color", "Red") choose an option of a <select>
+    goto("https://…")  back()  wait()  wait(2)
+    answer("text")              the final answer; ends the episode
+
+:func:`parse_action` reads free model output (reasoning first, the action last: the last
+``Action:`` line, else the last call-shaped line) and returns an action or a :class:`ParseError`
+saying what was wrong. :func:`format_action` prints the canonical form, and
+``parse_action(format_action(a)) == a``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an action applies: exactly one of coordinates, ref, mark or selector."""
+
+    x: float | None = None
+    y: float | None = None
+    ref: str | None = None
+    mark: int | None = None
+    selector: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [
+            self.x is not None,
+            self.ref is not None,
+            self.mark is not None,
+            self.selector is not None,
+        ]
+        if sum(kinds) != 1 or (self.x is None) != (self.y is None):
+            raise ValueError("a target is one of: x and y, ref, mark, selector")
+
+    def render(self) -> str:
+        if self.x is not None:
+            return f"{_num(self.x)}, {_num(self.y)}"
+        if self.ref is not None:
+            return self.ref
+        if self.mark is not None:
+            return f"[{self.mark}]"
+        return f"css={_quote(self.selector or '')}"
+
+
+@dataclass(frozen=True)
+class Click:
+    target: Target
+
+
+@dataclass(frozen=True)
+class Type:
+    text: str
+    target: Target | None = None
+
+
+@dataclass(frozen=True)
+class Press:
+    key: str
+
+
+@dataclass(frozen=True)
+class Scroll:
+    dx: float = 0
+    dy: float = 0
+    target: Target | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    target: Target
+    value: str
+
+
+@dataclass(frozen=True)
+class Goto:
+    url: str
+
+
+@dataclass(frozen=True)
+class Back:
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+
+
+Action = Click | Type | Press | Scroll | Select | Goto | Back | Wait | Answer
+SCROLL_STEP = 600
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """Model output that is not a valid action; ``reason`` says why, ``text`` what was seen."""
+
+    reason: str
+    text: str
+
+
+def _quote(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _num(v: float | None) -> str:
+    return str(int(v)) if v is not None and float(v).is_integer() else str(v)
+
+
+def format_action(a: Action) -> str:
+    """The canonical text of an action (what models are trained to emit)."""
+    match a:
+        case Click(target=t):
+            return f"click({t.render()})"
+        case Type(text=text, target=None):
+            return f"type({_quote(text)})"
+        case Type(text=text, target=t):
+            return f"type({t.render()}, {_quote(text)})"
+        case Press(key=k):
+            return f"press({_quote(k)})"
+        case Scroll(dx=dx, dy=dy, target=t):
+            where = f"{t.render()}, " if t else ""
+            for name, (ux, uy) in DIRECTIONS.items():
+                if (dx, dy) == (ux * SCROLL_STEP, uy * SCROLL_STEP):
+                    return f"scroll({where}{name})"
+            return f"scroll({where}{_num(dx)}, {_num(dy)})"
+        case Select(target=t, value=v):
+            return f"select({t.render()}, {_quote(v)})"
+        case Goto(url=u):
+            return f"goto({_quote(u)})"
+        case Back():
+            return "back()"
+        case Wait(seconds=s):
+            return "wait()" if s == 1.0 else f"wait({_num(s)})"
+        case Answer(text=t):
+            return f"answer({_quote(t)})"
+    raise TypeError(f"not an action: {a!r}")
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+      | (?P<num>-?\d+(?:\.\d+)?)
+      | (?P<mark>\[\s*\d+\s*\])
+      | (?P<kw>[A-Za-z_]\w*\s*=)
+      | (?P<word>[A-Za-z_][\w+\-]*)
+      | (?P<comma>,)
+    )""",
+    re.VERBOSE,
+)
+_CALL = re.compile(r"\b(click|type|press|scroll|select|goto|back|wait|answer)\s*\(", re.I)
+
+
+def parse_action(output: str) -> Action | ParseError:
+    """Parse the action at the end of free model output."""
+    text = output.strip()
+    if not text:
+        return ParseError("empty output", output)
+    candidate = _last_action_text(text)
+    if candidate is None:
+        return ParseError("no action found (expected e.g. click(120, 340) after 'Action:')", output)
+    try:
+        name, args = _split_call(candidate)
+        return _build(name.lower(), args)
+    except ValueError as exc:
+        return ParseError(str(exc), candidate)
+
+
+def _last_action_text(text: str) -> str | None:
+    marker = list(re.finditer(r"action\s*:\s*", text, re.I))
+    tail = text[marker[-1].end() :] if marker else text
+    tail = tail.strip().strip("`").strip()
+    calls = list(_CALL.finditer(tail))
+    if not calls:
+        return None
+    start = calls[0].start() if marker else calls[-1].start()
+    return _balanced(tail[start:])
+
+
+def _balanced(s: str) -> str:
+    depth, quote, i = 0, None, 0
+    while i < len(s):
+        ch = s[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return s[: i + 1]
+        i += 1
+    return s
+
+
+def _split_call(call: str) -> tuple[str, list[tuple[str, Any]]]:
+    m = re.match(r"\s*(\w+)\s*\((.*)\)\s*$", call, re.S)
+    if not m:
+        raise ValueError(f"unbalanced parentheses in {call!r}")
+    name, body = m.group(1), m.group(2)
+    args: list[tuple[str, Any]] = []
+    pos, pending_kw = 0, None
+    while pos < len(body):
+        tm = _TOKEN.match(body, pos)
+        if not tm or tm.end() == pos:
+            if body[pos:].strip() == "":
+                break
+            raise ValueError(f"cannot read arguments of {name}(): {body[pos:]!r}")
+        pos = tm.end()
+        kind = tm.lastgroup
+        if kind == "comma":
+            continue
+        if kind == "kw":
+            pending_kw = tm.group("kw").rstrip("= ").lower()
+            continue
+        value: Any = tm.group(kind)
+        if kind == "str":
+            value = _unquote(value)
+        elif kind == "num":
+            value = float(value)
+        elif kind == "mark":
+            value = int(value.strip("[] "))
+        args.append((pending_kw or kind, value))
+        pending_kw = None
+    return name, args
+
+
+def _unquote(s: str) -> str:
+    if s.startswith('"'):
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            return s[1:-1]
+    return s[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+
+
+def _target(args: list[tuple[str, Any]]) -> tuple[Target | None, list[tuple[str, Any]]]:
+    """Take a target off the front of ``args``."""
+    if not args:
+        return None, args
+    kind, v = args[0]
+    if kind in ("css", "selector"):
+        return Target(selector=str(v)), args[1:]
+    if kind == "mark":
+        return Target(mark=v), args[1:]
+    if kind == "ref" or (kind == "word" and re.fullmatch(r"[a-z]\d+", str(v))):
+        return Target(ref=str(v)), args[1:]
+    if kind == "num" and len(args) >= 2 and args[1][0] == "num":
+        return Target(x=args[0][1], y=args[1][1]), args[2:]
+    return None, args
+
+
+def _build(name: str, args: list[tuple[str, Any]]) -> Action:
+    if name == "click":
+        t, rest = _target(args)
+        if t is None or rest:
+            raise ValueError(
+                'click needs one target: click(x, y), click(e12), click([3]) or click(css="…")'
+            )
+        return Click(t)
+    if name == "type":
+        t, rest = _target(args)
+        if len(rest) != 1 or rest[0][0] not in ("str", "text"):
+            raise ValueError('type needs a quoted text: type("hello") or type(e12, "hello")')
+        return Type(text=rest[0][1], target=t)
+    if name == "press":
+        if len(args) != 1:
+            raise ValueError('press needs one key: press("Enter")')
+        return Press(key=str(args[0][1]))
+    if name == "scroll":
+        t, rest = _target(args) if args and args[0][0] != "num" else (None, args)
+        if len(rest) == 1 and str(rest[0][1]).lower() in DIRECTIONS:
+            ux, uy = DIRECTIONS[str(rest[0][1]).lower()]
+            return Scroll(ux * SCROLL_STEP, uy * SCROLL_STEP, t)
+        if len(rest) == 2 and all(k == "num" for k, _ in rest):
+            return Scroll(rest[0][1], rest[1][1], t)
+        raise ValueError("scroll needs a direction (up/down/left/right) or dx, dy")
+    if name == "select":
+        t, rest = _target(args)
+        if t is None or len(rest) != 1:
+            raise ValueError('select needs a target and an option: select(css="#c", "Red")')
+        return Select(target=t, value=str(rest[0][1]))
+    if name == "goto":
+        if len(args) != 1 or args[0][0] not in ("str", "url"):
+            raise ValueError("goto needs a quoted URL")
+        return Goto(url=args[0][1])
+    if name == "back":
+        return Back()
+    if name == "wait":
+        return Wait(float(args[0][1])) if args and args[0][0] == "num" else Wait()
+    if name == "answer":
+        if len(args) != 1:
+            raise ValueError("answer needs one quoted text")
+        return Answer(text=str(args[0][1]))
+    raise ValueError(f"unknown action {name!r}")
+
+
+def to_dict(a: Action) -> dict[str, Any]:
+    """A JSON-able dict of an action (for the warehouse's ``steps.action``)."""
+    d: dict[str, Any] = {"type": type(a).__name__.lower()}
+    for key, value in a.__dict__.items():
+        if isinstance(value, Target):
+            d[key] = {k: v for k, v in value.__dict__.items() if v is not None}
+        elif value is not None:
+            d[key] = value
+    return d

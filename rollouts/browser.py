@@ -1,0 +1,149 @@
+"""Chromium through async Playwright, and the executor that applies grammar actions to a page.
+
+The executor is the one place actions touch a browser: rollouts, the scripted expert and the
+exact PRM scorer all go through :func:`execute`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollouts.actions import (
+    Action,
+    Answer,
+    Back,
+    Click,
+    Goto,
+    Press,
+    Scroll,
+    Select,
+    Target,
+    Type,
+    Wait,
+)
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+
+
+def chromium_executable() -> str | None:
+    """The system Chromium ($WEBLOOP_CHROMIUM, Debian's), or None for Playwright's own build."""
+    env = os.environ.get("WEBLOOP_CHROMIUM")
+    if env:
+        return env
+    return next((p for p in _CANDIDATES if Path(p).exists()), None)
+
+
+async def launch(playwright: Any, *, headless: bool = True) -> Any:
+    """Launch Chromium with the flags this environment needs (no sandbox as root, no network
+    chatter)."""
+    return await playwright.chromium.launch(
+        executable_path=chromium_executable(), headless=headless, args=CHROMIUM_ARGS
+    )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one action: the answer (for ``answer``) or an error message (bad target…)."""
+
+    answer: str | None = None
+    error: str | None = None
+
+
+class ActionError(RuntimeError):
+    """An action could not be carried out on the page (element missing, not clickable…)."""
+
+
+def _locator(page: Any, t: Target) -> Any:
+    if t.selector is not None:
+        return page.locator(t.selector).first
+    if t.ref is not None:
+        return page.locator(f"aria-ref={t.ref}")
+    return page.locator(f'[data-webloop-mark="{t.mark}"]').first
+
+
+def _point(page: Any, t: Target, coords: str) -> tuple[float, float]:
+    x, y = float(t.x), float(t.y)  # type: ignore[arg-type]
+    if coords == "norm1000":
+        vp = page.viewport_size or {"width": 1280, "height": 800}
+        x, y = x / 1000 * vp["width"], y / 1000 * vp["height"]
+    return x, y
+
+
+async def execute(
+    page: Any, action: Action, *, coords: str = "pixels", timeout_ms: float = 10_000
+) -> ExecResult:
+    """Apply ``action`` to ``page``. Failures of the action itself come back as ``error``."""
+    from playwright.async_api import Error as PlaywrightError
+
+    try:
+        return await _execute(page, action, coords, timeout_ms)
+    except PlaywrightError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return ExecResult(error=first[:300])
+
+
+async def _execute(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecResult:
+    match a:
+        case Answer(text=text):
+            return ExecResult(answer=text)
+        case Click(target=t) if t.x is not None:
+            x, y = _point(page, t, coords)
+            await page.mouse.click(x, y)
+        case Click(target=t):
+            await _locator(page, t).click(timeout=timeout_ms)
+        case Type(text=text, target=None):
+            await page.keyboard.type(text)
+        case Type(text=text, target=t) if t.x is not None:
+            x, y = _point(page, t, coords)
+            await page.mouse.click(x, y)
+            await page.keyboard.type(text)
+        case Type(text=text, target=t):
+            await _locator(page, t).fill(text, timeout=timeout_ms)
+        case Press(key=key):
+            await page.keyboard.press(key)
+        case Scroll(dx=dx, dy=dy, target=None):
+            await page.mouse.wheel(dx, dy)
+        case Scroll(dx=dx, dy=dy, target=t):
+            if t.x is not None:
+                await page.mouse.move(*_point(page, t, coords))
+            else:
+                await _locator(page, t).hover(timeout=timeout_ms)
+            await page.mouse.wheel(dx, dy)
+        case Select(target=t, value=value):
+            loc = _locator(page, t)
+            try:
+                await loc.select_option(label=value, timeout=timeout_ms)
+            except Exception:
+                await loc.select_option(value=value, timeout=timeout_ms)
+        case Goto(url=url):
+            await page.goto(url, timeout=timeout_ms)
+        case Back():
+            await page.go_back(timeout=timeout_ms)
+        case Wait(seconds=s):
+            await asyncio.sleep(min(float(s), 30.0))
+        case _:
+            raise ActionError(f"unsupported action {a!r}")
+    await _settle(page, timeout_ms)
+    return ExecResult()
+
+
+async def _settle(page: Any, timeout_ms: float) -> None:
+    """Let a navigation the action started finish loading (no-op when none did)."""
+    try:
+        await page.wait_for_load_state("load", timeout=timeout_ms)
+    except Exception:  # a slow page is observed as it is; the next action may wait again
+        pass
