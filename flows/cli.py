@@ -28,6 +28,12 @@ export_app = typer.Typer(help="Export trajectories to other formats.")
 app.add_typer(warehouse_app, name="warehouse")
 app.add_typer(import_app, name="import")
 app.add_typer(export_app, name="export")
+sites_app = typer.Typer(help="The bundled local websites.")
+tasks_app = typer.Typer(help="Task suites: generate, import, list.")
+tasks_import_app = typer.Typer(help="Import tasks from other benchmarks' formats.")
+app.add_typer(sites_app, name="sites")
+app.add_typer(tasks_app, name="tasks")
+tasks_app.add_typer(tasks_import_app, name="import")
 
 console = Console()
 err = Console(stderr=True)
@@ -224,6 +230,186 @@ def export_om2w(
     with _open(read_only=True) as wh:
         rep = om2w.export_om2w(wh, run, out)
     console.print(f"wrote {len(rep.folders)} task folder(s) under {out}")
+
+
+# -- sites / tasks ----------------------------------------------------------------------------
+
+
+@sites_app.command("serve")
+def sites_serve(
+    seed: Annotated[int, typer.Option(help="Content seed (tasks must use the same).")] = 0,
+    base_port: Annotated[
+        int, typer.Option(help="Ports base..base+3 for shop, travel, wiki, mail (0: free).")
+    ] = 0,
+) -> None:
+    """Serve the bundled sites until Ctrl-C; print their URLs."""
+    import time
+
+    from sites.server import SITES, SiteServer
+
+    ports = {n: base_port + i for i, n in enumerate(SITES)} if base_port else None
+    server = SiteServer(seed=seed, ports=ports).start()
+    home = WarehouseConfig.from_env().home
+    home.mkdir(parents=True, exist_ok=True)
+    secret_file = home / "sites.secret"
+    secret_file.touch(mode=0o600)
+    secret_file.write_text(server.secret)
+    for name, url in server.urls.items():
+        console.print(f"{name:7s} {url}")
+    console.print(f"inspection secret in {secret_file} (header X-Webloop-Secret); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+
+
+@sites_app.command("check")
+def sites_check(
+    n: Annotated[int, typer.Option(help="Tasks to run the scripted expert on.")] = 40,
+    seed: Annotated[int, typer.Option(help="Task seed.")] = 0,
+    concurrency: Annotated[int, typer.Option(help="Browser contexts at once.")] = 4,
+) -> None:
+    """Run the scripted expert on generated tasks in real Chromium; report the success rate."""
+    import asyncio
+
+    from flows.bundled import run_expert
+    from sites.server import SiteServer
+    from sites.tasks import generate
+
+    tasks = generate(n, seed)
+    done = []
+
+    def progress(res: Any) -> None:
+        done.append(res)
+        if len(done) % 10 == 0 or len(done) == len(tasks):
+            ok = sum(r.verdict.success for r in done)
+            console.print(f"  {len(done)}/{len(tasks)} run, {ok} succeeded")
+
+    with SiteServer(seed=0) as server:
+        results = asyncio.run(run_expert(tasks, server, concurrency=concurrency, progress=progress))
+    ok = sum(r.verdict.success for r in results)
+    console.print(f"expert success: {ok}/{len(results)} ({ok / max(1, len(results)):.1%})")
+    for r in results:
+        if not r.verdict.success:
+            err.print(f"[yellow]failed[/yellow] {r.task_id}: {r.error or r.verdict.reasons}")
+
+
+@tasks_app.command("generate")
+def tasks_generate(
+    suite: Annotated[
+        str, typer.Option(help="Task suite (only 'bundled' is generated).")
+    ] = "bundled",
+    n: Annotated[int, typer.Option(help="Number of distinct tasks.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
+    site_seed: Annotated[int, typer.Option(help="Content seed of the sites.")] = 0,
+    ood_site: Annotated[str, typer.Option(help="Site held out as the 'ood' split.")] = "travel",
+) -> None:
+    """Generate bundled tasks (rubric, checker, reference solution) into the warehouse."""
+    from sites.server import SITES
+    from sites.tasks import generate
+    from warehouse.tasks import put_tasks
+
+    if suite != "bundled":
+        raise UserError(f"only the 'bundled' suite is generated; import others (got {suite!r})")
+    if ood_site not in SITES:
+        raise UserError(f"--ood-site must be one of {sorted(SITES)}")
+    tasks = generate(n, seed, site_seed=site_seed, ood_site=ood_site)
+    with _open() as wh:
+        rep = put_tasks(wh, tasks)
+    console.print(
+        f"{len(tasks)} tasks: {len(rep.new)} new, {len(rep.new_version)} new versions, "
+        f"{len(rep.unchanged)} unchanged"
+    )
+    import polars as pl
+
+    counts = (
+        pl.DataFrame([{"site": t.site, "split": t.split} for t in tasks])
+        .group_by("site", "split")
+        .len()
+        .sort("site", "split")
+    )
+    print_frame(counts, title="tasks by site and split")
+
+
+@tasks_import_app.callback(invoke_without_command=False)
+def _tasks_import() -> None:
+    """Import tasks: om2w, webvoyager or rubric files."""
+
+
+def _import_tasks(fmt: str, file: Path) -> None:
+    from warehouse.interop.task_formats import parse_task_file
+    from warehouse.tasks import put_tasks
+
+    parsed = parse_task_file(fmt, file)
+    with _open() as wh:
+        rep = put_tasks(wh, parsed.tasks)
+    console.print(
+        f"{len(parsed.tasks)} tasks read: {len(rep.new)} new, "
+        f"{len(rep.new_version)} new versions, {len(rep.unchanged)} unchanged"
+    )
+    for line, reason in parsed.errors:
+        err.print(f"[yellow]skipped[/yellow] {file}:{line}: {reason}")
+
+
+@tasks_import_app.command("om2w")
+def tasks_import_om2w(
+    file: Annotated[Path, typer.Argument(help="Online-Mind2Web tasks JSON.")],
+) -> None:
+    """Online-Mind2Web tasks (task_id, confirmed_task, website, reference_length, level)."""
+    _import_tasks("om2w", file)
+
+
+@tasks_import_app.command("webvoyager")
+def tasks_import_webvoyager(
+    file: Annotated[Path, typer.Argument(help="WebVoyager JSONL.")],
+) -> None:
+    """WebVoyager tasks (JSONL: web_name, id, ques, web)."""
+    _import_tasks("webvoyager", file)
+
+
+@tasks_import_app.command("rubric")
+def tasks_import_rubric(
+    file: Annotated[Path, typer.Argument(help="Rubric tasks JSON/JSONL.")],
+) -> None:
+    """Rubric tasks (instruction, start_url, rubric list, optional reference)."""
+    _import_tasks("rubric", file)
+
+
+@tasks_app.command("list")
+def tasks_list(
+    suite: Annotated[str | None, typer.Option()] = None,
+    site: Annotated[str | None, typer.Option()] = None,
+    split: Annotated[str | None, typer.Option()] = None,
+    difficulty: Annotated[int | None, typer.Option(help="Exact difficulty.")] = None,
+    min_difficulty: Annotated[int | None, typer.Option()] = None,
+    max_difficulty: Annotated[int | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """List tasks (latest versions) with filters."""
+    from warehouse.tasks import latest_tasks
+
+    where = (
+        "($suite IS NULL OR suite = $suite) AND ($site IS NULL OR site = $site) "
+        "AND ($split IS NULL OR split = $split) AND ($d IS NULL OR difficulty = $d) "
+        "AND ($lo IS NULL OR difficulty >= $lo) AND ($hi IS NULL OR difficulty <= $hi)"
+    )
+    params = {
+        "suite": suite,
+        "site": site,
+        "split": split,
+        "d": difficulty,
+        "lo": min_difficulty,
+        "hi": max_difficulty,
+    }
+    with _open(read_only=True) as wh:
+        df = latest_tasks(wh, where, params).sort("task_id")
+    total = df.height
+    df = df.select("task_id", "version", "site", "split", "difficulty", "instruction").head(limit)
+    print_frame(df, fmt)
+    if fmt is Format.table:
+        console.print(f"{total} task(s) match" + (f"; showing {limit}" if total > limit else ""))
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ exact PRM scorer all go through :func:`execute`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,45 @@ async def execute(
 
 
 async def _execute(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecResult:
+    if isinstance(a, Click | Press | Select):  # may start a navigation: wait for it to land
+        async with _navigation_settled(page, timeout_ms):
+            return await _apply(page, a, coords, timeout_ms)
+    return await _apply(page, a, coords, timeout_ms)
+
+
+NAV_GRACE_S = 0.15  # how long after an action a navigation may take to start
+
+
+@contextlib.asynccontextmanager
+async def _navigation_settled(page: Any, timeout_ms: float):
+    """After the body, if a main-frame navigation started, wait until the new page loaded."""
+    started, committed = asyncio.Event(), asyncio.Event()
+
+    def on_request(request: Any) -> None:
+        if request.is_navigation_request() and request.frame == page.main_frame:
+            started.set()
+            committed.clear()
+
+    def on_navigated(frame: Any) -> None:
+        if frame == page.main_frame:
+            committed.set()
+
+    page.on("request", on_request)
+    page.on("framenavigated", on_navigated)
+    try:
+        yield
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(started.wait(), NAV_GRACE_S)
+        if started.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(committed.wait(), timeout_ms / 1000)
+            await _settle(page, timeout_ms)
+    finally:
+        page.remove_listener("request", on_request)
+        page.remove_listener("framenavigated", on_navigated)
+
+
+async def _apply(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecResult:
     match a:
         case Answer(text=text):
             return ExecResult(answer=text)
@@ -143,7 +183,6 @@ async def _execute(page: Any, a: Action, coords: str, timeout_ms: float) -> Exec
 
 async def _settle(page: Any, timeout_ms: float) -> None:
     """Let a navigation the action started finish loading (no-op when none did)."""
-    try:
+    # A slow page is observed as it is; the next action may wait again.
+    with contextlib.suppress(Exception):
         await page.wait_for_load_state("load", timeout=timeout_ms)
-    except Exception:  # a slow page is observed as it is; the next action may wait again
-        pass

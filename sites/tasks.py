@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sites import shop, travel
-from sites.content import COUNTRIES, FIRST, LAST, Content, generate as generate_content
+from sites.content import COUNTRIES, FIRST, LAST, Content
+from sites.content import generate as generate_content
 from warehouse.ids import stable_hash
 from warehouse.records import Task
 

@@ -1,0 +1,169 @@
+"""Conformance of every site and task template, in real Chromium (like Gymnasium's check_env).
+
+For each template: the start page loads; the checker fails on the fresh state; the reference
+solution, executed by the scripted expert, makes it pass. Plus: a sample of generated tasks
+passes at >= 99%, two sessions at once keep separate state, and the inspection endpoint refuses
+requests without the server's secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from flows.bundled import run_expert
+from rollouts.browser import launch
+from rollouts.expert import run_reference
+from sites.client import fetch_state, session_of
+from sites.content import generate as content
+from sites.server import SITES, SiteServer
+from sites.tasks import TEMPLATES, click, generate, select, task_from_spec
+
+pytestmark = pytest.mark.browser
+
+
+def one_task_per_template(seed: int = 7):
+    c = content(0)
+    out = []
+    for name in sorted(TEMPLATES):
+        rng = random.Random(f"{seed}-{name}")
+        spec = None
+        while spec is None:
+            spec = TEMPLATES[name](c, rng)
+        out.append(task_from_spec(spec, site_seed=0, ood_site="travel"))
+    return out
+
+
+def test_every_template_conforms(server: SiteServer):
+    tasks = one_task_per_template()
+    assert {t.site for t in tasks} == set(SITES)
+    results = asyncio.run(run_expert(tasks, server, concurrency=4, check_fresh=True))
+    for task, res in zip(tasks, results, strict=True):
+        assert res.start_status == 200, task.task_id
+        assert res.fresh_verdict is not None and not res.fresh_verdict.success, task.task_id
+        assert res.fresh_verdict.reasons, task.task_id  # a failing verdict says why
+        assert res.error is None, f"{task.task_id}: {res.error}"
+        assert res.verdict.success, f"{task.task_id}: {res.verdict.reasons}"
+
+
+def test_generated_tasks_are_solvable(server: SiteServer):
+    tasks = generate(40, seed=123)
+    results = asyncio.run(run_expert(tasks, server, concurrency=4))
+    failed = [(r.task_id, r.error, r.verdict.reasons) for r in results if not r.verdict.success]
+    assert len(failed) <= len(tasks) * 0.01, failed
+
+
+def test_a_wrong_answer_or_partial_work_fails(server: SiteServer):
+    """The checker is not fooled: the expert's work with a wrong final answer fails."""
+    wiki = next(t for t in one_task_per_template() if t.meta["template"] == "wiki_fact")
+    wrong = [*wiki.reference[:-1], 'answer("I do not know")']
+    shop = next(t for t in one_task_per_template() if t.meta["template"] == "shop_buy")
+    partial = shop.reference[: len(shop.reference) // 2]  # stops before checkout
+    tasks = [
+        wiki.__class__(**{**wiki.__dict__, "reference": wrong}),
+        shop.__class__(**{**shop.__dict__, "reference": partial}),
+    ]
+    results = asyncio.run(run_expert(tasks, server, concurrency=2))
+    assert [r.verdict.success for r in results] == [False, False]
+    assert any("correct value" in x for x in results[0].verdict.reasons)
+    assert any("no order" in x for x in results[1].verdict.reasons)
+
+
+async def _two_sessions(server: SiteServer) -> tuple[dict, dict]:
+    from playwright.async_api import async_playwright
+
+    shop = server.url("shop")
+    async with async_playwright() as pw, httpx.AsyncClient() as client:
+        browser = await launch(pw)
+        ctx_a, ctx_b = await browser.new_context(), await browser.new_context()
+        page_a, page_b = await ctx_a.new_page(), await ctx_b.new_page()
+
+        async def add(page, pid, color):
+            await page.goto(f"{shop}/product/{pid}")
+            run = await run_reference(
+                page, [click("#accept-cookies"), select("#color", color), click("#add-to-cart")]
+            )
+            assert run.error is None and page.url.endswith("/cart")
+
+        c = content(0)
+        pa, pb = [p for p in c.products if p.colors and not p.sizes][:2]
+        await asyncio.gather(add(page_a, pa.pid, pa.colors[0]), add(page_b, pb.pid, pb.colors[0]))
+        sid_a = session_of(await ctx_a.cookies(shop))
+        sid_b = session_of(await ctx_b.cookies(shop))
+        assert sid_a and sid_b and sid_a != sid_b
+        states = (
+            await fetch_state(client, shop, server.secret, sid_a),
+            await fetch_state(client, shop, server.secret, sid_b),
+        )
+        await browser.close()
+        return states, (pa.pid, pb.pid)
+
+
+def test_two_sessions_do_not_see_each_other(server: SiteServer):
+    (a, b), (pid_a, pid_b) = asyncio.run(_two_sessions(server))
+    assert [i["pid"] for i in a["cart"]] == [pid_a]
+    assert [i["pid"] for i in b["cart"]] == [pid_b]
+
+
+def test_inspection_endpoint_requires_the_secret(server: SiteServer):
+    for site in SITES:
+        url = f"{server.url(site)}/__webloop/state?session=x"
+        assert httpx.get(url).status_code == 403
+        assert httpx.get(url, headers={"X-Webloop-Secret": "guess"}).status_code == 403
+        ok = httpx.get(url, headers={"X-Webloop-Secret": server.secret})
+        assert ok.status_code == 200 and ok.json()["site"] == site
+        assert httpx.get(f"{server.url(site)}/__webloop/metrics").status_code == 403
+
+
+def test_pages_never_link_to_the_inspection_endpoint(server: SiteServer):
+    paths = {
+        "shop": ["/", "/search?q=mug", "/product/p0003", "/cart", "/checkout"],
+        "travel": ["/"],
+        "wiki": ["/", "/wiki/" + content(0).articles[0].slug],
+        "mail": ["/folder/inbox", "/message/m001", "/compose", "/settings"],
+    }
+    for site, ps in paths.items():
+        for p in ps:
+            r = httpx.get(server.url(site) + p, follow_redirects=True)
+            assert r.status_code == 200, (site, p)
+            assert "__webloop" not in r.text and server.secret not in r.text
+
+
+def test_obstacles_are_there(server: SiteServer):
+    shop = server.url("shop")
+    home = httpx.get(shop + "/").text
+    assert 'id="cookie-banner"' in home and 'id="newsletter-modal"' in home
+    with httpx.Client(base_url=shop) as client:
+        client.get("/")
+        client.post(
+            "/cart/add",
+            data={"pid": "p0001", "color": content(0).product_by_id["p0001"].colors[0], "qty": "1"},
+        )
+        bad = client.post(
+            "/checkout",
+            data={"name": "A", "street": "B", "city": "C", "zip": "12", "country": "Norland"},
+        )
+        assert bad.status_code == 422 and "ZIP code must be 5 digits" in bad.text
+        assert len(client.get("/search?q=&page=2").text) > 0
+        more = client.get("/api/reviews/p0001?offset=3").json()["reviews"]
+        assert isinstance(more, list)
+    travel = httpx.get(server.url("travel") + "/api/cities?q=" + content(0).cities[0].name[:2])
+    assert content(0).cities[0].code in {c["code"] for c in travel.json()}
+
+
+def test_same_seed_same_content_and_tasks():
+    assert content(0) == content(0) and content(0) != content(1)
+    assert [t.task_id for t in generate(60, 5)] == [t.task_id for t in generate(60, 5)]
+    assert [t.task_id for t in generate(60, 5)] != [t.task_id for t in generate(60, 6)]
+
+
+def test_process_mode_serves_too():
+    with SiteServer(seed=0, mode="process") as s:
+        assert httpx.get(s.url("wiki") + "/").status_code == 200
+        r = httpx.get(
+            s.url("wiki") + "/__webloop/state?session=x", headers={"X-Webloop-Secret": s.secret}
+        )
+        assert r.status_code == 200
