@@ -428,6 +428,11 @@ def demo(
     out = demo_flow(home=None, seed=seed, n_tasks=n_tasks, samples=samples)
     where, loaded = out["warehouse"], out["loaded"]
     console.print(f"warehouse: {where['catalog']} (schema v{where['schema_version']})")
+    b = out["bundled"]
+    console.print(
+        f"bundled suite: {b['generated']} tasks ({b['new']} new): "
+        + ", ".join(f"{k} {v}" for k, v in b.items() if k not in ("generated", "new"))
+    )
     console.print(
         f"sample: {loaded['tasks']} tasks, {loaded['trajectories']} trajectories, "
         f"{loaded['steps']} steps, {loaded['screenshots']} screenshots "

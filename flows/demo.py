@@ -1,4 +1,5 @@
-"""The demo flow: create the warehouse, load the generated sample, summarize it through SQL.
+"""The demo flow: create the warehouse, generate the bundled task suite, load the generated
+trajectory sample, summarize it through SQL.
 
 This is the main job of ``make demo`` at this stage; later stages (collect → judge → curate →
 train → evaluate) extend it into the full flywheel.
@@ -14,7 +15,9 @@ prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
 
+from sites.tasks import generate as generate_tasks  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, migrations, sample  # noqa: E402
+from warehouse.tasks import put_tasks  # noqa: E402
 
 
 @task(retries=2, retry_delay_seconds=1)
@@ -40,6 +43,18 @@ def load_sample(home: str | None, seed: int, n_tasks: int, samples: int) -> dict
     }
 
 
+@task(retries=2, retry_delay_seconds=1)
+def generate_bundled_tasks(home: str | None, n: int, seed: int) -> dict[str, int]:
+    """The bundled suite (rubrics, checkers, reference solutions) into the warehouse."""
+    tasks = generate_tasks(n, seed)
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        rep = put_tasks(wh, tasks)
+    by_split: dict[str, int] = {}
+    for t in tasks:
+        by_split[t.split or "?"] = by_split.get(t.split or "?", 0) + 1
+    return {"generated": len(tasks), "new": len(rep.new), **by_split}
+
+
 @task
 def summarize(home: str | None) -> list[dict[str, Any]]:
     """Success by suite/site/split/policy, through the warehouse's SQL query."""
@@ -49,9 +64,14 @@ def summarize(home: str | None) -> list[dict[str, Any]]:
 
 @flow(name="demo", log_prints=True)
 def demo_flow(
-    home: str | None = None, seed: int = 0, n_tasks: int = 12, samples: int = 2
+    home: str | None = None,
+    seed: int = 0,
+    n_tasks: int = 12,
+    samples: int = 2,
+    bundled_tasks: int = 200,
 ) -> dict[str, Any]:
-    """Create the warehouse, load the demo sample, and return the summary rows."""
+    """Create the warehouse, generate bundled tasks, load the demo sample, summarize."""
     where = prepare_warehouse(home)
+    suite = generate_bundled_tasks(home, bundled_tasks, seed)
     loaded = load_sample(home, seed, n_tasks, samples)
-    return {"warehouse": where, "loaded": loaded, "summary": summarize(home)}
+    return {"warehouse": where, "bundled": suite, "loaded": loaded, "summary": summarize(home)}

@@ -48,7 +48,7 @@ class SiteContext:
     new_state: Callable[[], dict[str, Any]]
     slow_s: float = 0.4
     sessions: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
-    timings: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    timings: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=100_000))
 
     def state(self, request: Request) -> dict[str, Any]:
         """This browser session's state (created on first use; least recent evicted)."""
@@ -105,7 +105,7 @@ def common_routes(ctx: SiteContext) -> list[Route]:
     async def metrics(request: Request) -> Response:
         if not authorized(request):
             return JSONResponse({"error": "forbidden"}, status_code=403)
-        return JSONResponse({"site": ctx.name, "page_seconds": list(ctx.timings)})
+        return JSONResponse({"site": ctx.name, "pages": [[p, t] for p, t in ctx.timings]})
 
     async def consent(request: Request) -> Response:
         back = request.query_params.get("next", "/")
@@ -147,7 +147,7 @@ class SessionMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie)]
             done = message["type"] == "http.response.body" and not message.get("more_body")
             if done and scope.get("wl_html"):
-                self.ctx.timings.append(time.perf_counter() - start)
+                self.ctx.timings.append((path, time.perf_counter() - start))
             await send(message)
 
         if not has_sid:

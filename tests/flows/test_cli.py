@@ -130,3 +130,40 @@ def test_a_newer_warehouse_is_refused_with_a_clear_message(tmp_path: Path):
         wh.con.execute("INSERT INTO webloop_schema VALUES (999, 'future', now())")
     proc = webloop(h, "sql", "SELECT 1", ok=False)
     assert proc.returncode == 2 and "schema version 999" in proc.stderr
+
+
+def test_tasks_generate_list_and_import(tmp_path: Path):
+    h = tmp_path / "h"
+    out = webloop(h, "tasks", "generate", "--n", "120", "--seed", "3").stdout
+    assert "120 tasks: 120 new" in out
+    assert (
+        "120 tasks: 0 new, 0 new versions, 120 unchanged"
+        in webloop(h, "tasks", "generate", "--n", "120", "--seed", "3").stdout
+    )
+    rows = json.loads(
+        webloop(
+            h,
+            "tasks",
+            "list",
+            "--site",
+            "wiki",
+            "--max-difficulty",
+            "3",
+            "--limit",
+            "500",
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert rows and all(r["site"] == "wiki" and r["difficulty"] <= 3 for r in rows)
+    ood = json.loads(
+        webloop(h, "tasks", "list", "--split", "ood", "--limit", "500", "--format", "json").stdout
+    )
+    assert ood and {r["site"] for r in ood} == {"travel"}
+    f = tmp_path / "wv.jsonl"
+    f.write_text('{"web_name": "A", "id": 1, "ques": "Find X", "web": "https://a.b/"}\nnot json\n')
+    proc = webloop(h, "tasks", "import", "webvoyager", str(f))
+    assert "1 tasks read: 1 new" in proc.stdout
+    assert f"{f}:2: not valid JSON" in proc.stderr
+    proc = webloop(h, "tasks", "generate", "--suite", "other", ok=False)
+    assert proc.returncode == 2 and "only the 'bundled' suite" in proc.stderr

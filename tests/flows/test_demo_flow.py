@@ -16,8 +16,10 @@ def test_demo_flow_loads_the_sample_and_is_idempotent(prefect_harness, tmp_path:
     out = state.result()
     assert out["loaded"]["trajectories"] == 16 and out["loaded"]["rows_inserted"] > 0
     assert sum(r["trajectories"] for r in out["summary"]) == 16
+    assert out["bundled"]["generated"] == 200 and out["bundled"]["new"] == 200
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         assert wh.sql("SELECT count(*) FROM trajectories").item() == 16
+        assert wh.sql("SELECT count(*) FROM tasks WHERE suite = 'bundled'").item() == 200
         steps = wh.sql("SELECT count(*) FROM steps").item()
         assert steps == out["loaded"]["steps"]
         shot = wh.sql("SELECT screenshot_hash FROM steps LIMIT 1").item()
