@@ -23,10 +23,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from flows.bundled import run_expert  # noqa: E402
-from sites.common import SECRET_HEADER  # noqa: E402
-from sites.server import SITES, SiteServer  # noqa: E402
-from sites.tasks import generate  # noqa: E402
+from flows.bundled import run_expert
+from sites.common import SECRET_HEADER
+from sites.server import SITES, SiteServer
+from sites.tasks import generate
 
 
 def percentile(values: list[float], q: float) -> float:
