@@ -167,3 +167,45 @@ def test_tasks_generate_list_and_import(tmp_path: Path):
     assert f"{f}:2: not valid JSON" in proc.stderr
     proc = webloop(h, "tasks", "generate", "--suite", "other", ok=False)
     assert proc.returncode == 2 and "only the 'bundled' suite" in proc.stderr
+
+
+def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    h = tmp_path / "h"
+    env = {**os.environ, "WEBLOOP_HOME": str(h), "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "sites", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        urls = {}
+        deadline = time.monotonic() + 60
+        while len(urls) < 4 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            m = re.match(r"(\w+)\s+(http://127\.0\.0\.1:\d+)", line)
+            if m:
+                urls[m.group(1)] = m.group(2)
+        assert set(urls) == {"shop", "travel", "wiki", "mail"}
+        assert httpx.get(urls["wiki"] + "/").status_code == 200
+        secret_file = h / "sites.secret"
+        for _ in range(50):
+            if secret_file.exists() and secret_file.read_text():
+                break
+            time.sleep(0.1)
+        assert secret_file.stat().st_mode & 0o077 == 0  # only the owner may read it
+        r = httpx.get(
+            urls["mail"] + "/__webloop/state?session=x",
+            headers={"X-Webloop-Secret": secret_file.read_text()},
+        )
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
