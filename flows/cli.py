@@ -412,6 +412,76 @@ def tasks_list(
         console.print(f"{total} task(s) match" + (f"; showing {limit}" if total > limit else ""))
 
 
+# -- collect ----------------------------------------------------------------------------------
+
+
+@app.command()
+def collect(
+    suite: Annotated[str, typer.Option(help="Task suite in the warehouse.")] = "bundled",
+    split: Annotated[
+        str | None, typer.Option(help="Split (train, test, ood; all if empty).")
+    ] = "train",
+    n_tasks: Annotated[int, typer.Option(help="Number of tasks.")] = 50,
+    samples: Annotated[int, typer.Option(help="Samples per task (a GRPO group).")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Trajectories in flight.")] = 8,
+    policy: Annotated[str, typer.Option(help="expert, random or openai.")] = "expert",
+    noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
+    max_steps: Annotated[int, typer.Option(help="Step budget per trajectory.")] = 30,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
+    seed: Annotated[int, typer.Option(help="Task order and policy RNG seed.")] = 0,
+    allow_origin: Annotated[
+        list[str] | None, typer.Option(help="Extra origins the browser may reach (repeatable).")
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
+) -> None:
+    """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
+    import time
+
+    from flows.collect import CollectConfig
+    from flows.collect import collect as run_flow
+
+    cfg = CollectConfig(
+        suite=suite,
+        split=split or None,
+        n_tasks=n_tasks,
+        samples=samples,
+        policy=policy,
+        noise=noise,
+        base_url=base_url,
+        model=model,
+        max_steps=max_steps,
+        seed=seed,
+        allow_origins=tuple(allow_origin or ()),
+        concurrency=concurrency,
+        run_name=run,
+    )
+    last = [0.0]
+
+    def progress(st: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] < 5 and st.finished < st.total:
+            return
+        last[0] = now
+        failed = sum(v for k, v in st.by_status.items() if k != "success")
+        console.print(
+            f"  {st.finished}/{st.total} finished · {st.running} running · "
+            f"{failed} not successful · {st.steps} steps · {st.steps_per_s:.1f} steps/s"
+        )
+
+    console.print(
+        f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
+        f"policy {policy}, concurrency {concurrency}"
+    )
+    out = run_flow(cfg, on_progress=progress)
+    console.print(
+        f"run {out['run_id']}: ran {out['ran']} trajectories "
+        f"(skipped {out['skipped']} already stored), {out['steps']} steps, "
+        f"{out['steps_per_s']} steps/s; outcomes {out['by_status']}; "
+        f"written in {out['transactions']} transaction(s)"
+    )
+
+
 # -- demo -------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,257 @@
+"""The ``collect`` flow: choose tasks, start the bundled sites when needed, run the rollout
+engine with a policy, and record the run. Thin: the work is in ``rollouts`` (engine, writer) and
+``sites`` (server, checkers); this module wires them together.
+
+The run id is derived from the configuration (or given with ``--run``), so re-running the same
+command resumes the same run: stored trajectories are skipped, unfinished ones are redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows import prefect_env
+
+prefect_env.configure()
+
+import httpx  # noqa: E402
+from prefect import flow, task  # noqa: E402
+
+from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
+from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
+from rollouts.policies import make_policy  # noqa: E402
+from rollouts.writer import BatchWriter  # noqa: E402
+from sites.checkers import check  # noqa: E402
+from sites.client import fetch_state, session_of  # noqa: E402
+from sites.server import SiteServer  # noqa: E402
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
+from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
+from warehouse.ids import run_id_for, stable_hash  # noqa: E402
+from warehouse.records import INFRA_ERROR, Run, Task, utcnow  # noqa: E402
+from warehouse.tasks import latest_tasks  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """What to collect. Everything but ``concurrency`` and ``run_name`` names the run."""
+
+    suite: str = "bundled"
+    split: str | None = "train"
+    n_tasks: int = 50
+    samples: int = 1
+    policy: str = "expert"
+    noise: float = 0.0
+    base_url: str | None = None
+    model: str | None = None
+    max_steps: int = 30
+    seed: int = 0
+    site_seed: int = 0
+    allow_origins: tuple[str, ...] = ()
+    concurrency: int = 8
+    run_name: str | None = None
+    engine: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for volatile in ("concurrency", "run_name"):
+            d.pop(volatile)
+        return d
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
+    """The first ``n_tasks`` tasks of the suite/split in a seeded, stable order."""
+    from warehouse.records import from_frame
+
+    df = latest_tasks(
+        wh,
+        "suite = $suite AND ($split IS NULL OR split = $split)",
+        {"suite": cfg.suite, "split": cfg.split},
+    )
+    if df.is_empty():
+        hint = " (run: webloop tasks generate)" if cfg.suite == "bundled" else ""
+        raise WarehouseError(f"no tasks in suite {cfg.suite!r}, split {cfg.split!r}{hint}")
+    tasks = from_frame(Task, df)
+    tasks.sort(key=lambda t: stable_hash(cfg.seed, t.task_id))
+    return tasks[: cfg.n_tasks]
+
+
+def make_policy_for(cfg: CollectConfig) -> Any:
+    if cfg.policy == "expert":
+        return make_policy("expert", noise=cfg.noise)
+    if cfg.policy == "openai":
+        if not cfg.base_url or not cfg.model:
+            raise WarehouseError("--policy openai needs --base-url and --model")
+        return make_policy("openai", base_url=cfg.base_url, model=cfg.model)
+    return make_policy(cfg.policy)
+
+
+def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Callable:
+    """Programmatic grading for bundled tasks; other tasks end as ``finished`` (judged later)."""
+
+    async def grade(env: BrowserEnv, job: Job, answer: str | None) -> Outcome:
+        t = job.task
+        if server is None or not t.start_url.startswith(BUNDLED_SCHEME):
+            return Outcome("finished")
+        origin = server.url(t.site or "")
+        sid = session_of(await env.cookies(origin))
+        state = await fetch_state(client, origin, server.secret, sid) if sid else {}
+        verdict = check(t.checker, state, answer)
+        return Outcome(
+            "success" if verdict.success else "failure", {"criteria": verdict.to_dict()["criteria"]}
+        )
+
+    return grade
+
+
+async def run_collect(
+    wh: Warehouse, cfg: CollectConfig, on_progress: Callable[[Stats], None] | None = None
+) -> dict[str, Any]:
+    """Collect (or resume) the run described by ``cfg``; return a summary."""
+    run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
+    tasks = select_tasks(wh, cfg)
+    policy = make_policy_for(cfg)
+    done = {
+        tid: st
+        for tid, st in wh.sql(
+            "SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]
+        ).iter_rows()
+    }
+    wh.write(
+        [
+            Run(
+                run_id=run_id,
+                kind="collect",
+                name=cfg.run_name,
+                config=dataclasses.asdict(cfg),
+                code_version=code_version(),
+                status="running",
+            )
+        ]
+    )
+    bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in tasks)
+    server = SiteServer(seed=cfg.site_seed, mode="process").start() if bundled else None
+    try:
+
+        def resolve(t: Task) -> tuple[str, list[str]]:
+            url = resolve_start_url(t.start_url, server.urls) if server else t.start_url
+            return url, [origin_of(url), *cfg.allow_origins]
+
+        jobs = [
+            j
+            for j in make_jobs(run_id, tasks, cfg.samples, resolve)
+            if done.get(j.traj_id) in (None, INFRA_ERROR)
+        ]
+        engine_cfg = EngineConfig(
+            concurrency=cfg.concurrency,
+            samples=cfg.samples,
+            max_steps=cfg.max_steps,
+            seed=cfg.seed,
+            **cfg.engine,
+        )
+        async with httpx.AsyncClient() as client:
+            writer = BatchWriter(wh).start()
+            engine = Engine(
+                run_id,
+                policy,
+                bundled_grader(server, client),
+                writer.put,
+                config=engine_cfg,
+                env_config=EnvConfig(),
+                on_progress=on_progress,
+            )
+            try:
+                stats = await engine.run(jobs)
+            finally:
+                wstats = await writer.close()
+    except BaseException as exc:
+        wh.write(
+            [
+                Run(
+                    run_id=run_id,
+                    kind="collect",
+                    name=cfg.run_name,
+                    config=dataclasses.asdict(cfg),
+                    code_version=code_version(),
+                    status="failed",
+                    error=f"{type(exc).__name__}: {exc}"[:500],
+                    ended_at=utcnow(),
+                )
+            ]
+        )
+        raise
+    finally:
+        if server:
+            server.stop()
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
+    wh.write(
+        [
+            Run(
+                run_id=run_id,
+                kind="collect",
+                name=cfg.run_name,
+                config=dataclasses.asdict(cfg),
+                code_version=code_version(),
+                status="completed",
+                ended_at=utcnow(),
+            )
+        ]
+    )
+    return {
+        "run_id": run_id,
+        "tasks": len(tasks),
+        "skipped": len(tasks) * cfg.samples - len(jobs),
+        "ran": len(jobs),
+        "by_status": stats.by_status,
+        "steps": stats.steps,
+        "steps_per_s": round(stats.steps_per_s, 2),
+        "written": wstats.trajectories,
+        "transactions": wstats.transactions,
+    }
+
+
+@task(name="collect-rollouts")
+def collect_rollouts(cfg: CollectConfig, home: str | None = None) -> dict[str, Any]:
+    """Run the engine (library code) for the run; resumable, so Prefect retries are safe."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return asyncio.run(run_collect(wh, cfg, _PROGRESS.get("fn")))
+
+
+_PROGRESS: dict[str, Any] = {}
+
+
+@flow(name="collect")
+def collect_flow(cfg: CollectConfig, home: str | None = None) -> dict[str, Any]:
+    """Collect rollouts for ``cfg`` into the warehouse (recorded in ``runs``)."""
+    return collect_rollouts(cfg, home)
+
+
+def collect(
+    cfg: CollectConfig, home: str | None = None, on_progress: Callable[[Stats], None] | None = None
+) -> dict[str, Any]:
+    """Run the collect flow; ``on_progress`` receives engine stats about once a second."""
+    _PROGRESS["fn"] = on_progress
+    try:
+        return collect_flow(cfg, home)
+    finally:
+        _PROGRESS.clear()

@@ -1,0 +1,373 @@
+"""The asynchronous rollout engine.
+
+Every trajectory advances on its own (no lock-step batches): ``concurrency`` workers each own a
+browser slot and take the next (task, sample) job as soon as they are free. Finished trajectories
+go to a background :class:`~rollouts.writer.BatchWriter`; the step loop never waits on storage.
+
+Robustness: a crashed browser or a model server that keeps failing ends only the affected
+trajectory, as ``infra_error``; a step or trajectory over its time budget ends as ``timeout``;
+unparseable model output is an invalid step (after ``max_invalid`` in a row, the episode ends as
+a failure). Resuming a run skips trajectories already stored (and redoes infrastructure errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollouts.actions import ParseError, format_action, to_dict
+from rollouts.env import BrowserCrashed, BrowserEnv, BrowserSlot, EnvConfig, Observation
+from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
+from rollouts.prompts import Turn, render
+from warehouse.blobs import sha256_hex
+from warehouse.ids import make_id, stable_hash, traj_id_for
+from warehouse.records import INFRA_ERROR, TIMEOUT, Step, Task, Trajectory, utcnow
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings (stored with every run)."""
+
+    concurrency: int = field(default=8, metadata={"help": "Trajectories in flight."})
+    samples: int = field(default=1, metadata={"help": "Samples per task (a GRPO group)."})
+    max_steps: int = field(default=30, metadata={"help": "Step budget per trajectory."})
+    step_timeout_s: float = field(default=120.0, metadata={"help": "Policy + action time."})
+    trajectory_timeout_s: float = field(default=900.0, metadata={"help": "Whole episode."})
+    max_invalid: int = field(default=3, metadata={"help": "Consecutive invalid actions."})
+    straggler_fraction: float = field(
+        default=1.0, metadata={"help": "Cut stragglers once this fraction finished (1 = never)."}
+    )
+    straggler_grace_s: float = field(default=60.0, metadata={"help": "Then wait this long."})
+    seed: int = field(default=0, metadata={"help": "Seeds each trajectory's policy RNG."})
+
+
+@dataclass
+class Job:
+    task: Task
+    sample_idx: int
+    traj_id: str
+    group_id: str
+    start_url: str
+    allowed_origins: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """What the grader decided: ``status`` (success/failure/finished) and details."""
+
+    status: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+Grader = Callable[[BrowserEnv, Job, str | None], Awaitable[Outcome]]
+
+
+@dataclass
+class Finished:
+    """A finished trajectory, ready for the writer."""
+
+    trajectory: Trajectory
+    steps: list[Step]
+    blobs: dict[str, bytes]
+
+
+@dataclass
+class Stats:
+    total: int = 0
+    skipped: int = 0
+    running: int = 0
+    finished: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / max(1e-9, time.perf_counter() - self.started)
+
+
+def make_jobs(
+    run_id: str, tasks: list[Task], samples: int, resolve: Callable[[Task], tuple[str, list[str]]]
+) -> list[Job]:
+    """(task × sample) jobs with deterministic trajectory and group ids."""
+    jobs = []
+    for task in tasks:
+        url, allowed = resolve(task)
+        group = make_id("group", run_id, task.task_id, task.version)
+        for k in range(samples):
+            jobs.append(Job(task, k, traj_id_for(run_id, task.task_id, k), group, url, allowed))
+    return jobs
+
+
+def _thought(text: str) -> str | None:
+    m = re.search(r"thought\s*:\s*(.*?)(?:\n\s*action\s*:|$)", text, re.I | re.S)
+    return m.group(1).strip() if m else None
+
+
+class Engine:
+    """Runs jobs with one policy, a grader and a sink for finished trajectories."""
+
+    def __init__(
+        self,
+        run_id: str,
+        policy: Policy,
+        grader: Grader,
+        sink: Callable[[Finished], Awaitable[None]],
+        *,
+        config: EngineConfig | None = None,
+        env_config: EnvConfig | None = None,
+        on_progress: Callable[[Stats], None] | None = None,
+    ) -> None:
+        self.run_id, self.policy, self.grader, self.sink = run_id, policy, grader, sink
+        self.config = config or EngineConfig()
+        self.env_config = env_config or EnvConfig()
+        self.on_progress = on_progress
+        self.stats = Stats()
+        self.slots: list[BrowserSlot] = []
+
+    async def run(self, jobs: list[Job]) -> Stats:
+        from playwright.async_api import async_playwright
+
+        self.stats = Stats(total=len(jobs))
+        queue: asyncio.Queue[Job] = asyncio.Queue()
+        for job in jobs:
+            queue.put_nowait(job)
+        async with async_playwright() as pw:
+            self.slots = [
+                BrowserSlot(pw, self.env_config.contexts_per_browser)
+                for _ in range(max(1, min(self.config.concurrency, len(jobs))))
+            ]
+            workers = [asyncio.create_task(self._worker(slot, queue)) for slot in self.slots]
+            watcher = asyncio.create_task(self._watch(workers))
+            try:
+                await asyncio.gather(*workers, return_exceptions=True)
+            finally:
+                watcher.cancel()
+                for slot in self.slots:
+                    await slot.close()
+        self._report()
+        return self.stats
+
+    async def _watch(self, workers: list[asyncio.Task]) -> None:
+        """Progress reports, and the straggler cut-off."""
+        cut_at = None
+        while True:
+            await asyncio.sleep(1.0)
+            self._report()
+            frac = self.config.straggler_fraction
+            if (
+                cut_at is None
+                and frac < 1.0
+                and self.stats.total
+                and self.stats.finished >= frac * self.stats.total
+            ):
+                cut_at = time.monotonic() + self.config.straggler_grace_s
+            if cut_at is not None and time.monotonic() >= cut_at:
+                for w in workers:
+                    w.cancel()
+                return
+
+    def _report(self) -> None:
+        if self.on_progress:
+            self.on_progress(self.stats)
+
+    async def _worker(self, slot: BrowserSlot, queue: asyncio.Queue[Job]) -> None:
+        env = BrowserEnv(slot, self.env_config)
+        while True:
+            try:
+                job = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            self.stats.running += 1
+            try:
+                done = await self._episode(env, job)
+            except asyncio.CancelledError:
+                done = self._aborted(job, TIMEOUT, "straggler cut-off", [], {})
+                await self._finish(done)
+                raise
+            finally:
+                self.stats.running -= 1
+                await env.close()
+            await self._finish(done)
+
+    async def _finish(self, done: Finished) -> None:
+        st = done.trajectory.status
+        self.stats.finished += 1
+        self.stats.by_status[st] = self.stats.by_status.get(st, 0) + 1
+        await self.sink(done)
+
+    async def _episode(self, env: BrowserEnv, job: Job) -> Finished:
+        steps: list[Step] = []
+        blobs: dict[str, bytes] = {}
+        meta: dict[str, Any] = {}
+        try:
+            return await asyncio.wait_for(
+                self._play(env, job, steps, blobs, meta), self.config.trajectory_timeout_s
+            )
+        except TimeoutError:
+            return self._aborted(job, TIMEOUT, "trajectory time budget spent", steps, blobs)
+        except (BrowserCrashed, PolicyUnavailable) as exc:
+            return self._aborted(job, INFRA_ERROR, f"{type(exc).__name__}: {exc}", steps, blobs)
+        except Exception as exc:  # never lose the engine to one trajectory
+            return self._aborted(job, INFRA_ERROR, f"{type(exc).__name__}: {exc}", steps, blobs)
+
+    async def _play(
+        self,
+        env: BrowserEnv,
+        job: Job,
+        steps: list[Step],
+        blobs: dict[str, bytes],
+        meta: dict[str, Any],
+    ) -> Finished:
+        started = utcnow()
+        rng = random.Random(stable_hash(self.config.seed, job.traj_id))
+        obs = await env.reset(
+            job.start_url, allowed_origins=job.allowed_origins, max_steps=self.config.max_steps
+        )
+        turns: list[Turn] = []
+        ctx = PolicyContext(
+            job.task.task_id, job.task.instruction, list(job.task.reference or []), turns, rng
+        )
+        answer, invalid_run, blocked = None, 0, []
+        while True:
+            turns.append(Turn(obs.url, obs.title, obs.screenshot, obs.a11y))
+            t0 = time.perf_counter()
+            try:
+                out = await asyncio.wait_for(self.policy.act(ctx), self.config.step_timeout_s)
+            except TimeoutError:
+                return self._aborted(
+                    job, TIMEOUT, "the policy exceeded the step timeout", steps, blobs
+                )
+            t_model = time.perf_counter() - t0
+            step = self._step_row(job, obs, out, blobs, t_model)
+            if isinstance(out.action, ParseError):
+                invalid_run += 1
+                turns[-1] = Turn(
+                    obs.url,
+                    obs.title,
+                    obs.screenshot,
+                    obs.a11y,
+                    "(invalid action)",
+                    out.action.reason,
+                )
+                steps.append(step)
+                self.stats.steps += 1
+                if invalid_run >= self.config.max_invalid or len(steps) >= self.config.max_steps:
+                    meta["ended_by"] = (
+                        "invalid actions"
+                        if invalid_run >= self.config.max_invalid
+                        else "step budget"
+                    )
+                    break
+                continue
+            invalid_run = 0
+            t1 = time.perf_counter()
+            obs, terminated, truncated, info = await env.step(out.action)
+            step = _with(
+                step, latency_env_s=round(time.perf_counter() - t1, 4), action_error=info["error"]
+            )
+            steps.append(step)
+            self.stats.steps += 1
+            blocked += info["blocked"]
+            turns[-1] = Turn(
+                turns[-1].url,
+                turns[-1].title,
+                turns[-1].screenshot,
+                turns[-1].a11y,
+                step.action_text,
+                info["error"],
+            )
+            if terminated:
+                answer = info["answer"]
+                break
+            if truncated:
+                meta["ended_by"] = "step budget"
+                break
+        outcome = await self.grader(env, job, answer)
+        shot = sha256_hex(obs.screenshot)
+        blobs[shot] = obs.screenshot
+        meta.update(outcome.meta, final_url=obs.url, final_screenshot=shot)
+        if blocked:
+            meta["blocked_requests"] = blocked[:50]
+        return self._finished(job, outcome.status, answer, None, steps, blobs, meta, started)
+
+    def _step_row(
+        self, job: Job, obs: Observation, out: Any, blobs: dict[str, bytes], t_model: float
+    ) -> Step:
+        shot = sha256_hex(obs.screenshot)
+        blobs[shot] = obs.screenshot
+        tree = prompt = None
+        if obs.a11y is not None:
+            data = obs.a11y.encode()
+            tree = sha256_hex(data)
+            blobs[tree] = data
+        if out.messages is not None:
+            data = render(out.messages).encode()
+            prompt = sha256_hex(data)
+            blobs[prompt] = data
+        parsed = out.action
+        return Step(
+            traj_id=job.traj_id,
+            step_idx=0,
+            url=obs.url,
+            title=obs.title,
+            screenshot_hash=shot,
+            a11y_hash=tree,
+            prompt_hash=prompt,
+            model_output=out.text,
+            thought=_thought(out.text),
+            action=None if isinstance(parsed, ParseError) else to_dict(parsed),
+            action_text=None if isinstance(parsed, ParseError) else format_action(parsed),
+            action_error=parsed.reason if isinstance(parsed, ParseError) else None,
+            logprob=out.logprob,
+            latency_model_s=round(t_model, 4),
+        )
+
+    def _aborted(
+        self, job: Job, status: str, error: str, steps: list[Step], blobs: dict[str, bytes]
+    ) -> Finished:
+        return self._finished(job, status, None, error, steps, blobs, {}, None)
+
+    def _finished(
+        self,
+        job: Job,
+        status: str,
+        answer: str | None,
+        error: str | None,
+        steps: list[Step],
+        blobs: dict[str, bytes],
+        meta: dict[str, Any],
+        started: dt.datetime | None,
+    ) -> Finished:
+        ended = utcnow()
+        rows = [_with(s, step_idx=i) for i, s in enumerate(steps)]
+        traj = Trajectory(
+            traj_id=job.traj_id,
+            run_id=self.run_id,
+            task_id=job.task.task_id,
+            task_version=job.task.version,
+            policy=self.policy.name,
+            status=status,
+            group_id=job.group_id,
+            sample_idx=job.sample_idx,
+            n_steps=len(rows),
+            answer=answer,
+            error=error,
+            started_at=started,
+            ended_at=ended,
+            duration_s=round((ended - started).total_seconds(), 3) if started else None,
+            meta=meta or None,
+        )
+        return Finished(traj, rows, blobs)
+
+
+def _with(step: Step, **changes: Any) -> Step:
+    import dataclasses
+
+    return dataclasses.replace(step, **changes)

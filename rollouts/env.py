@@ -1,0 +1,219 @@
+"""The browser environment: Gymnasium-shaped and async, one fresh browser context per episode.
+
+    env = BrowserEnv(browser_slot, EnvConfig())
+    obs = await env.reset(start_url, allowed_origins=[...], seed=0)
+    obs, terminated, truncated, info = await env.step(action)
+    await env.close()
+
+* ``obs`` (:class:`Observation`): PNG screenshot bytes, the accessibility snapshot
+  (``aria_snapshot(mode="ai")``, refs ``[ref=eN]`` usable as ``click(eN)``), URL, title, and —
+  with ``set_of_marks`` — the number of marked elements (``click([N])``).
+* ``terminated``: the action was ``answer(...)`` (``info["answer"]`` holds it).
+* ``truncated``: the step budget is spent.
+* ``info``: ``error`` (the action failed on the page), ``answer``, ``blocked`` (off-origin
+  requests refused since the last step).
+
+Cookies and storage never leak between episodes: each ``reset`` makes a new context. Requests to
+origins outside the episode's allowlist are aborted and recorded. A :class:`BrowserSlot` owns one
+Chromium and relaunches it when it crashed or has served ``contexts_per_browser`` episodes, so a
+crash only takes down the episode running in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from rollouts.actions import Action, Answer
+from rollouts.browser import execute, launch
+
+
+class BrowserCrashed(RuntimeError):
+    """The browser or page died under the episode (an infrastructure error, not a failure)."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Environment settings (stored with every run)."""
+
+    viewport_width: int = field(default=1280, metadata={"help": "Viewport width in pixels."})
+    viewport_height: int = field(default=800, metadata={"help": "Viewport height in pixels."})
+    coords: str = field(default="pixels", metadata={"help": "pixels or norm1000 (Qwen3-VL)."})
+    set_of_marks: bool = field(default=False, metadata={"help": "Number interactive elements."})
+    a11y: bool = field(default=True, metadata={"help": "Capture the accessibility snapshot."})
+    action_timeout_s: float = field(default=10.0, metadata={"help": "Per-action page timeout."})
+    contexts_per_browser: int = field(default=50, metadata={"help": "Relaunch after N episodes."})
+
+
+@dataclass(frozen=True)
+class Observation:
+    step_idx: int
+    url: str
+    title: str
+    screenshot: bytes
+    a11y: str | None = None
+    marks: int = 0
+
+
+_MARKS_JS = """
+() => {
+  document.querySelectorAll('.__webloop_mark').forEach(e => e.remove());
+  const sel = 'a[href], button, input, select, textarea, ' +
+    '[role=button], [role=link], [role=option], [onclick]';
+  let n = 0;
+  for (const el of document.querySelectorAll(sel)) {
+    const r = el.getBoundingClientRect();
+    if (r.width < 2 || r.height < 2 || r.bottom < 0 || r.top > innerHeight) continue;
+    el.setAttribute('data-webloop-mark', String(++n));
+    const tag = document.createElement('div');
+    tag.className = '__webloop_mark'; tag.textContent = String(n);
+    tag.style.cssText = `position:fixed;left:${r.left}px;top:${Math.max(0, r.top - 14)}px;` +
+      'background:#e6007e;color:#fff;font:bold 11px sans-serif;padding:0 3px;z-index:2147483647;' +
+      'pointer-events:none;border-radius:2px';
+    document.body.appendChild(tag);
+  }
+  return n;
+}
+"""
+
+
+class BrowserSlot:
+    """One Chromium, relaunched on crash or after ``contexts_per_browser`` episodes."""
+
+    def __init__(self, playwright: Any, contexts_per_browser: int = 50) -> None:
+        self.playwright = playwright
+        self.limit = contexts_per_browser
+        self.browser: Any = None
+        self.served = 0
+        self.launches = 0
+
+    async def context(self, **kw: Any) -> Any:
+        if self.browser is None or not self.browser.is_connected() or self.served >= self.limit:
+            await self.close()
+            self.browser = await launch(self.playwright)
+            self.launches += 1
+            self.served = 0
+        self.served += 1
+        return await self.browser.new_context(**kw)
+
+    async def pid(self) -> int | None:
+        """The browser process id (for crash tests and diagnostics)."""
+        if self.browser is None:
+            return None
+        cdp = await self.browser.new_browser_cdp_session()
+        info = await cdp.send("SystemInfo.getProcessInfo")
+        return next((p["id"] for p in info["processInfo"] if p["type"] == "browser"), None)
+
+    async def close(self) -> None:
+        if self.browser is not None:
+            with contextlib.suppress(Exception):
+                await self.browser.close()
+            self.browser = None
+
+
+def origin_of(url: str) -> str:
+    p = urlsplit(url)
+    return f"{p.scheme}://{p.netloc}"
+
+
+class BrowserEnv:
+    """A Gymnasium-shaped async environment over one :class:`BrowserSlot`."""
+
+    def __init__(self, slot: BrowserSlot, config: EnvConfig | None = None) -> None:
+        self.slot = slot
+        self.config = config or EnvConfig()
+        self.context: Any = None
+        self.page: Any = None
+        self.allowed: set[str] = set()
+        self.blocked: list[str] = []
+        self.step_idx = 0
+        self.max_steps = 0
+
+    async def reset(
+        self,
+        start_url: str,
+        *,
+        allowed_origins: list[str] | None = None,
+        max_steps: int = 30,
+        seed: int | None = None,
+    ) -> Observation:
+        """Start an episode at ``start_url`` in a fresh context. ``seed`` is recorded only: the
+        bundled sites are deterministic and a browser has no RNG to seed."""
+        await self.close()
+        del seed
+        self.allowed = {origin_of(start_url), *(origin_of(o) for o in allowed_origins or [])}
+        self.blocked, self.step_idx, self.max_steps = [], 0, max_steps
+        try:
+            self.context = await self.slot.context(
+                viewport={
+                    "width": self.config.viewport_width,
+                    "height": self.config.viewport_height,
+                }
+            )
+            await self.context.route("**/*", self._route)
+            self.page = await self.context.new_page()
+            await self.page.goto(start_url, timeout=self.config.action_timeout_s * 1000)
+            return await self.observe()
+        except Exception as exc:
+            raise BrowserCrashed(f"reset failed: {exc}") from exc
+
+    async def _route(self, route: Any) -> None:
+        url = route.request.url
+        if url.startswith(("data:", "blob:", "about:")) or origin_of(url) in self.allowed:
+            await route.continue_()
+        else:
+            self.blocked.append(url)
+            await route.abort("blockedbyclient")
+
+    async def step(self, action: Action) -> tuple[Observation, bool, bool, dict[str, Any]]:
+        if self.page is None:
+            raise RuntimeError("step() before reset()")
+        blocked_before = len(self.blocked)
+        self._check_alive()
+        result = await execute(
+            self.page,
+            action,
+            coords=self.config.coords,
+            timeout_ms=self.config.action_timeout_s * 1000,
+        )
+        self._check_alive()
+        self.step_idx += 1
+        terminated = isinstance(action, Answer)
+        truncated = not terminated and self.step_idx >= self.max_steps
+        info = {
+            "error": result.error,
+            "answer": result.answer,
+            "blocked": self.blocked[blocked_before:],
+        }
+        obs = await self.observe()
+        return obs, terminated, truncated, info
+
+    def _check_alive(self) -> None:
+        if self.page.is_closed() or not self.slot.browser or not self.slot.browser.is_connected():
+            raise BrowserCrashed("the browser or page is gone")
+
+    async def observe(self) -> Observation:
+        try:
+            marks = 0
+            if self.config.set_of_marks:
+                marks = await self.page.evaluate(_MARKS_JS)
+            shot = await self.page.screenshot(type="png")
+            tree = await self.page.aria_snapshot(mode="ai") if self.config.a11y else None
+            return Observation(
+                self.step_idx, self.page.url, await self.page.title(), shot, tree, marks
+            )
+        except Exception as exc:
+            if self.page.is_closed() or not self.slot.browser.is_connected():
+                raise BrowserCrashed(f"observation failed: {exc}") from exc
+            raise
+
+    async def cookies(self, url: str) -> list[dict[str, Any]]:
+        return await self.context.cookies(url)
+
+    async def close(self) -> None:
+        if self.context is not None:
+            with contextlib.suppress(Exception):
+                await self.context.close()
+        self.context = self.page = None

@@ -1,0 +1,243 @@
+"""Policies: ``act(context) → model output text + parsed action (+ logprob)``, by name.
+
+* ``expert``: the scripted expert from the task's reference solution; ``noise`` injects
+  realistic mistakes (a wrong element, a skipped step, an early answer) so failures exist.
+* ``random``: random clicks, scrolls and occasional answers.
+* ``openai``: any OpenAI-compatible chat-completions endpoint (vLLM's server, a provider,
+  ``webloop serve-model``), images as data URLs, timeouts and retries with backoff, logprobs kept
+  when returned. The API key comes from ``WEBLOOP_API_KEY`` or ``OPENAI_API_KEY`` only.
+
+A model server that keeps failing raises :class:`PolicyUnavailable` (the engine records an
+``infra_error``); output that does not parse is a :class:`~rollouts.actions.ParseError` (an
+invalid step; the episode continues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from rollouts.actions import Action, ParseError, parse_action
+from rollouts.prompts import PromptConfig, Turn, build_messages
+
+
+class PolicyUnavailable(RuntimeError):
+    """The model behind a policy could not answer (after retries)."""
+
+
+@dataclass
+class PolicyContext:
+    """What a policy sees at one step. ``memory`` persists across the steps of one episode."""
+
+    task_id: str
+    instruction: str
+    reference: list[str] | None
+    turns: list[Turn]
+    rng: random.Random
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    text: str
+    action: Action | ParseError
+    logprob: float | None = None
+    latency_s: float = 0.0
+    messages: list[dict[str, Any]] | None = None  # the prompt, when a model saw one
+
+
+class Policy(Protocol):
+    name: str
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput: ...
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        POLICIES[name] = factory
+        return factory
+
+    return deco
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
+    return POLICIES[name](**options)
+
+
+def _refs(turn: Turn) -> list[str]:
+    return re.findall(r"\[ref=(e\d+)\]", turn.a11y or "")
+
+
+# -- expert -------------------------------------------------------------------------------------
+
+
+@register("expert")
+class ExpertPolicy:
+    """Follows the reference solution; with probability ``noise`` per step makes a mistake."""
+
+    name = "expert"
+
+    def __init__(self, noise: float = 0.0) -> None:
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError("noise is a probability in [0, 1]")
+        self.noise = noise
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        ref = ctx.reference or []
+        cursor = ctx.memory.setdefault("cursor", 0)
+        if cursor >= len(ref):
+            text = 'Thought: the reference is exhausted.\nAction: answer("done")'
+            return PolicyOutput(text, parse_action(text))
+        planned = ref[cursor]
+        if self.noise and ctx.rng.random() < self.noise:
+            mistake = ctx.rng.choice(["wrong_element", "skip", "early_answer"])
+            if mistake == "skip" and cursor + 1 < len(ref):
+                ctx.memory["cursor"] = cursor + 1  # forgets this step
+                planned = ref[cursor + 1]
+            elif mistake == "early_answer":
+                text = 'Thought: I think I am done.\nAction: answer("I could not find it")'
+                return PolicyOutput(text, parse_action(text))
+            elif _refs(ctx.turns[-1]):
+                wrong = ctx.rng.choice(_refs(ctx.turns[-1]))
+                text = f"Thought: this looks right.\nAction: click({wrong})"
+                return PolicyOutput(text, parse_action(text))
+        ctx.memory["cursor"] = ctx.memory["cursor"] + 1
+        text = f"Thought: step {ctx.memory['cursor']} of the plan.\nAction: {planned}"
+        return PolicyOutput(text, parse_action(text))
+
+
+# -- random -------------------------------------------------------------------------------------
+
+
+@register("random")
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, answer_prob: float = 0.05) -> None:
+        self.answer_prob = answer_prob
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        r = ctx.rng
+        refs = _refs(ctx.turns[-1])
+        if r.random() < self.answer_prob:
+            act = 'answer("random guess")'
+        elif refs and r.random() < 0.6:
+            act = f"click({r.choice(refs)})"
+        elif r.random() < 0.5:
+            act = f"click({r.randrange(0, 1280)}, {r.randrange(0, 800)})"
+        else:
+            act = r.choice(["scroll(down)", "scroll(up)", "back()", 'press("Enter")'])
+        text = f"Thought: trying something.\nAction: {act}"
+        return PolicyOutput(text, parse_action(text))
+
+
+# -- OpenAI-compatible --------------------------------------------------------------------------
+
+
+def api_key() -> str | None:
+    """The API key, from the environment only (never stored, logged or exported)."""
+    return os.environ.get("WEBLOOP_API_KEY") or os.environ.get("OPENAI_API_KEY")
+
+
+@register("openai")
+class OpenAIPolicy:
+    """Chat completions over HTTP with retries; logprobs summed over the reply when returned."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        timeout_s: float = 60.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        logprobs: bool = True,
+        prompt: PromptConfig | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.logprobs = logprobs
+        self.prompt = prompt or PromptConfig()
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
+            self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout_s)
+        return self._client
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        messages = build_messages(
+            ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
+        )
+        start = time.perf_counter()
+        body = await self.complete(messages)
+        choice = body["choices"][0]
+        text = (choice.get("message") or {}).get("content") or ""
+        if not isinstance(text, str):
+            text = str(text)
+        return PolicyOutput(
+            text, parse_action(text), _logprob(choice), time.perf_counter() - start, messages
+        )
+
+    async def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if self.logprobs:
+            payload["logprobs"] = True
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            try:
+                r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
+                if r.status_code == 200:
+                    body = r.json()
+                    if isinstance(body, dict) and body.get("choices"):
+                        return body
+                    last = "a reply without choices"
+                elif r.status_code in (400, 401, 403, 404, 422):
+                    raise PolicyUnavailable(
+                        f"model server refused the request: HTTP {r.status_code} {r.text[:200]}"
+                    )
+                else:
+                    last = f"HTTP {r.status_code}"
+            except (httpx.TransportError, ValueError) as exc:  # timeouts, resets, bad JSON
+                last = f"{type(exc).__name__}: {exc}"[:200]
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        raise PolicyUnavailable(
+            f"model server at {self.base_url} failed {self.retries + 1} times; last: {last}"
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _logprob(choice: dict[str, Any]) -> float | None:
+    content = ((choice.get("logprobs") or {}).get("content")) or []
+    values = [t.get("logprob") for t in content if isinstance(t, dict)]
+    return (
+        float(sum(values)) if values and all(isinstance(v, int | float) for v in values) else None
+    )
