@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+REF = re.compile(r"(?:f\d+)?e\d+")  # aria_snapshot refs: e12, or f1e12 inside frames
 DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
 
 
@@ -272,7 +273,7 @@ def _target(args: list[tuple[str, Any]]) -> tuple[Target | None, list[tuple[str,
         return Target(selector=str(v)), args[1:]
     if kind == "mark":
         return Target(mark=v), args[1:]
-    if kind == "ref" or (kind == "word" and re.fullmatch(r"[a-z]\d+", str(v))):
+    if kind == "ref" or (kind == "word" and REF.fullmatch(str(v))):
         return Target(ref=str(v)), args[1:]
     if kind == "num" and len(args) >= 2 and args[1][0] == "num":
         return Target(x=args[0][1], y=args[1][1]), args[2:]

@@ -130,6 +130,7 @@ class Engine:
         self.on_progress = on_progress
         self.stats = Stats()
         self.slots: list[BrowserSlot] = []
+        self.active: dict[str, BrowserSlot] = {}  # traj_id -> the slot running it
 
     async def run(self, jobs: list[Job]) -> Stats:
         from playwright.async_api import async_playwright
@@ -185,6 +186,7 @@ class Engine:
             except asyncio.QueueEmpty:
                 return
             self.stats.running += 1
+            self.active[job.traj_id] = slot
             try:
                 done = await self._episode(env, job)
             except asyncio.CancelledError:
@@ -193,6 +195,7 @@ class Engine:
                 raise
             finally:
                 self.stats.running -= 1
+                self.active.pop(job.traj_id, None)
                 await env.close()
             await self._finish(done)
 

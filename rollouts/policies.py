@@ -78,7 +78,7 @@ def make_policy(name: str, **options: Any) -> Policy:
 
 
 def _refs(turn: Turn) -> list[str]:
-    return re.findall(r"\[ref=(e\d+)\]", turn.a11y or "")
+    return re.findall(r"\[ref=((?:f\d+)?e\d+)\]", turn.a11y or "")
 
 
 # -- expert -------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""A real local HTTP server speaking the OpenAI chat-completions protocol, for tests.
+
+It stands in for a remote model provider (which cannot exist here). Each request takes the next
+scripted behaviour: ``("status", 500)``, ``("sleep", seconds)``, ``("garbage", text)`` (a
+non-JSON body), or ``("reply", content)`` (a well-formed completion whose message is content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+class FakeOpenAI:
+    def __init__(
+        self, script: list[tuple[str, Any]], default: tuple[str, Any] | None = None
+    ) -> None:
+        self.script = deque(script)
+        self.default = default
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        kind, arg = self.script.popleft() if self.script else self.default or ("status", 503)
+        if kind == "status":
+            return JSONResponse({"error": "scripted"}, status_code=arg)
+        if kind == "sleep":
+            await asyncio.sleep(arg)
+            kind, arg = "reply", 'Action: answer("late")'
+        if kind == "garbage":
+            return Response(arg, media_type="application/json")
+        return JSONResponse(
+            {
+                "id": "chatcmpl-test",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": arg},
+                        "logprobs": {
+                            "content": [
+                                {"token": "x", "logprob": -0.25},
+                                {"token": "y", "logprob": -0.5},
+                            ]
+                        },
+                    }
+                ],
+            }
+        )
+
+    def __enter__(self) -> FakeOpenAI:
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    content = body["messages"][-1]["content"]
+    return (
+        "".join(c.get("text", "") for c in content)
+        if isinstance(content, list)
+        else json.dumps(content)
+    )

@@ -1,0 +1,151 @@
+"""The rollout engine in real Chromium against the bundled sites."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import signal
+
+import httpx
+import pytest
+
+from flows.collect import bundled_grader
+from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
+from rollouts.env import EnvConfig, origin_of
+from rollouts.policies import ExpertPolicy, PolicyContext
+from sites.client import fetch_state, session_of
+from sites.content import generate as content
+from sites.server import SiteServer
+from sites.tasks import TEMPLATES, resolve_start_url, task_from_spec
+
+pytestmark = pytest.mark.browser
+
+
+def tasks_of(template: str, n: int, seed: int = 0):
+    c, out, seen = content(0), [], set()
+    rng = random.Random(seed)
+    while len(out) < n:
+        spec = TEMPLATES[template](c, rng)
+        if spec is None:
+            continue
+        t = task_from_spec(spec, site_seed=0, ood_site="travel")
+        if t.task_id not in seen:
+            seen.add(t.task_id)
+            out.append(t)
+    return out
+
+
+def run_engine(
+    server, tasks, policy, *, grader=None, samples=1, concurrency=3, engine_hook=None, **cfg
+):
+    results: list[Finished] = []
+
+    async def sink(done: Finished) -> None:
+        results.append(done)
+
+    def resolve(t):
+        url = resolve_start_url(t.start_url, server.urls)
+        return url, [origin_of(url)]
+
+    async def main():
+        async with httpx.AsyncClient() as client:
+            engine = Engine(
+                "test-run",
+                policy,
+                grader or bundled_grader(server, client),
+                sink,
+                config=EngineConfig(concurrency=concurrency, samples=samples, **cfg),
+                env_config=EnvConfig(action_timeout_s=8),
+            )
+            if engine_hook:
+                engine_hook(engine)
+            stats = await engine.run(make_jobs("test-run", tasks, samples, resolve))
+            return stats, engine
+
+    stats, engine = asyncio.run(main())
+    return {d.trajectory.traj_id: d for d in results}, stats, engine
+
+
+def test_expert_rollouts_succeed_with_groups_and_full_step_records(server):
+    tasks = tasks_of("shop_add_to_cart", 2) + tasks_of("wiki_twin_city", 1)
+    done, stats, _ = run_engine(server, tasks, ExpertPolicy(), samples=2)
+    assert len(done) == 6 and stats.by_status == {"success": 6}
+    groups = {}
+    for d in done.values():
+        groups.setdefault(d.trajectory.group_id, []).append(d.trajectory.sample_idx)
+    assert sorted(map(sorted, groups.values())) == [[0, 1]] * 3
+    d = next(iter(done.values()))
+    assert d.trajectory.n_steps == len(d.steps) > 0
+    for s in d.steps:
+        assert d.blobs[s.screenshot_hash].startswith(b"\x89PNG")
+        assert b"[ref=" in d.blobs[s.a11y_hash]
+        assert s.action_text and s.model_output.endswith(s.action_text)
+    assert [s.step_idx for s in d.steps] == list(range(len(d.steps)))
+
+
+def test_concurrent_rollouts_keep_their_state_apart(server):
+    tasks = tasks_of("shop_add_to_cart", 4, seed=3)
+    carts = {}
+
+    async def grader(env, job, answer):
+        origin = server.url("shop")
+        sid = session_of(await env.cookies(origin))
+        async with httpx.AsyncClient() as client:
+            carts[job.task.task_id] = (sid, await fetch_state(client, origin, server.secret, sid))
+        return Outcome("finished")
+
+    run_engine(server, tasks, ExpertPolicy(), grader=grader, concurrency=4)
+    assert len({sid for sid, _ in carts.values()}) == 4  # four sessions
+    for t in tasks:
+        cart = carts[t.task_id][1]["cart"]
+        assert [i["pid"] for i in cart] == [t.checker["items"][0]["pid"]]  # only its own item
+
+
+def test_the_allowlist_blocks_other_origins(server):
+    task = tasks_of("wiki_on_page", 1)[0]
+    other = server.url("mail") + "/folder/inbox"
+    task = dataclasses.replace(task, reference=[f'goto("{other}")', *task.reference])
+    done, _, _ = run_engine(server, [task], ExpertPolicy())
+    d = next(iter(done.values()))
+    assert other in d.trajectory.meta["blocked_requests"]
+    assert d.steps[0].action_error  # the navigation failed: blocked by the client
+    assert not d.trajectory.meta["final_url"].startswith(server.url("mail"))
+    assert d.trajectory.status == "success"  # the episode went on
+
+
+class KillBrowserOnce(ExpertPolicy):
+    """The expert, but at step 2 of the target trajectory it kills its own Chromium by pid."""
+
+    def __init__(self, target_task: str) -> None:
+        super().__init__()
+        self.target, self.engine, self.killed = target_task, None, None
+        self.jobs: dict[str, str] = {}  # traj_id -> task_id
+
+    async def act(self, ctx: PolicyContext):
+        if ctx.task_id == self.target and ctx.memory.get("cursor") == 2 and not self.killed:
+            slot = next(s for tid, s in self.engine.active.items() if self.jobs[tid] == self.target)
+            self.killed = await slot.pid()
+            os.kill(self.killed, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+        return await super().act(ctx)
+
+
+def test_a_killed_browser_fails_only_its_trajectory(server):
+    tasks = tasks_of("mail_settings", 5)
+    policy = KillBrowserOnce(tasks[0].task_id)
+
+    def hook(engine):
+        policy.engine = engine
+        policy.jobs = {
+            j.traj_id: j.task.task_id for j in make_jobs("test-run", tasks, 1, lambda t: ("", []))
+        }
+
+    done, stats, engine = run_engine(server, tasks, policy, concurrency=2, engine_hook=hook)
+    assert policy.killed
+    by_task = {d.trajectory.task_id: d.trajectory for d in done.values()}
+    assert by_task[tasks[0].task_id].status == "infra_error"
+    assert "BrowserCrashed" in by_task[tasks[0].task_id].error
+    assert all(by_task[t.task_id].status == "success" for t in tasks[1:])
+    assert sum(s.launches for s in engine.slots) == 3  # the dead browser was relaunched
