@@ -17,7 +17,6 @@ from rollouts.env import EnvConfig, origin_of
 from rollouts.policies import ExpertPolicy, PolicyContext
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
-from sites.server import SiteServer
 from sites.tasks import TEMPLATES, resolve_start_url, task_from_spec
 
 pytestmark = pytest.mark.browser
@@ -142,7 +141,7 @@ def test_a_killed_browser_fails_only_its_trajectory(server):
             j.traj_id: j.task.task_id for j in make_jobs("test-run", tasks, 1, lambda t: ("", []))
         }
 
-    done, stats, engine = run_engine(server, tasks, policy, concurrency=2, engine_hook=hook)
+    done, _stats, engine = run_engine(server, tasks, policy, concurrency=2, engine_hook=hook)
     assert policy.killed
     by_task = {d.trajectory.task_id: d.trajectory for d in done.values()}
     assert by_task[tasks[0].task_id].status == "infra_error"

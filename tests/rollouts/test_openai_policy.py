@@ -29,7 +29,7 @@ def test_500s_timeouts_and_garbage_are_retried_and_bad_output_is_an_invalid_step
         ("reply", f"Thought: the infobox says it.\nAction: answer({truth})"),
     ]
     with FakeOpenAI(script) as fake:
-        done, stats, _ = run_engine(server, [task], policy(fake.url))
+        done, _stats, _ = run_engine(server, [task], policy(fake.url))
     d = next(iter(done.values()))
     assert d.trajectory.status == "success", d.trajectory
     assert [s.action_error is not None for s in d.steps] == [True, False]
