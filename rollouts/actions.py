@@ -164,7 +164,7 @@ def format_action(a: Action) -> str:
 
 _TOKEN = re.compile(
     r"""\s*(?:
-        (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+        (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|“[^”]*”|‘[^’]*’)
       | (?P<num>-?\d+(?:\.\d+)?)
       | (?P<mark>\[\s*\d+\s*\])
       | (?P<kw>[A-Za-z_]\w*\s*=)
@@ -176,11 +176,41 @@ _TOKEN = re.compile(
 _CALL = re.compile(r"\b(click|type|press|scroll|select|goto|back|wait|answer)\s*\(", re.I)
 
 
-def parse_action(output: str) -> Action | ParseError:
-    """Parse the action at the end of free model output."""
+def parse_action(output: str, bounds: tuple[float, float] | None = None) -> Action | ParseError:
+    """Parse the action at the end of free model output.
+
+    Accepts the grammar (after the last ``Action:``, in or out of markdown fences) and
+    JSON-style actions (``{"action": "click", "x": 10, "y": 20}``, ``{"name": "type",
+    "arguments": {...}}``, ``{"action_type": "click", "coordinate": [x, y]}``). With
+    ``bounds=(width, height)``, coordinates outside the screen are a parse error.
+    """
+    action = _parse(output)
+    if bounds is not None and not isinstance(action, ParseError):
+        return check_bounds(action, *bounds, text=output)
+    return action
+
+
+def check_bounds(
+    action: Action, width: float, height: float, text: str = ""
+) -> Action | ParseError:
+    """A :class:`ParseError` when the action's coordinates fall outside ``width x height``."""
+    t = getattr(action, "target", None)
+    if isinstance(t, Target) and t.x is not None and not (0 <= t.x < width and 0 <= t.y < height):
+        return ParseError(
+            f"coordinates ({_num(t.x)}, {_num(t.y)}) are outside the "
+            f"{_num(width)}x{_num(height)} screen",
+            text,
+        )
+    return action
+
+
+def _parse(output: str) -> Action | ParseError:
     text = output.strip()
     if not text:
         return ParseError("empty output", output)
+    from_json = _json_action(text)
+    if from_json is not None:
+        return from_json
     candidate = _last_action_text(text)
     if candidate is None:
         return ParseError("no action found (expected e.g. click(120, 340) after 'Action:')", output)
@@ -189,6 +219,70 @@ def parse_action(output: str) -> Action | ParseError:
         return _build(name.lower(), args)
     except ValueError as exc:
         return ParseError(str(exc), candidate)
+
+
+_VERB_KEYS = ("action", "type", "action_type", "name", "function", "tool")
+_ARG_KEYS = ("arguments", "args", "parameters", "params", "input")
+
+
+def _json_action(text: str) -> Action | ParseError | None:
+    """An action given as the last JSON object of the output, or None if there is none."""
+    start = text.rfind("{")
+    while start != -1:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[start:])
+        except json.JSONDecodeError:
+            start = text.rfind("{", 0, start)
+            continue
+        found = _from_json(obj, text) if isinstance(obj, dict) else None
+        if found is not None:
+            return found
+        start = text.rfind("{", 0, start)  # an inner object (arguments): look outward
+    return None
+
+
+def _from_json(obj: dict[str, Any], text: str) -> Action | ParseError | None:
+    verb = next((obj[k] for k in _VERB_KEYS if isinstance(obj.get(k), str)), None)
+    if verb is None:
+        inner = next((obj[k] for k in ("action",) if isinstance(obj.get(k), dict)), None)
+        return _from_json(inner, text) if inner else None
+    args = dict(obj)
+    for k in _ARG_KEYS:
+        if isinstance(obj.get(k), dict):
+            args.update(obj[k])
+    verb = verb.strip().lower().replace("left_click", "click").replace("type_text", "type")
+    items: list[tuple[str, Any]] = []
+    coord = args.get("coordinate") or args.get("coordinates") or args.get("point")
+    if isinstance(coord, list | tuple) and len(coord) == 2:
+        items += [("num", float(coord[0])), ("num", float(coord[1]))]
+    elif isinstance(args.get("x"), int | float) and isinstance(args.get("y"), int | float):
+        items += [("num", float(args["x"])), ("num", float(args["y"]))]
+    for key, kind in (
+        ("ref", "ref"),
+        ("element", "ref"),
+        ("element_id", "ref"),
+        ("mark", "mark"),
+        ("selector", "css"),
+        ("css", "css"),
+    ):
+        if args.get(key) is not None:
+            value = args[key]
+            items.append((kind, int(value) if kind == "mark" else str(value)))
+            break
+    for key in ("text", "value", "option", "key", "keys", "url", "answer", "content"):
+        if isinstance(args.get(key), str) and key not in ("type",):
+            items.append(("str", args[key]))
+            break
+    if isinstance(args.get("direction"), str):
+        items.append(("word", args["direction"]))
+    elif isinstance(args.get("dy"), int | float) or isinstance(args.get("dx"), int | float):
+        items += [("num", float(args.get("dx", 0))), ("num", float(args.get("dy", 0)))]
+    if isinstance(args.get("seconds"), int | float):
+        items.append(("num", float(args["seconds"])))
+    try:
+        return _build(verb, items)
+    except ValueError as exc:
+        return ParseError(f"JSON action: {exc}", text)
 
 
 def _last_action_text(text: str) -> str | None:
@@ -256,6 +350,8 @@ def _split_call(call: str) -> tuple[str, list[tuple[str, Any]]]:
 
 
 def _unquote(s: str) -> str:
+    if s[0] in "“‘":
+        return s[1:-1]
     if s.startswith('"'):
         try:
             return json.loads(s)

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollouts.actions import ParseError, format_action, to_dict
+from rollouts.actions import ParseError, check_bounds, format_action, to_dict
 from rollouts.env import BrowserCrashed, BrowserEnv, BrowserSlot, EnvConfig, Observation
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import Turn, render
@@ -248,8 +248,11 @@ class Engine:
                     job, TIMEOUT, "the policy exceeded the step timeout", steps, blobs
                 )
             t_model = time.perf_counter() - t0
-            step = self._step_row(job, obs, out, blobs, t_model)
-            if isinstance(out.action, ParseError):
+            action = out.action
+            if not isinstance(action, ParseError):
+                action = check_bounds(action, *self._screen(), text=out.text)
+            step = self._step_row(job, obs, out, action, blobs, t_model)
+            if isinstance(action, ParseError):
                 invalid_run += 1
                 turns[-1] = Turn(
                     obs.url,
@@ -257,7 +260,7 @@ class Engine:
                     obs.screenshot,
                     obs.a11y,
                     "(invalid action)",
-                    out.action.reason,
+                    action.reason,
                 )
                 steps.append(step)
                 self.stats.steps += 1
@@ -271,7 +274,7 @@ class Engine:
                 continue
             invalid_run = 0
             t1 = time.perf_counter()
-            obs, terminated, truncated, info = await env.step(out.action)
+            obs, terminated, truncated, info = await env.step(action)
             step = _with(
                 step, latency_env_s=round(time.perf_counter() - t1, 4), action_error=info["error"]
             )
@@ -300,8 +303,19 @@ class Engine:
             meta["blocked_requests"] = blocked[:50]
         return self._finished(job, outcome.status, answer, None, steps, blobs, meta, started)
 
+    def _screen(self) -> tuple[float, float]:
+        if self.env_config.coords == "norm1000":
+            return 1000.0, 1000.0
+        return float(self.env_config.viewport_width), float(self.env_config.viewport_height)
+
     def _step_row(
-        self, job: Job, obs: Observation, out: Any, blobs: dict[str, bytes], t_model: float
+        self,
+        job: Job,
+        obs: Observation,
+        out: Any,
+        parsed: Any,
+        blobs: dict[str, bytes],
+        t_model: float,
     ) -> Step:
         shot = sha256_hex(obs.screenshot)
         blobs[shot] = obs.screenshot
@@ -314,7 +328,6 @@ class Engine:
             data = render(out.messages).encode()
             prompt = sha256_hex(data)
             blobs[prompt] = data
-        parsed = out.action
         return Step(
             traj_id=job.traj_id,
             step_idx=0,

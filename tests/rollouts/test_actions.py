@@ -96,3 +96,61 @@ def test_a_target_is_exactly_one_thing():
         Target(x=1, y=2, ref="e1")
     with pytest.raises(ValueError):
         Target(x=1)
+
+
+# A corpus of messy, real-world-style model outputs → the action each must parse to.
+CORPUS = [
+    (
+        'Thought: The search field is empty.\nAction: type(e7, "wireless mouse")',
+        'type(e7, "wireless mouse")',
+    ),
+    ("**Thought**: click the button\n**Action**: click(e12)", "click(e12)"),
+    ("Action:\n```\nclick(412, 96)\n```", "click(412, 96)"),
+    ("Here is my answer.\n```python\nAction: press('Enter')\n```", 'press("Enter")'),
+    ("Thought: I'll scroll.\nAction: scroll(down)\nI hope this works!", "scroll(down)"),
+    ("ACTION: CLICK(100, 200)", "click(100, 200)"),
+    ("Action: click( 100 ,200 )", "click(100, 200)"),
+    ("Action: click(100.5, 200.25)", "click(100.5, 200.25)"),
+    ("Action: type(“naïve café — 東京”)", 'type("naïve café — 東京")'),
+    ("Action: answer('Der Preis beträgt 12,50 €')", 'answer("Der Preis beträgt 12,50 €")'),
+    ('Action: answer("He said \\"hi\\" (twice)")', 'answer("He said \\"hi\\" (twice)")'),
+    ("Action: click(f1e23)", "click(f1e23)"),
+    ("Action: click([ 4 ])", "click([4])"),
+    ("Action: click(ref=e5)", "click(e5)"),
+    ('Action: select(e9, "Nonstop only")', 'select(e9, "Nonstop only")'),
+    ("Action: goto('https://example.com/a?b=c&d=(e)')", 'goto("https://example.com/a?b=c&d=(e)")'),
+    ("Action: wait(3)", "wait(3)"),
+    ("Action: back()", "back()"),
+    ('{"action": "click", "x": 10, "y": 20}', "click(10, 20)"),
+    (
+        'Thought: ok\n```json\n{"name": "type", "arguments": {"ref": "e3", "text": "héllo"}}\n```',
+        'type(e3, "héllo")',
+    ),
+    ('{"action_type": "left_click", "coordinate": [640, 400]}', "click(640, 400)"),
+    ('I will scroll. {"action": "scroll", "direction": "down"}', "scroll(down)"),
+    ('{"action": "answer", "text": "42"}', 'answer("42")'),
+    ('{"action": {"type": "press", "key": "Tab"}}', 'press("Tab")'),
+]
+
+
+@pytest.mark.parametrize(("output", "canonical"), CORPUS)
+def test_messy_outputs(output, canonical):
+    action = parse_action(output, bounds=(1280, 800))
+    assert not isinstance(action, ParseError), action
+    assert format_action(action) == canonical
+
+
+@pytest.mark.parametrize(
+    ("output", "reason"),
+    [
+        ("Action: click(2000, 10)", "outside the 1280x800 screen"),
+        ("Action: click(-5, 10)", "outside"),
+        ('{"action": "fly"}', "unknown action 'fly'"),
+        ('{"foo": 1}', "no action found"),
+        ("Action: type(e1, unquoted words)", "type needs a quoted text"),
+        ("Action: click(1, 2", "unbalanced parentheses"),
+    ],
+)
+def test_messy_outputs_that_must_fail(output, reason):
+    result = parse_action(output, bounds=(1280, 800))
+    assert isinstance(result, ParseError) and reason in result.reason, result
