@@ -424,7 +424,7 @@ def collect(
     n_tasks: Annotated[int, typer.Option(help="Number of tasks.")] = 50,
     samples: Annotated[int, typer.Option(help="Samples per task (a GRPO group).")] = 1,
     concurrency: Annotated[int, typer.Option(help="Trajectories in flight.")] = 8,
-    policy: Annotated[str, typer.Option(help="expert, random or openai.")] = "expert",
+    policy: Annotated[str, typer.Option(help="expert, random, openai or hf.")] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
     max_steps: Annotated[int, typer.Option(help="Step budget per trajectory.")] = 30,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
@@ -480,6 +480,37 @@ def collect(
         f"{out['steps_per_s']} steps/s; outcomes {out['by_status']}; "
         f"written in {out['transactions']} transaction(s)"
     )
+
+
+# -- models -----------------------------------------------------------------------------------
+
+models_app = typer.Typer(help="Models: build tiny offline models.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("build-tiny")
+def models_build_tiny(
+    out: Annotated[Path, typer.Argument(help="Folder to write the checkpoint to.")],
+    seed: Annotated[int, typer.Option(help="Initialization seed.")] = 0,
+) -> None:
+    """Build a tiny random Qwen2-VL (offline) for tests and CPU runs."""
+    from training.models import build_tiny_vlm
+
+    console.print(f"wrote {build_tiny_vlm(out, seed)}")
+
+
+@app.command("serve-model")
+def serve_model(
+    model: Annotated[str, typer.Option(help="Checkpoint folder (or hub id, with network).")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (or --host).")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
+) -> None:
+    """Serve a transformers model over an OpenAI-compatible HTTP API."""
+    from flows.serve_model import serve
+
+    console.print(f"serving {model} at http://{host}:{port}/v1 (Ctrl-C stops)")
+    serve(model, host=host, port=port, name=name)
 
 
 # -- demo -------------------------------------------------------------------------------------

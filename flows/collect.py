@@ -102,6 +102,12 @@ def make_policy_for(cfg: CollectConfig) -> Any:
         if not cfg.base_url or not cfg.model:
             raise WarehouseError("--policy openai needs --base-url and --model")
         return make_policy("openai", base_url=cfg.base_url, model=cfg.model)
+    if cfg.policy == "hf":
+        import rollouts.hf  # noqa: F401  (registers the policy)
+
+        if not cfg.model:
+            raise WarehouseError("--policy hf needs --model (a checkpoint folder)")
+        return make_policy("hf", model_path=cfg.model)
     return make_policy(cfg.policy)
 
 
