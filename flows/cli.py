@@ -518,26 +518,24 @@ def serve_model(
 
 @app.command()
 def demo(
-    seed: Annotated[int, typer.Option(help="Seed of the generated sample.")] = 0,
-    n_tasks: Annotated[int, typer.Option(help="Tasks in the sample.")] = 12,
-    samples: Annotated[int, typer.Option(help="Trajectories per task.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of tasks and rollouts.")] = 0,
+    collect_tasks: Annotated[int, typer.Option(help="Tasks to roll out.")] = 8,
+    samples: Annotated[int, typer.Option(help="Rollouts per task.")] = 2,
 ) -> None:
-    """The main job: run the demo flow (warehouse + sample + SQL summary) through Prefect."""
+    """The main job: warehouse → bundled tasks → expert rollouts in Chromium → SQL summary."""
     console.print("[bold]webloop demo[/bold]: starting the Prefect flow 'demo' …")
     from flows.demo import demo_flow
 
-    out = demo_flow(home=None, seed=seed, n_tasks=n_tasks, samples=samples)
-    where, loaded = out["warehouse"], out["loaded"]
+    out = demo_flow(home=None, seed=seed, collect_tasks=collect_tasks, samples=samples)
+    where, b, c = out["warehouse"], out["bundled"], out["collected"]
     console.print(f"warehouse: {where['catalog']} (schema v{where['schema_version']})")
-    b = out["bundled"]
     console.print(
         f"bundled suite: {b['generated']} tasks ({b['new']} new): "
         + ", ".join(f"{k} {v}" for k, v in b.items() if k not in ("generated", "new"))
     )
     console.print(
-        f"sample: {loaded['tasks']} tasks, {loaded['trajectories']} trajectories, "
-        f"{loaded['steps']} steps, {loaded['screenshots']} screenshots "
-        f"({loaded['rows_inserted']} new rows)"
+        f"rollouts: run {c['run_id']}: {c['ran']} collected, {c['skipped']} already stored, "
+        f"{c['steps']} steps ({c['steps_per_s']} steps/s); outcomes {c['by_status']}"
     )
     import polars as pl
 

@@ -1,12 +1,17 @@
-"""The demo flow: create the warehouse, generate the bundled task suite, load the generated
-trajectory sample, summarize it through SQL.
+"""The demo flow — the main job of ``make demo``, as far as the flywheel exists today:
 
-This is the main job of ``make demo`` at this stage; later stages (collect → judge → curate →
-train → evaluate) extend it into the full flywheel.
+1. create (or upgrade) the warehouse;
+2. generate the bundled task suite (rubrics, checkers, reference solutions);
+3. collect rollouts in real Chromium with the scripted expert, with injected mistakes so that
+   failures exist to learn from (the ``collect`` stage's library code, resumable);
+4. summarize success by suite / site / split / policy through the warehouse's SQL.
+
+Later stages (judge → score → curate → train → evaluate) extend it as they land.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from flows import prefect_env
@@ -15,8 +20,9 @@ prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
 
+from flows.collect import CollectConfig, run_collect  # noqa: E402
 from sites.tasks import generate as generate_tasks  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, migrations, sample  # noqa: E402
+from warehouse import Warehouse, WarehouseConfig, migrations  # noqa: E402
 from warehouse.tasks import put_tasks  # noqa: E402
 
 
@@ -26,21 +32,6 @@ def prepare_warehouse(home: str | None) -> dict[str, Any]:
     cfg = WarehouseConfig.from_env(home=home)
     with Warehouse.open(cfg) as wh:
         return {"catalog": cfg.describe(), "schema_version": migrations.current_version(wh.con)}
-
-
-@task(retries=2, retry_delay_seconds=1)
-def load_sample(home: str | None, seed: int, n_tasks: int, samples: int) -> dict[str, int]:
-    """Generate the sample and write it (idempotent: a re-run adds nothing)."""
-    data = sample.generate(seed=seed, n_tasks=n_tasks, samples=samples)
-    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        written = sample.load(wh, data)
-    return {
-        "tasks": len(data.tasks),
-        "trajectories": len(data.trajectories),
-        "steps": len(data.steps),
-        "screenshots": len(data.screenshots),
-        "rows_inserted": written.inserted,
-    }
 
 
 @task(retries=2, retry_delay_seconds=1)
@@ -55,6 +46,13 @@ def generate_bundled_tasks(home: str | None, n: int, seed: int) -> dict[str, int
     return {"generated": len(tasks), "new": len(rep.new), **by_split}
 
 
+@task(retries=1, retry_delay_seconds=2)
+def collect_expert_rollouts(home: str | None, cfg: CollectConfig) -> dict[str, Any]:
+    """Expert rollouts with mistakes, in real Chromium; a retry resumes the same run."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return asyncio.run(run_collect(wh, cfg))
+
+
 @task
 def summarize(home: str | None) -> list[dict[str, Any]]:
     """Success by suite/site/split/policy, through the warehouse's SQL query."""
@@ -66,12 +64,30 @@ def summarize(home: str | None) -> list[dict[str, Any]]:
 def demo_flow(
     home: str | None = None,
     seed: int = 0,
-    n_tasks: int = 12,
-    samples: int = 2,
     bundled_tasks: int = 200,
+    collect_tasks: int = 8,
+    samples: int = 2,
+    noise: float = 0.15,
+    concurrency: int = 4,
 ) -> dict[str, Any]:
-    """Create the warehouse, generate bundled tasks, load the demo sample, summarize."""
+    """Warehouse → bundled tasks → expert rollouts (with mistakes) → SQL summary."""
     where = prepare_warehouse(home)
     suite = generate_bundled_tasks(home, bundled_tasks, seed)
-    loaded = load_sample(home, seed, n_tasks, samples)
-    return {"warehouse": where, "bundled": suite, "loaded": loaded, "summary": summarize(home)}
+    cfg = CollectConfig(
+        suite="bundled",
+        split="train",
+        n_tasks=collect_tasks,
+        samples=samples,
+        policy="expert",
+        noise=noise,
+        seed=seed,
+        concurrency=concurrency,
+        run_name=f"demo-expert-seed{seed}",
+    )
+    collected = collect_expert_rollouts(home, cfg)
+    return {
+        "warehouse": where,
+        "bundled": suite,
+        "collected": collected,
+        "summary": summarize(home),
+    }

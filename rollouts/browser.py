@@ -104,7 +104,7 @@ async def _execute(page: Any, a: Action, coords: str, timeout_ms: float) -> Exec
     return await _apply(page, a, coords, timeout_ms)
 
 
-NAV_GRACE_S = 0.15  # how long after an action a navigation may take to start
+NAV_GRACE_S = 0.05  # how long after an action a navigation may take to start
 
 
 @contextlib.asynccontextmanager

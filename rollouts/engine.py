@@ -80,7 +80,6 @@ class Finished:
 @dataclass
 class Stats:
     total: int = 0
-    skipped: int = 0
     running: int = 0
     finished: int = 0
     by_status: dict[str, int] = field(default_factory=dict)

@@ -30,10 +30,24 @@ def served(tiny: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-model", "--model",
-                             str(tiny), "--port", str(port), "--name", "tiny"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "serve-model",
+            "--model",
+            str(tiny),
+            "--port",
+            str(port),
+            "--name",
+            "tiny",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -51,9 +65,16 @@ def served(tiny: Path):
 def test_serve_model_speaks_the_openai_protocol(served: str):
     models = httpx.get(served + "/models").json()
     assert models["data"][0]["id"] == "tiny"
-    r = httpx.post(served + "/chat/completions", json={
-        "model": "tiny", "max_tokens": 8, "logprobs": True,
-        "messages": [{"role": "user", "content": "Say hi"}]}, timeout=60)
+    r = httpx.post(
+        served + "/chat/completions",
+        json={
+            "model": "tiny",
+            "max_tokens": 8,
+            "logprobs": True,
+            "messages": [{"role": "user", "content": "Say hi"}],
+        },
+        timeout=60,
+    )
     body = r.json()
     assert r.status_code == 200 and body["object"] == "chat.completion"
     choice = body["choices"][0]
@@ -81,8 +102,14 @@ def test_hf_policy_batches_concurrent_trajectories(server, tiny):
     model, proc = load_model(tiny)
     gen = HFGenerator(model, proc, max_batch=8, wait_s=0.05)
     tasks = tasks_of("wiki_on_page", 3, seed=4)
-    done, stats, _ = run_engine(server, tasks, HFPolicy(generator=gen, max_new_tokens=8),
-                                concurrency=3, max_steps=2, max_invalid=2)
+    done, stats, _ = run_engine(
+        server,
+        tasks,
+        HFPolicy(generator=gen, max_new_tokens=8),
+        concurrency=3,
+        max_steps=2,
+        max_invalid=2,
+    )
     assert stats.finished == 3
     total_steps = sum(d.trajectory.n_steps for d in done.values())
     assert gen.batches < total_steps  # some steps of different trajectories shared a batch
