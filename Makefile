@@ -38,6 +38,7 @@ format: $(STAMP)
 bench: setup
 	$(PY) bench/warehouse.py
 	$(PY) bench/sites.py
+	$(PY) bench/rollouts.py
 
 clean:
 	rm -rf $(VENV) .webloop .pytest_cache .ruff_cache *.egg-info

@@ -434,6 +434,11 @@ def collect(
         list[str] | None, typer.Option(help="Extra origins the browser may reach (repeatable).")
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
+    coords: Annotated[str, typer.Option(help="pixels or norm1000 (Qwen3-VL style).")] = "pixels",
+    set_of_marks: Annotated[bool, typer.Option(help="Number interactive elements.")] = False,
+    prompt_mode: Annotated[str, typer.Option(help="screenshot, a11y or both.")] = "both",
+    k_images: Annotated[int, typer.Option(help="Screenshots of the last k steps.")] = 3,
+    self_summary: Annotated[bool, typer.Option(help="Keep the model's own notes.")] = False,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
     import time
@@ -453,6 +458,11 @@ def collect(
         max_steps=max_steps,
         seed=seed,
         allow_origins=tuple(allow_origin or ()),
+        coords=coords,
+        set_of_marks=set_of_marks,
+        prompt_mode=prompt_mode,
+        k_images=k_images,
+        self_summary=self_summary,
         concurrency=concurrency,
         run_name=run,
     )

@@ -26,6 +26,7 @@ from prefect import flow, task  # noqa: E402
 from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
 from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
+from rollouts.prompts import PromptConfig  # noqa: E402
 from rollouts.writer import BatchWriter  # noqa: E402
 from sites.checkers import check  # noqa: E402
 from sites.client import fetch_state, session_of  # noqa: E402
@@ -53,6 +54,11 @@ class CollectConfig:
     seed: int = 0
     site_seed: int = 0
     allow_origins: tuple[str, ...] = ()
+    coords: str = "pixels"
+    set_of_marks: bool = False
+    prompt_mode: str = "both"
+    k_images: int = 3
+    self_summary: bool = False
     concurrency: int = 8
     run_name: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
@@ -95,20 +101,34 @@ def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
     return tasks[: cfg.n_tasks]
 
 
+def prompt_config(cfg: CollectConfig) -> PromptConfig:
+    if cfg.prompt_mode not in ("screenshot", "a11y", "both"):
+        raise WarehouseError("--prompt-mode is screenshot, a11y or both")
+    return PromptConfig(mode=cfg.prompt_mode, k_images=cfg.k_images, self_summary=cfg.self_summary)
+
+
 def make_policy_for(cfg: CollectConfig) -> Any:
     if cfg.policy == "expert":
         return make_policy("expert", noise=cfg.noise)
     if cfg.policy == "openai":
         if not cfg.base_url or not cfg.model:
             raise WarehouseError("--policy openai needs --base-url and --model")
-        return make_policy("openai", base_url=cfg.base_url, model=cfg.model)
+        return make_policy(
+            "openai", base_url=cfg.base_url, model=cfg.model, prompt=prompt_config(cfg)
+        )
     if cfg.policy == "hf":
         import rollouts.hf  # noqa: F401  (registers the policy)
 
         if not cfg.model:
             raise WarehouseError("--policy hf needs --model (a checkpoint folder)")
-        return make_policy("hf", model_path=cfg.model)
+        return make_policy("hf", model_path=cfg.model, prompt=prompt_config(cfg))
     return make_policy(cfg.policy)
+
+
+def env_config(cfg: CollectConfig) -> EnvConfig:
+    if cfg.coords not in ("pixels", "norm1000"):
+        raise WarehouseError("--coords is pixels or norm1000")
+    return EnvConfig(coords=cfg.coords, set_of_marks=cfg.set_of_marks)
 
 
 def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Callable:

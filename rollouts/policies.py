@@ -77,6 +77,13 @@ def make_policy(name: str, **options: Any) -> Policy:
     return POLICIES[name](**options)
 
 
+def remember_summary(ctx: PolicyContext, text: str) -> None:
+    """ERA-style self-summary: a ``Summary: …`` line in the output is kept for later prompts."""
+    m = re.search(r"^\s*summary\s*:\s*(.+)$", text, re.I | re.M)
+    if m:
+        ctx.memory["summary"] = m.group(1).strip()[:1000]
+
+
 def _refs(turn: Turn) -> list[str]:
     return re.findall(r"\[ref=((?:f\d+)?e\d+)\]", turn.a11y or "")
 
@@ -194,6 +201,7 @@ class OpenAIPolicy:
         text = (choice.get("message") or {}).get("content") or ""
         if not isinstance(text, str):
             text = str(text)
+        remember_summary(ctx, text)
         return PolicyOutput(
             text, parse_action(text), _logprob(choice), time.perf_counter() - start, messages
         )

@@ -87,8 +87,12 @@ def build_messages(
         "Previous actions:" if history else "Previous actions: none",
         *history,
     ]
-    if cfg.self_summary and summary:
-        text += ["", f"Your notes so far: {summary}"]
+    if cfg.self_summary:
+        text += [
+            "",
+            f"Your notes so far: {summary or '(none yet)'}",
+            "You may update them with a line 'Summary: …' before the action.",
+        ]
     cur = turns[-1]
     text += ["", f"Current page: {cur.title} — {cur.url}"]
     content: list[dict[str, Any]] = []

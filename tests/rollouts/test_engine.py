@@ -148,3 +148,66 @@ def test_a_killed_browser_fails_only_its_trajectory(server):
     assert "BrowserCrashed" in by_task[tasks[0].task_id].error
     assert all(by_task[t.task_id].status == "success" for t in tasks[1:])
     assert sum(s.launches for s in engine.slots) == 3  # the dead browser was relaunched
+
+
+class SlowOnOne(ExpertPolicy):
+    """The expert, but one task's trajectory stalls (a straggler)."""
+
+    def __init__(self, slow_task: str) -> None:
+        super().__init__()
+        self.slow_task = slow_task
+
+    async def act(self, ctx: PolicyContext):
+        if ctx.task_id == self.slow_task:
+            await asyncio.sleep(60)
+        return await super().act(ctx)
+
+
+def test_stragglers_are_cut_off_once_most_trajectories_finished(server):
+    tasks = tasks_of("wiki_on_page", 4, seed=9)
+    done, _stats, _ = run_engine(
+        server,
+        tasks,
+        SlowOnOne(tasks[0].task_id),
+        concurrency=4,
+        straggler_fraction=0.75,
+        straggler_grace_s=0.5,
+    )
+    by_task = {d.trajectory.task_id: d.trajectory for d in done.values()}
+    assert by_task[tasks[0].task_id].status == "timeout"
+    assert by_task[tasks[0].task_id].error == "straggler cut-off"
+    assert all(by_task[t.task_id].status == "success" for t in tasks[1:])
+
+
+def test_set_of_marks_and_normalized_coordinates(server):
+    """A model-style episode: click by mark id, then by 0-1000 coordinates, then answer."""
+    from rollouts.actions import parse_action
+    from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig
+
+    async def main():
+        from playwright.async_api import async_playwright
+
+        async with async_playwright() as pw:
+            slot = BrowserSlot(pw)
+            env = BrowserEnv(slot, EnvConfig(set_of_marks=True, coords="norm1000"))
+            wiki = server.url("wiki")
+            obs = await env.reset(wiki + "/", max_steps=5)
+            assert obs.marks > 5
+            mark = await env.page.evaluate(
+                "() => document.querySelector('a[href^=\"/wiki/\"]')"
+                ".getAttribute('data-webloop-mark')"
+            )
+            obs, _, _, info = await env.step(parse_action(f"click([{mark}])"))
+            assert info["error"] is None and "/wiki/" in obs.url
+            box = await env.page.locator("#twin-link").bounding_box()
+            x = (box["x"] + box["width"] / 2) / 1280 * 1000
+            y = (box["y"] + box["height"] / 2) / 800 * 1000
+            before = obs.url
+            obs, _, _, info = await env.step(parse_action(f"click({x:.0f}, {y:.0f})"))
+            assert obs.url != before and "/wiki/" in obs.url
+            obs, term, _, info = await env.step(parse_action('answer("x")'))
+            assert term and info["answer"] == "x"
+            await env.close()
+            await slot.close()
+
+    asyncio.run(main())
