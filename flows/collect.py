@@ -149,6 +149,19 @@ def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Call
     return grade
 
 
+def run_record(run_id: str, cfg: CollectConfig, status: str, **kw: Any) -> Run:
+    """The ``runs`` row of a collect run: its full configuration and code version."""
+    return Run(
+        run_id=run_id,
+        kind="collect",
+        name=cfg.run_name,
+        config=dataclasses.asdict(cfg),
+        code_version=code_version(),
+        status=status,
+        **kw,
+    )
+
+
 async def run_collect(
     wh: Warehouse, cfg: CollectConfig, on_progress: Callable[[Stats], None] | None = None
 ) -> dict[str, Any]:
@@ -162,18 +175,7 @@ async def run_collect(
             "SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]
         ).iter_rows()
     }
-    wh.write(
-        [
-            Run(
-                run_id=run_id,
-                kind="collect",
-                name=cfg.run_name,
-                config=dataclasses.asdict(cfg),
-                code_version=code_version(),
-                status="running",
-            )
-        ]
-    )
+    wh.write([run_record(run_id, cfg, "running")])
     bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in tasks)
     server = SiteServer(seed=cfg.site_seed, mode="process").start() if bundled else None
     try:
@@ -202,7 +204,7 @@ async def run_collect(
                 bundled_grader(server, client),
                 writer.put,
                 config=engine_cfg,
-                env_config=EnvConfig(),
+                env_config=env_config(cfg),
                 on_progress=on_progress,
             )
             try:
@@ -210,39 +212,15 @@ async def run_collect(
             finally:
                 wstats = await writer.close()
     except BaseException as exc:
-        wh.write(
-            [
-                Run(
-                    run_id=run_id,
-                    kind="collect",
-                    name=cfg.run_name,
-                    config=dataclasses.asdict(cfg),
-                    code_version=code_version(),
-                    status="failed",
-                    error=f"{type(exc).__name__}: {exc}"[:500],
-                    ended_at=utcnow(),
-                )
-            ]
-        )
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        wh.write([run_record(run_id, cfg, "failed", error=error, ended_at=utcnow())])
         raise
     finally:
         if server:
             server.stop()
         if hasattr(policy, "aclose"):
             await policy.aclose()
-    wh.write(
-        [
-            Run(
-                run_id=run_id,
-                kind="collect",
-                name=cfg.run_name,
-                config=dataclasses.asdict(cfg),
-                code_version=code_version(),
-                status="completed",
-                ended_at=utcnow(),
-            )
-        ]
-    )
+    wh.write([run_record(run_id, cfg, "completed", ended_at=utcnow())])
     return {
         "run_id": run_id,
         "tasks": len(tasks),

@@ -77,3 +77,34 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(tmp_path:
         ).item()
         run = wh.sql("SELECT status FROM runs WHERE run_id = 'kill-me'").item()
     assert dup == 0 and mismatched == 0 and run == "completed"
+
+
+def test_collect_options_reach_the_environment_and_prompts():
+    from flows.collect import CollectConfig, env_config, make_policy_for, prompt_config
+    from warehouse import WarehouseError
+
+    cfg = CollectConfig(
+        coords="norm1000",
+        set_of_marks=True,
+        prompt_mode="a11y",
+        k_images=1,
+        self_summary=True,
+        policy="openai",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+    )
+    env = env_config(cfg)
+    assert (env.coords, env.set_of_marks) == ("norm1000", True)
+    policy = make_policy_for(cfg)
+    assert (policy.prompt.mode, policy.prompt.k_images, policy.prompt.self_summary) == (
+        "a11y",
+        1,
+        True,
+    )
+    assert "concurrency" not in cfg.identity()  # resuming with other concurrency: same run
+    for bad in (CollectConfig(coords="inches"), CollectConfig(prompt_mode="audio")):
+        with pytest.raises(WarehouseError):
+            env_config(bad)
+            prompt_config(bad)
+    with pytest.raises(WarehouseError, match="needs --base-url and --model"):
+        make_policy_for(CollectConfig(policy="openai"))
