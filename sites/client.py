@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -16,13 +17,24 @@ class InspectionError(RuntimeError):
 async def fetch_state(
     client: httpx.AsyncClient, origin: str, secret: str, session: str
 ) -> dict[str, Any]:
-    """The site's state for a browser session (its ``wl_sid`` cookie)."""
-    r = await client.get(
-        f"{origin}/__webloop/state",
-        params={"session": session},
-        headers={SECRET_HEADER: secret},
-        timeout=10,
-    )
+    """The site's state for a browser session (its ``wl_sid`` cookie).
+
+    Transport errors (a connection the server just closed, a busy machine) are retried a few
+    times: a grading hiccup must not turn a finished trajectory into an infrastructure error.
+    """
+    for attempt in range(4):
+        try:
+            r = await client.get(
+                f"{origin}/__webloop/state",
+                params={"session": session},
+                headers={SECRET_HEADER: secret},
+                timeout=10,
+            )
+            break
+        except httpx.TransportError as exc:
+            if attempt == 3:
+                raise InspectionError(f"{origin}: inspection endpoint unreachable: {exc}") from exc
+            await asyncio.sleep(0.2 * 2**attempt)
     if r.status_code != 200:
         raise InspectionError(f"{origin}: inspection endpoint answered {r.status_code}")
     return r.json()["state"]
