@@ -50,7 +50,7 @@ def run_three(cfg: WarehouseConfig, env_url: str, tmp_path: Path) -> dict:
     return results
 
 
-def check(cfg: WarehouseConfig, results: dict) -> None:
+def check_counts(cfg: WarehouseConfig, results: dict) -> None:
     total = BATCHES * PER_BATCH
     assert results["reader"]["violations"] == []
     assert results["reader"]["checks"] > 1
@@ -67,7 +67,7 @@ def check(cfg: WarehouseConfig, results: dict) -> None:
 
 @pytest.mark.slow
 def test_three_processes_on_the_sqlite_catalog(cfg: WarehouseConfig, tmp_path: Path):
-    check(cfg, run_three(cfg, "", tmp_path))
+    check_counts(cfg, run_three(cfg, "", tmp_path))
 
 
 @pytest.mark.slow
@@ -75,7 +75,7 @@ def test_three_processes_on_the_sqlite_catalog(cfg: WarehouseConfig, tmp_path: P
 def test_three_processes_on_a_postgres_catalog(
     pg_cfg: WarehouseConfig, pg_url: str, tmp_path: Path
 ):
-    check(pg_cfg, run_three(pg_cfg, pg_url, tmp_path))
+    check_counts(pg_cfg, run_three(pg_cfg, pg_url, tmp_path))
 
 
 @pytest.mark.postgres
