@@ -492,6 +492,69 @@ def collect(
     )
 
 
+# -- judge ------------------------------------------------------------------------------------
+
+judge_app = typer.Typer(help="Judge trajectories; calibrate judges against references.")
+app.add_typer(judge_app, name="judge")
+JUDGES = ("programmatic",)
+
+
+@judge_app.callback(invoke_without_command=True)
+def judge(
+    ctx: typer.Context,
+    judge_name: Annotated[str, typer.Option("--judge", help="Judge name.")] = "programmatic",
+    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+) -> None:
+    """Judge trajectories that have no judgment from this judge version yet."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if judge_name not in JUDGES:
+        raise UserError(f"unknown judge {judge_name!r}; available: {', '.join(JUDGES)}")
+    from judging import programmatic
+
+    with _open() as wh:
+        n = programmatic.run(wh, run)
+    console.print(f"{judge_name}: {n} new judgment(s)")
+
+
+@judge_app.command("agreement")
+def judge_agreement(
+    judge_name: Annotated[str, typer.Option("--judge", help="The judge to calibrate.")],
+    reference: Annotated[str, typer.Option(help="human, programmatic, or a judge name.")],
+    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Accuracy, precision/recall/F1, Cohen's kappa and success-rate gap, per site (stored)."""
+    import polars as pl
+
+    from judging.agreement import compute_agreements
+
+    with _open() as wh:
+        rows = compute_agreements(wh, judge_name, reference)
+    if rows[0].n == 0:
+        raise UserError(
+            f"no trajectories have both a {judge_name} verdict and a {reference} outcome"
+        )
+    df = pl.DataFrame(
+        [
+            {
+                k: getattr(r, k)
+                for k in (
+                    "site",
+                    "n",
+                    "accuracy",
+                    "precision",
+                    "recall",
+                    "f1",
+                    "kappa",
+                    "success_rate_gap",
+                )
+            }
+            for r in rows
+        ]
+    )
+    print_frame(df.with_columns(pl.col("site").fill_null("(all)")), fmt)
+
+
 # -- models -----------------------------------------------------------------------------------
 
 models_app = typer.Typer(help="Models: build tiny offline models.")

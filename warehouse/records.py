@@ -401,6 +401,30 @@ class Blob(Record):
     created_at: dt.datetime = field(default_factory=_now)
 
 
+@dataclass(frozen=True)
+class Agreement(Record):
+    """How well a judge (version) agrees with a reference (human, programmatic, a judge)."""
+
+    TABLE: ClassVar[str] = "agreements"
+    KEY: ClassVar[tuple[str, ...]] = ("agreement_id",)
+
+    agreement_id: str
+    judge: str
+    reference: str
+    n: int
+    judge_version: str | None = None
+    site: str | None = None
+    accuracy: float | None = None
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    kappa: float | None = None
+    judge_success_rate: float | None = None
+    reference_success_rate: float | None = None
+    success_rate_gap: float | None = None
+    created_at: dt.datetime = field(default_factory=_now)
+
+
 RECORD_TYPES: tuple[type[Record], ...] = (
     Task,
     Run,
@@ -419,6 +443,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Evaluation,
     Pin,
     Blob,
+    Agreement,
 )
 BY_TABLE: dict[str, type[Record]] = {r.TABLE: r for r in RECORD_TYPES}
 

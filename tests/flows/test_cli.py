@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from warehouse import Warehouse, WarehouseConfig, sample
+from warehouse import Warehouse, WarehouseConfig, migrations, sample
 
 
 def webloop(home: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -82,7 +82,8 @@ def test_info_reports_counts(home: Path):
     info = json.loads(webloop(home, "warehouse", "info", "--format", "json").stdout)
     tables = {t["table"]: t["rows"] for t in info["tables"]}
     assert tables["tasks"] == 4 and tables["trajectories"] == 8
-    assert info["schema_version"] == 1 and info["blob_count"] == tables["blobs"]
+    assert info["schema_version"] == migrations.latest_version()
+    assert info["blob_count"] == tables["blobs"]
     assert info["data_files"] > 0 and info["data_bytes"] > 0
 
 
@@ -209,3 +210,43 @@ def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+
+
+def test_judge_and_agreement_commands(tmp_path: Path):
+    from warehouse.records import HumanLabel, Task, Trajectory
+
+    h = tmp_path / "h"
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        wh.write([Task(task_id="a", suite="s", site="shop", instruction="i", start_url="u")])
+        wh.write_trajectories(
+            [
+                Trajectory(traj_id=t, run_id="r", task_id="a", policy="p", status=st)
+                for t, st in (("x", "success"), ("y", "failure"))
+            ],
+            [],
+        )
+        wh.write(
+            [
+                HumanLabel(label_id="1", traj_id="x", label="success", reviewer="me"),
+                HumanLabel(label_id="2", traj_id="y", label="success", reviewer="me"),
+            ]
+        )
+    assert "2 new judgment(s)" in webloop(h, "judge", "--judge", "programmatic").stdout
+    assert "0 new judgment(s)" in webloop(h, "judge").stdout
+    rows = json.loads(
+        webloop(
+            h,
+            "judge",
+            "agreement",
+            "--judge",
+            "programmatic",
+            "--reference",
+            "human",
+            "--format",
+            "json",
+        ).stdout
+    )
+    overall = next(r for r in rows if r["site"] == "(all)")
+    assert overall["n"] == 2 and overall["accuracy"] == 0.5 and overall["recall"] == 0.5
+    proc = webloop(h, "judge", "--judge", "nope", ok=False)
+    assert proc.returncode == 2 and "unknown judge" in proc.stderr

@@ -68,13 +68,15 @@ def test_a_new_migration_file_is_applied_to_an_existing_warehouse(
 ):
     d = tmp_path / "schema"
     d.mkdir()
-    shutil.copy(migrations.SCHEMA_DIR / "0001_init.sql", d / "0001_init.sql")
+    for f in migrations.SCHEMA_DIR.glob("*.sql"):
+        shutil.copy(f, d / f.name)
     with Warehouse.open(cfg):
         pass
-    (d / "0002_add_notes.sql").write_text("CREATE TABLE notes (id VARCHAR, body VARCHAR);")
+    nxt = migrations.latest_version() + 1
+    (d / f"{nxt:04d}_add_notes.sql").write_text("CREATE TABLE notes (id VARCHAR, body VARCHAR);")
     con = connect(cfg)
-    assert migrations.migrate(con, d) == [2]
-    assert migrations.current_version(con) == 2
+    assert migrations.migrate(con, d) == [nxt]
+    assert migrations.current_version(con) == nxt
     con.execute("INSERT INTO notes VALUES ('a', 'b')")
     assert con.execute("SELECT count(*) FROM notes").fetchone()[0] == 1
     con.close()
