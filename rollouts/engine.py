@@ -13,6 +13,7 @@ a failure). Resuming a run skips trajectories already stored (and redoes infrast
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import random
 import re
@@ -383,6 +384,4 @@ class Engine:
 
 
 def _with(step: Step, **changes: Any) -> Step:
-    import dataclasses
-
     return dataclasses.replace(step, **changes)

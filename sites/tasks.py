@@ -71,7 +71,6 @@ TEMPLATES: dict[str, Callable[[Content, random.Random], TaskSpec | None]] = {}
 def template(name: str):
     def deco(fn):
         TEMPLATES[name] = fn
-        fn.template_name = name
         return fn
 
     return deco

@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, TypeVar
@@ -44,10 +44,6 @@ RUN_STATUSES = ("running", "completed", "failed", "cancelled")
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _now() -> dt.datetime:
-    return utcnow()
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class Task(Record):
     source: str | None = None
     meta: dict[str, Any] | None = None
     content_hash: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -119,9 +115,9 @@ class Run(Record):
     code_version: str | None = None
     status: str = "running"
     error: str | None = None
-    started_at: dt.datetime = field(default_factory=_now)
+    started_at: dt.datetime = field(default_factory=utcnow)
     ended_at: dt.datetime | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -146,7 +142,7 @@ class Trajectory(Record):
     ended_at: dt.datetime | None = None
     duration_s: float | None = None
     meta: dict[str, Any] | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -171,7 +167,7 @@ class Step(Record):
     logprob: float | None = None
     latency_model_s: float | None = None
     latency_env_s: float | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -194,7 +190,7 @@ class Judgment(Record):
     error: str | None = None
     attempts: int = 1
     run_id: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -212,7 +208,7 @@ class Candidate(Record):
     action: dict[str, Any] | None = None
     action_text: str | None = None
     run_id: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -232,7 +228,7 @@ class StepScore(Record):
     detail: dict[str, Any] | None = None
     error: str | None = None
     run_id: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -252,7 +248,7 @@ class Intervention(Record):
     verified_outcome: str | None = None
     replay_traj_id: str | None = None
     run_id: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -269,7 +265,7 @@ class HumanLabel(Record):
     step_idx: int | None = None
     note: str | None = None
     source: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -286,7 +282,7 @@ class Dataset(Record):
     counts: dict[str, Any] | None = None
     export_path: str | None = None
     data_card: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -320,7 +316,7 @@ class TrainingRun(Record):
     status: str = "running"
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -334,7 +330,7 @@ class Metric(Record):
     step: int
     name: str
     value: float
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -349,7 +345,7 @@ class Checkpoint(Record):
     step: int
     path: str
     sha256: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -371,7 +367,7 @@ class Evaluation(Record):
     ci_low: float | None = None
     ci_high: float | None = None
     breakdown: dict[str, Any] | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -384,7 +380,7 @@ class Pin(Record):
     pin_id: str
     snapshot_id: int
     reason: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -398,7 +394,7 @@ class Blob(Record):
     hash: str
     size: int
     media_type: str | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -422,7 +418,7 @@ class Agreement(Record):
     judge_success_rate: float | None = None
     reference_success_rate: float | None = None
     success_rate_gap: float | None = None
-    created_at: dt.datetime = field(default_factory=_now)
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (
@@ -536,7 +532,3 @@ def conform(cls: type[Record], frame: pl.DataFrame) -> pl.DataFrame:
         else:
             cols.append(pl.lit(None, dtype).alias(name))
     return frame.select(cols) if cols else frame
-
-
-def rows_of(records: Iterable[Record]) -> list[dict[str, Any]]:
-    return [r.to_row() for r in records]
