@@ -33,7 +33,7 @@ from sites.client import fetch_state, session_of  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
-from warehouse.ids import run_id_for, stable_hash  # noqa: E402
+from warehouse.ids import run_id_for, stable_hash, traj_id_for  # noqa: E402
 from warehouse.records import INFRA_ERROR, Run, Task, utcnow  # noqa: E402
 from warehouse.tasks import latest_tasks  # noqa: E402
 
@@ -176,7 +176,15 @@ async def run_collect(
         ).iter_rows()
     }
     wh.write([run_record(run_id, cfg, "running")])
-    bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in tasks)
+    pending = [
+        t
+        for t in tasks
+        if any(
+            done.get(traj_id_for(run_id, t.task_id, k)) in (None, INFRA_ERROR)
+            for k in range(cfg.samples)
+        )
+    ]
+    bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in pending)
     server = SiteServer(seed=cfg.site_seed, mode="process").start() if bundled else None
     try:
 
@@ -186,7 +194,7 @@ async def run_collect(
 
         jobs = [
             j
-            for j in make_jobs(run_id, tasks, cfg.samples, resolve)
+            for j in make_jobs(run_id, pending, cfg.samples, resolve)
             if done.get(j.traj_id) in (None, INFRA_ERROR)
         ]
         engine_cfg = EngineConfig(
