@@ -21,6 +21,7 @@ crash only takes down the episode running in it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,7 +200,7 @@ class BrowserEnv:
             marks = 0
             if self.config.set_of_marks:
                 marks = await self.page.evaluate(_MARKS_JS)
-            shot = await self.page.screenshot(type="png")
+            shot = await self._screenshot()
             tree = await self.page.aria_snapshot(mode="ai") if self.config.a11y else None
             return Observation(
                 self.step_idx, self.page.url, await self.page.title(), shot, tree, marks
@@ -208,6 +209,20 @@ class BrowserEnv:
             if self.page.is_closed() or not self.slot.browser.is_connected():
                 raise BrowserCrashed(f"observation failed: {exc}") from exc
             raise
+
+    async def _screenshot(self) -> bytes:
+        """A PNG of the page. Right after a failed navigation Chromium is still swapping in its
+        error page and can refuse a capture once; wait for it to load and try again."""
+        for attempt in range(3):
+            try:
+                return await self.page.screenshot(type="png")
+            except Exception:
+                if attempt == 2 or self.page.is_closed():
+                    raise
+                with contextlib.suppress(Exception):
+                    await self.page.wait_for_load_state("load", timeout=5000)
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
 
     async def cookies(self, url: str) -> list[dict[str, Any]]:
         return await self.context.cookies(url)
