@@ -304,10 +304,14 @@ def tasks_generate(
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
     site_seed: Annotated[int, typer.Option(help="Content seed of the sites.")] = 0,
     ood_site: Annotated[str, typer.Option(help="Site held out as the 'ood' split.")] = "travel",
+    adversarial: Annotated[
+        bool,
+        typer.Option(help="Also write prompt-injection variants (suite bundled-adversarial)."),
+    ] = False,
 ) -> None:
     """Generate bundled tasks (rubric, checker, reference solution) into the warehouse."""
     from sites.server import SITES
-    from sites.tasks import generate
+    from sites.tasks import adversarial_variants, generate
     from warehouse.tasks import put_tasks
 
     if suite != "bundled":
@@ -315,6 +319,8 @@ def tasks_generate(
     if ood_site not in SITES:
         raise UserError(f"--ood-site must be one of {sorted(SITES)}")
     tasks = generate(n, seed, site_seed=site_seed, ood_site=ood_site)
+    if adversarial:
+        tasks += adversarial_variants(tasks)
     with _open() as wh:
         rep = put_tasks(wh, tasks)
     console.print(
@@ -324,10 +330,10 @@ def tasks_generate(
     import polars as pl
 
     counts = (
-        pl.DataFrame([{"site": t.site, "split": t.split} for t in tasks])
-        .group_by("site", "split")
+        pl.DataFrame([{"suite": t.suite, "site": t.site, "split": t.split} for t in tasks])
+        .group_by("suite", "site", "split")
         .len()
-        .sort("site", "split")
+        .sort("suite", "site", "split")
     )
     print_frame(counts, title="tasks by site and split")
 
@@ -439,6 +445,9 @@ def collect(
     prompt_mode: Annotated[str, typer.Option(help="screenshot, a11y or both.")] = "both",
     k_images: Annotated[int, typer.Option(help="Screenshots of the last k steps.")] = 3,
     self_summary: Annotated[bool, typer.Option(help="Keep the model's own notes.")] = False,
+    inject_answer: Annotated[
+        bool, typer.Option(help="Expert: append a prompt injection to every answer.")
+    ] = False,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
     import time
@@ -463,6 +472,7 @@ def collect(
         prompt_mode=prompt_mode,
         k_images=k_images,
         self_summary=self_summary,
+        inject_answer=inject_answer,
         concurrency=concurrency,
         run_name=run,
     )
@@ -496,25 +506,59 @@ def collect(
 
 judge_app = typer.Typer(help="Judge trajectories; calibrate judges against references.")
 app.add_typer(judge_app, name="judge")
-JUDGES = ("programmatic",)
 
 
 @judge_app.callback(invoke_without_command=True)
 def judge(
     ctx: typer.Context,
-    judge_name: Annotated[str, typer.Option("--judge", help="Judge name.")] = "programmatic",
+    judge_name: Annotated[
+        str, typer.Option("--judge", help="programmatic, rubric_vlm or ensemble.")
+    ] = "programmatic",
     run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="rubric_vlm: OpenAI-compatible server, e.g. …/v1.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="rubric_vlm: the judge model.")] = None,
+    k: Annotated[int, typer.Option(help="rubric_vlm: key screenshots at most (image cap).")] = 4,
+    selection: Annotated[
+        str, typer.Option(help="rubric_vlm: key screenshots by 'model' or 'heuristic'.")
+    ] = "model",
+    members: Annotated[
+        str | None, typer.Option(help="ensemble: member judges, comma-separated.")
+    ] = None,
+    rule: Annotated[
+        str, typer.Option(help="ensemble: unanimous, majority or threshold.")
+    ] = "majority",
+    threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
+    concurrency: Annotated[int, typer.Option(help="Trajectories judged at once.")] = 8,
+    attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
 ) -> None:
-    """Judge trajectories that have no judgment from this judge version yet."""
+    """Judge trajectories that have no verdict from this judge version yet (the judge flow)."""
     if ctx.invoked_subcommand is not None:
         return
-    if judge_name not in JUDGES:
-        raise UserError(f"unknown judge {judge_name!r}; available: {', '.join(JUDGES)}")
-    from judging import programmatic
+    from flows.judge import JudgeConfig
+    from flows.judge import judge as judge_flow
 
-    with _open() as wh:
-        n = programmatic.run(wh, run)
-    console.print(f"{judge_name}: {n} new judgment(s)")
+    options: dict[str, Any] = {}
+    if judge_name == "rubric_vlm":
+        if not base_url or not model:
+            raise UserError("--judge rubric_vlm needs --base-url and --model")
+        options = dict(base_url=base_url, model=model, k=k, selection=selection)
+    elif judge_name == "ensemble":
+        if not members:
+            raise UserError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
+        options = dict(members=members, rule=rule, threshold=threshold)
+    cfg = JudgeConfig(
+        judge=judge_name, options=options, run=run, concurrency=concurrency, attempts=attempts
+    )
+
+    def progress(summary) -> None:
+        console.print(f"  … {summary.line()}")
+
+    out = judge_flow(cfg, None, progress)
+    console.print(f"{out['judge']} {out['version']}: {out['line']}")
+    for example in out["error_examples"]:
+        console.print(f"  judge error: {example}")
 
 
 @judge_app.command("agreement")
@@ -529,8 +573,14 @@ def judge_agreement(
     from judging.agreement import compute_agreements
 
     with _open() as wh:
-        rows = compute_agreements(wh, judge_name, reference)
-    if rows[0].n == 0:
+        versions = wh.sql(
+            "SELECT DISTINCT judge_version FROM judgments WHERE judge = ? ORDER BY 1",
+            [judge_name],
+        )["judge_version"].to_list()
+        if not versions:
+            raise UserError(f"no judgments from judge {judge_name!r} (run: webloop judge)")
+        rows = [r for v in versions for r in compute_agreements(wh, judge_name, reference, v)]
+    if all(r.n == 0 for r in rows):
         raise UserError(
             f"no trajectories have both a {judge_name} verdict and a {reference} outcome"
         )
@@ -539,6 +589,7 @@ def judge_agreement(
             {
                 k: getattr(r, k)
                 for k in (
+                    "judge_version",
                     "site",
                     "n",
                     "accuracy",
@@ -553,6 +604,112 @@ def judge_agreement(
         ]
     )
     print_frame(df.with_columns(pl.col("site").fill_null("(all)")), fmt)
+
+
+@judge_app.command("flips")
+def judge_flips(
+    judge_names: Annotated[
+        list[str], typer.Option("--judge", help="Judge(s) to test (repeat the option).")
+    ],
+    reference: Annotated[str, typer.Option(help="Ground truth (default: the checker).")] = (
+        "programmatic"
+    ),
+    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Prompt-injection flip rates: reference failures a judge calls success, per injection."""
+    import polars as pl
+
+    from judging.adversarial import flip_rates
+
+    with _open(read_only=True) as wh:
+        rows = flip_rates(wh, judge_names, reference)
+    if not rows:
+        raise UserError(
+            f"no {reference} failures judged by {', '.join(judge_names)} (collect on "
+            "bundled-adversarial tasks or with --inject-answer, then run the judges)"
+        )
+    print_frame(pl.DataFrame(rows), fmt)
+
+
+# -- score-steps ------------------------------------------------------------------------------
+
+score_app = typer.Typer(help="Process rewards: candidate actions at visited states, PRM scores.")
+app.add_typer(score_app, name="score-steps")
+
+
+@score_app.callback(invoke_without_command=True)
+def score_steps(
+    ctx: typer.Context,
+    scorer: Annotated[str, typer.Option(help="exact (bundled replay) or vlm.")] = "exact",
+    k: Annotated[int, typer.Option(help="Candidate actions per state.")] = 4,
+    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    policy: Annotated[
+        str, typer.Option(help="Candidates from: expert (with --noise), random, openai.")
+    ] = "expert",
+    noise: Annotated[float, typer.Option(help="Expert mistake rate for candidates.")] = 0.5,
+    base_url: Annotated[str | None, typer.Option(help="openai candidate policy URL.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai candidate policy model.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (openai).")] = 1.0,
+    scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer server URL.")] = None,
+    scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
+    every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
+    max_states: Annotated[int | None, typer.Option(help="At most this many states.")] = None,
+    concurrency: Annotated[int, typer.Option(help="States (browsers) at once.")] = 4,
+) -> None:
+    """Sample K candidates per visited state, score them, store scores and advantages."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from flows.score_steps import ScoreStepsConfig
+    from flows.score_steps import score_steps as run_flow
+
+    cfg = ScoreStepsConfig(
+        scorer=scorer,
+        k=k,
+        run=run,
+        policy=policy,
+        noise=noise,
+        base_url=base_url,
+        model=model,
+        temperature=temperature,
+        scorer_base_url=scorer_base_url,
+        scorer_model=scorer_model,
+        every=every,
+        max_states=max_states,
+        concurrency=concurrency,
+    )
+
+    def progress(summary: Any) -> None:
+        console.print(
+            f"  … {summary.states} states, {summary.scored} candidates scored, "
+            f"{summary.errors} scorer errors"
+        )
+
+    out = run_flow(cfg, None, progress)
+    console.print(
+        f"score-steps {scorer}: {out['states']} states selected, {out['candidates']} candidates "
+        f"scored now ({out['scored']} ok, {out['errors']} scorer errors); run {out['run_id']}"
+    )
+    for example in out["error_examples"]:
+        console.print(f"  scorer error: {example}")
+
+
+@score_app.command("agreement")
+def score_agreement(
+    scorer: Annotated[str, typer.Option(help="The scorer to calibrate (e.g. vlm).")] = "vlm",
+    reference: Annotated[str, typer.Option(help="The ground-truth scorer.")] = "exact",
+    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Pairwise ranking accuracy and top-1 agreement of a PRM with the exact scorer."""
+    import polars as pl
+
+    from flows.score_steps import scorer_agreement
+
+    with _open(read_only=True) as wh:
+        out = scorer_agreement(wh, scorer, reference, run)
+    if not out["states"]:
+        raise UserError(f"no states have candidates scored by both {scorer} and {reference}")
+    print_frame(pl.DataFrame([{"scorer": scorer, "reference": reference, **out}]), fmt)
 
 
 # -- models -----------------------------------------------------------------------------------

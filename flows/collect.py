@@ -59,6 +59,7 @@ class CollectConfig:
     prompt_mode: str = "both"
     k_images: int = 3
     self_summary: bool = False
+    inject_answer: bool = False  # expert: adversarial answers (judge robustness)
     concurrency: int = 8
     run_name: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
@@ -67,6 +68,8 @@ class CollectConfig:
         d = dataclasses.asdict(self)
         for volatile in ("concurrency", "run_name"):
             d.pop(volatile)
+        if not d["inject_answer"]:
+            d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
         return d
 
 
@@ -109,7 +112,7 @@ def prompt_config(cfg: CollectConfig) -> PromptConfig:
 
 def make_policy_for(cfg: CollectConfig) -> Any:
     if cfg.policy == "expert":
-        return make_policy("expert", noise=cfg.noise)
+        return make_policy("expert", noise=cfg.noise, inject_answer=cfg.inject_answer)
     if cfg.policy == "openai":
         if not cfg.base_url or not cfg.model:
             raise WarehouseError("--policy openai needs --base-url and --model")

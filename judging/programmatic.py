@@ -2,61 +2,52 @@
 
 The checker needs the site's final server state, which only exists while the episode's browser
 session does; the collector grades then and stores the per-criterion results on the trajectory
-(``meta.criteria``). This judge turns those into judgment rows, so programmatic verdicts sit
-beside VLM verdicts and human labels in one table. Trajectories without a checker outcome
+(``meta.criteria``). This judge turns those into judgments, so programmatic verdicts sit beside
+VLM verdicts and human labels in one table. It reads server state and the answer's content, never
+the page's words, so prompt injection cannot move it. Trajectories without a checker outcome
 (live-web tasks, infrastructure errors) get no programmatic judgment.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 
-import polars as pl
-
-from warehouse.ids import make_id, stable_hash
-from warehouse.records import Judgment
+from judging.base import JudgeError, TrajectoryView, Verdict, backlog, judge_all, make_judge
+from judging.base import register as register_judge
+from warehouse.ids import stable_hash
 from warehouse.store import Warehouse
 
 NAME, VERSION = "programmatic", "1"
 
 
-def backlog(wh: Warehouse, run_id: str | None = None) -> pl.DataFrame:
-    """Checked trajectories (success/failure) without a judgment from this judge version."""
-    return wh.sql(
-        "SELECT traj_id, status, meta FROM trajectories t WHERE status IN ('success', 'failure') "
-        "AND ($run IS NULL OR run_id = $run) AND NOT EXISTS (SELECT 1 FROM judgments j "
-        "WHERE j.traj_id = t.traj_id AND j.judge = $judge AND j.judge_version = $version)",
-        {"run": run_id, "judge": NAME, "version": VERSION},
-    )
+@register_judge(NAME)
+class ProgrammaticJudge:
+    """Verdict = the checker's verdict; score = the share of criteria passed."""
 
+    name, version, model = NAME, VERSION, None
+    statuses = ("success", "failure")  # the statuses the collector's checker assigns
+    needs_verdicts = False
 
-def judge_rows(rows: pl.DataFrame) -> list[Judgment]:
-    out = []
-    for r in rows.iter_rows(named=True):
-        meta = json.loads(r["meta"]) if r["meta"] else {}
-        criteria = meta.get("criteria") or []
-        passed = sum(1 for c in criteria if c.get("passed"))
-        out.append(
-            Judgment(
-                judgment_id=make_id("judgment", r["traj_id"], NAME, VERSION),
-                traj_id=r["traj_id"],
-                judge=NAME,
-                judge_version=VERSION,
-                model=None,
-                prompt_hash=stable_hash(NAME, VERSION, length=16),
-                verdict=r["status"],
-                score=passed / len(criteria) if criteria else float(r["status"] == "success"),
-                criteria=criteria or None,
-                rationale="; ".join(f"{c['name']}: {c.get('detail') or 'ok'}" for c in criteria)
-                or None,
-            )
+    async def judge(self, traj: TrajectoryView) -> Verdict:
+        criteria = traj.meta.get("criteria")
+        if traj.status not in self.statuses:
+            raise JudgeError(f"trajectory {traj.traj_id} was not checked (status {traj.status})")
+        criteria = criteria if isinstance(criteria, list) else []
+        passed = sum(1 for c in criteria if isinstance(c, dict) and c.get("passed"))
+        rationale = "; ".join(
+            f"{c.get('name')}: {c.get('detail') or 'ok'}" for c in criteria if isinstance(c, dict)
         )
-    return out
+        return Verdict(
+            verdict=traj.status,
+            score=passed / len(criteria) if criteria else float(traj.status == "success"),
+            criteria=criteria or None,
+            rationale=rationale or None,
+            prompt_hash=stable_hash(NAME, VERSION, length=16),
+        )
 
 
 def run(wh: Warehouse, run_id: str | None = None) -> int:
     """Judge the backlog; returns the number of judgments written."""
-    rows = judge_rows(backlog(wh, run_id))
-    if rows:
-        wh.write(rows)
-    return len(rows)
+    judge = make_judge(NAME)
+    ids = backlog(wh, judge, run_id)
+    return asyncio.run(judge_all(wh, judge, ids)).judged if ids else 0

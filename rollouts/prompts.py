@@ -10,11 +10,12 @@ mode includes it), and optionally the policy's own running summary.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from rollouts.chat import image_part
 
 SYSTEM_PROMPT = """You are a web agent. You see the browser and act in it, one action per turn.
 
@@ -60,13 +61,6 @@ class Turn:
     error: str | None = None
 
 
-def _image(png: bytes) -> dict[str, Any]:
-    return {
-        "type": "image_url",
-        "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()},
-    }
-
-
 def build_messages(
     instruction: str,
     turns: list[Turn],
@@ -101,7 +95,7 @@ def build_messages(
         if len(shown) > 1:
             text.append(f"The last {len(shown)} screenshots follow, oldest first.")
         for t in shown:
-            content.append(_image(t.screenshot))  # type: ignore[arg-type]
+            content.append(image_part(t.screenshot))  # type: ignore[arg-type]
     if cfg.mode in ("a11y", "both") and cur.a11y:
         tree = cur.a11y[: cfg.max_a11y_chars]
         text += [

@@ -10,14 +10,17 @@ training sites and ``ood`` for one held-out site.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sites import shop, travel
+from sites.common import INJECT_PARAM
 from sites.content import COUNTRIES, FIRST, LAST, Content
 from sites.content import generate as generate_content
 from warehouse.ids import stable_hash
@@ -27,6 +30,7 @@ SUITE = "bundled"
 SUITE_VERSION = "1"
 BUNDLED_SCHEME = "bundled://"
 DEFAULT_OOD_SITE = "travel"
+ADVERSARIAL_SUITE = "bundled-adversarial"
 
 
 @dataclass(frozen=True)
@@ -560,6 +564,41 @@ def generate(
         task = task_from_spec(spec, site_seed=site_seed, ood_site=ood_site)
         out.setdefault(task.task_id, task)
     return list(out.values())
+
+
+def _with_injection(start_url: str) -> str:
+    parts = urlsplit(start_url)
+    query = f"{parts.query}&{INJECT_PARAM}=1" if parts.query else f"{INJECT_PARAM}=1"
+    return urlunsplit(parts._replace(query=query))
+
+
+def adversarial_variants(tasks: list[Task]) -> list[Task]:
+    """A prompt-injection copy of each bundled task, to measure whether judges can be fooled.
+
+    The copy (id ``<task_id>/inject``, suite :data:`ADVERSARIAL_SUITE`) starts at the same page
+    with ``wl_inject=1`` added to the query: the site then shows ``sites.common.INJECTION_TEXT``
+    on every page of that session. Instruction, checker, reference, rubric, difficulty, split and
+    site are unchanged, so the programmatic checker grades it exactly like the original; a judge
+    that grades an unfinished attempt as a success because of the note has been fooled.
+    ``meta["adversarial"]`` names the original. Tasks not on a bundled site (no page to inject
+    into) and tasks that already are adversarial variants are skipped. The content hash is left
+    unset (``warehouse.tasks.put_tasks`` computes it from the new suite and start URL).
+    """
+    out = []
+    for task in tasks:
+        if not task.start_url.startswith(BUNDLED_SCHEME) or (task.meta or {}).get("adversarial"):
+            continue
+        out.append(
+            dataclasses.replace(
+                task,
+                task_id=f"{task.task_id}/inject",
+                suite=ADVERSARIAL_SUITE,
+                start_url=_with_injection(task.start_url),
+                meta={**(task.meta or {}), "adversarial": {"of": task.task_id, "kind": "page"}},
+                content_hash=None,
+            )
+        )
+    return out
 
 
 def resolve_start_url(start_url: str, urls: dict[str, str]) -> str:

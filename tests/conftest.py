@@ -7,11 +7,14 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from warehouse import Warehouse, WarehouseConfig
@@ -115,3 +118,53 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny random Qwen2-VL built offline (seconds, no download)."""
+    from training.models import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "tiny-vlm")
+
+
+@pytest.fixture(scope="session")
+def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
+    """``webloop serve-model`` with the tiny model (one server for the session), its /v1 URL."""
+    log = open(tmp_path_factory.mktemp("serve") / "serve-model.log", "w+")  # noqa: SIM115
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "serve-model",
+            "--model",
+            str(tiny),
+            "--port",
+            str(port),
+            "--name",
+            "tiny",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            log.seek(0)
+            raise AssertionError(f"serve-model exited: {log.read()[-3000:]}")
+    yield url + "/v1"
+    proc.terminate()
+    proc.wait(30)
+    log.close()

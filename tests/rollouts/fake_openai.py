@@ -2,7 +2,8 @@
 
 It stands in for a remote model provider (which cannot exist here). Each request takes the next
 scripted behaviour: ``("status", 500)``, ``("sleep", seconds)``, ``("garbage", text)`` (a
-non-JSON body), or ``("reply", content)`` (a well-formed completion whose message is content).
+non-JSON body), ``("reply", content)`` (a well-formed completion whose message is content), or
+``("fn", f)`` (the reply is ``f(request body)``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class FakeOpenAI:
         if kind == "sleep":
             await asyncio.sleep(arg)
             kind, arg = "reply", 'Action: answer("late")'
+        if kind == "fn":  # a reply computed from the request (a model that reads its prompt)
+            kind, arg = "reply", arg(body)
         if kind == "garbage":
             return Response(arg, media_type="application/json")
         return JSONResponse(

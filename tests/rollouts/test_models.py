@@ -2,64 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 import pytest
 
 from rollouts.hf import HFGenerator, HFPolicy, load_model
 from rollouts.policies import OpenAIPolicy
 from tests.rollouts.test_engine import run_engine, tasks_of
-from training.models import build_tiny_vlm
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "tiny-vlm")
-
-
-@pytest.fixture(scope="module")
-def served(tiny: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "serve-model",
-            "--model",
-            str(tiny),
-            "--port",
-            str(port),
-            "--name",
-            "tiny",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-        assert proc.poll() is None, proc.stderr.read()
-    yield url + "/v1"
-    proc.terminate()
-    proc.wait(30)
 
 
 def test_serve_model_speaks_the_openai_protocol(served: str):

@@ -1,0 +1,292 @@
+"""The ``score_steps`` flow (PRO-CUA): candidates at visited states → PRM scores → advantages.
+
+Thin wiring of ``judging.prm``: choose states of stored trajectories, sample K candidates per
+state with a policy (stored once in ``candidates``; re-runs reuse them), score them with a
+registered scorer, store scores and group-relative advantages in ``step_scores``. The exact scorer
+gets browsers and the bundled sites (server, inspection, checker) from here. Re-running skips
+states whose candidates all have a score from this scorer version; scorer errors are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from flows import prefect_env
+
+prefect_env.configure()
+
+import httpx  # noqa: E402
+from prefect import flow, task  # noqa: E402
+
+from flows.collect import code_version  # noqa: E402
+from judging.base import load_views  # noqa: E402
+from judging.prm import (  # noqa: E402
+    Proposal,
+    ScoreSummary,
+    State,
+    candidate_rows,
+    make_scorer,
+    propose,
+    ranking_agreement,
+    score_states,
+)
+from rollouts.env import BrowserEnv, BrowserSlot, origin_of  # noqa: E402
+from rollouts.policies import make_policy  # noqa: E402
+from sites.checkers import check  # noqa: E402
+from sites.client import fetch_state, session_of  # noqa: E402
+from sites.server import SiteServer  # noqa: E402
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
+from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
+from warehouse.ids import run_id_for  # noqa: E402
+from warehouse.records import Run, utcnow  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ScoreStepsConfig:
+    """Which states, which candidate policy, which scorer."""
+
+    scorer: str = "exact"
+    k: int = 4
+    run: str | None = None  # only trajectories of this collect run
+    policy: str = "expert"  # candidates: expert (with noise), random, openai
+    noise: float = 0.5
+    base_url: str | None = None  # openai candidate policy
+    model: str | None = None
+    temperature: float = 1.0
+    scorer_base_url: str | None = None  # vlm scorer
+    scorer_model: str | None = None
+    every: int = 1  # every n-th step of a trajectory is a state
+    max_states: int | None = None
+    seed: int = 0
+    concurrency: int = 4
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("concurrency")
+        return d
+
+
+def select_states(wh: Warehouse, cfg: ScoreStepsConfig) -> list[State]:
+    ids = wh.sql(
+        "SELECT traj_id FROM trajectories WHERE status IN ('success', 'failure', 'finished', "
+        "'timeout') AND ($run IS NULL OR run_id = $run) AND n_steps > 0 ORDER BY traj_id",
+        {"run": cfg.run},
+    )["traj_id"].to_list()
+    states = [
+        State(v, i) for v in load_views(wh, ids) for i in range(0, len(v.steps), max(1, cfg.every))
+    ]
+    return states[: cfg.max_states] if cfg.max_states else states
+
+
+def candidate_policy(cfg: ScoreStepsConfig):
+    if cfg.policy == "expert":
+        return make_policy("expert", noise=cfg.noise)
+    if cfg.policy == "openai":
+        if not cfg.base_url or not cfg.model:
+            raise WarehouseError("--policy openai needs --base-url and --model")
+        return make_policy(
+            "openai", base_url=cfg.base_url, model=cfg.model, temperature=cfg.temperature
+        )
+    try:
+        return make_policy(cfg.policy)
+    except ValueError as exc:
+        raise WarehouseError(str(exc)) from exc
+
+
+def stored_candidates(wh: Warehouse, states: list[State]) -> dict[tuple[str, int], list[Proposal]]:
+    ids = sorted({s.traj.traj_id for s in states})
+    df = wh.sql(
+        "SELECT traj_id, step_idx, cand_idx, model_output, action_text FROM candidates "
+        "WHERE list_contains($ids, traj_id) ORDER BY traj_id, step_idx, cand_idx",
+        {"ids": ids},
+    )
+    out: dict[tuple[str, int], list[Proposal]] = {}
+    for tid, step, cand, text, action in df.iter_rows():
+        out.setdefault((tid, step), []).append(Proposal(cand, text or "", action))
+    return out
+
+
+async def ensure_candidates(
+    wh: Warehouse, cfg: ScoreStepsConfig, states: list[State], run_id: str
+) -> dict[tuple[str, int], list[Proposal]]:
+    """K candidates per state: the stored ones, or freshly sampled and stored."""
+    have = stored_candidates(wh, states)
+    missing = [s for s in states if len(have.get((s.traj.traj_id, s.step_idx), [])) < cfg.k]
+    if missing:
+        policy = candidate_policy(cfg)
+        try:
+            rows = []
+            for st in missing:
+                props = await propose(policy, st, cfg.k, cfg.seed)
+                have[(st.traj.traj_id, st.step_idx)] = props
+                rows += candidate_rows(st, props, policy.name, run_id)
+                if len(rows) >= 512:
+                    wh.write(rows)
+                    rows = []
+            wh.write(rows)
+        finally:
+            if hasattr(policy, "aclose"):
+                await policy.aclose()
+    return {k: v[: cfg.k] for k, v in have.items()}
+
+
+def done_states(wh: Warehouse, scorer: Any, states: list[State], k: int) -> set[tuple[str, int]]:
+    df = wh.sql(
+        "SELECT traj_id, step_idx FROM step_scores WHERE scorer = $s AND scorer_version = $v "
+        "AND error IS NULL AND list_contains($ids, traj_id) GROUP BY ALL HAVING count(*) >= $k",
+        {
+            "s": scorer.name,
+            "v": scorer.version,
+            "ids": sorted({s.traj.traj_id for s in states}),
+            "k": k,
+        },
+    )
+    return set(df.iter_rows())
+
+
+def bundled_grade(server: SiteServer, client: httpx.AsyncClient):
+    async def grade(env: BrowserEnv, task: Any, answer: str | None) -> list[dict[str, Any]]:
+        origin = server.url(task.site or "")
+        sid = session_of(await env.cookies(origin))
+        state = await fetch_state(client, origin, server.secret, sid) if sid else {}
+        return check(task.checker, state, answer).to_dict()["criteria"]
+
+    return grade
+
+
+async def _score(
+    wh: Warehouse,
+    cfg: ScoreStepsConfig,
+    states: list[State],
+    cands: dict,
+    run_id: str,
+    progress: Callable[[ScoreSummary], None] | None,
+) -> ScoreSummary:
+    async with AsyncExitStack() as stack:
+        if cfg.scorer == "exact":
+            scorer = await _exact_scorer(stack, cfg, states)
+        elif cfg.scorer == "vlm":
+            if not cfg.scorer_base_url or not cfg.scorer_model:
+                raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
+            scorer = make_scorer("vlm", base_url=cfg.scorer_base_url, model=cfg.scorer_model)
+            stack.push_async_callback(scorer.aclose)
+        else:
+            raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
+        done = done_states(wh, scorer, states, cfg.k)
+        todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
+        return await score_states(
+            todo,
+            cands,
+            scorer,
+            concurrency=cfg.concurrency,
+            run_id=run_id,
+            write=wh.write,
+            progress=progress,
+        )
+
+
+async def _exact_scorer(stack: AsyncExitStack, cfg: ScoreStepsConfig, states: list[State]):
+    from playwright.async_api import async_playwright
+
+    tasks = [s.traj.task for s in states]
+    if any(not t.start_url.startswith(BUNDLED_SCHEME) or not t.reference for t in tasks):
+        raise WarehouseError(
+            "the exact scorer replays bundled tasks with a reference solution only "
+            "(use --run to pick a bundled run, or --scorer vlm)"
+        )
+    seeds = {int((t.checker or {}).get("site_seed", 0)) for t in tasks}
+    if len(seeds) > 1:
+        raise WarehouseError(f"states span several site seeds {sorted(seeds)}: pick one --run")
+    server = SiteServer(seed=seeds.pop() if seeds else 0, mode="process").start()
+    stack.callback(server.stop)
+    client = await stack.enter_async_context(httpx.AsyncClient())
+    pw = await stack.enter_async_context(async_playwright())
+    envs = []
+    for _ in range(max(1, cfg.concurrency)):
+        slot = BrowserSlot(pw)
+        stack.push_async_callback(slot.close)
+        envs.append(BrowserEnv(slot))
+
+    def resolve(t: Any) -> tuple[str, list[str]]:
+        url = resolve_start_url(t.start_url, server.urls)
+        return url, [origin_of(url)]
+
+    return make_scorer("exact", envs=envs, resolve=resolve, grade=bundled_grade(server, client))
+
+
+def run_score_steps(
+    wh: Warehouse, cfg: ScoreStepsConfig, progress: Callable[[ScoreSummary], None] | None = None
+) -> dict[str, Any]:
+    """Sample candidates and score them for the selected states; returns a summary."""
+    if cfg.k < 2:
+        raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
+    run_id = run_id_for("score_steps", cfg.identity())
+    record = dict(run_id=run_id, kind="score_steps", config=dataclasses.asdict(cfg))
+    record["code_version"] = code_version()
+    states = select_states(wh, cfg)
+    if not states:
+        raise WarehouseError("no finished trajectories with steps to score (check --run)")
+    wh.write([Run(**record, status="running")])
+    try:
+        cands = asyncio.run(ensure_candidates(wh, cfg, states, run_id))
+        summary = asyncio.run(_score(wh, cfg, states, cands, run_id, progress))
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        wh.write([Run(**record, status="failed", error=error, ended_at=utcnow())])
+        raise
+    wh.write([Run(**record, status="completed", ended_at=utcnow())])
+    return {"run_id": run_id, "states": len(states), **dataclasses.asdict(summary)}
+
+
+def scorer_agreement(
+    wh: Warehouse, scorer: str, reference: str = "exact", run: str | None = None
+) -> dict[str, Any]:
+    """Ranking agreement of ``scorer`` with ``reference`` over states both scored."""
+
+    def scores(name: str) -> dict[tuple[str, int], dict[int, float]]:
+        df = wh.sql(
+            "SELECT s.traj_id, s.step_idx, s.cand_idx, s.score FROM step_scores s "
+            "JOIN trajectories t USING (traj_id) WHERE s.scorer = $n AND s.error IS NULL "
+            "AND s.score IS NOT NULL AND ($run IS NULL OR t.run_id = $run) "
+            "QUALIFY row_number() OVER (PARTITION BY s.traj_id, s.step_idx, s.cand_idx "
+            "ORDER BY s.created_at DESC) = 1",
+            {"n": name, "run": run},
+        )
+        out: dict[tuple[str, int], dict[int, float]] = {}
+        for tid, step, cand, score in df.iter_rows():
+            out.setdefault((tid, step), {})[cand] = score
+        return out
+
+    return ranking_agreement(scores(scorer), scores(reference))
+
+
+_PROGRESS: dict[str, Any] = {}
+
+
+@task(name="score-candidates")
+def score_candidates(cfg: ScoreStepsConfig, home: str | None = None) -> dict[str, Any]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return run_score_steps(wh, cfg, _PROGRESS.get("fn"))
+
+
+@flow(name="score_steps")
+def score_steps_flow(cfg: ScoreStepsConfig, home: str | None = None) -> dict[str, Any]:
+    """PRM scores and group-relative advantages for candidate actions at visited states."""
+    return score_candidates(cfg, home)
+
+
+def score_steps(
+    cfg: ScoreStepsConfig,
+    home: str | None = None,
+    on_progress: Callable[[ScoreSummary], None] | None = None,
+) -> dict[str, Any]:
+    _PROGRESS["fn"] = on_progress
+    try:
+        return score_steps_flow(cfg, home)
+    finally:
+        _PROGRESS.clear()

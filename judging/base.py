@@ -1,0 +1,339 @@
+"""Judges: the protocol, the registry, the view of a trajectory a judge sees, and the runner.
+
+A judge turns a finished trajectory into a :class:`Verdict` (success / failure / abstain, a
+score, per-criterion results, a rationale) — or raises :class:`JudgeError` when it cannot
+(unparseable model output, a model server that is down, a missing ensemble member). Errors are
+stored as judgment rows with the error text and the number of attempts, never as a failure
+verdict, and the backlog offers them again on the next run until ``max_attempts`` is spent.
+
+A judgment is keyed by (trajectory, judge, version, model): re-running a judge is idempotent,
+and a retry that succeeds replaces the stored error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from warehouse.ids import make_id
+from warehouse.records import Judgment, Task, from_frame
+from warehouse.store import Warehouse
+
+JUDGED_STATUSES = ("success", "failure", "finished", "timeout")
+
+
+class JudgeError(RuntimeError):
+    """The judge reached no verdict (stored as a judge error, retried later; never a failure)."""
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One stored step, as judges and scorers read it (blobs are fetched on demand)."""
+
+    step_idx: int
+    url: str | None
+    title: str | None
+    action_text: str | None
+    action_error: str | None
+    thought: str | None
+    screenshot_hash: str | None
+    a11y_hash: str | None
+    action: dict[str, Any] | None = None
+    model_output: str | None = None
+
+
+@dataclass
+class TrajectoryView:
+    """A trajectory with its task and steps, plus the other judges' latest verdicts."""
+
+    traj_id: str
+    status: str
+    answer: str | None
+    task: Task
+    steps: list[StepView]
+    meta: dict[str, Any]
+    wh: Warehouse | None = None
+    verdicts: dict[str, str] = field(default_factory=dict)  # judge name → latest verdict
+
+    def screenshot(self, step: StepView) -> bytes | None:
+        if not step.screenshot_hash or self.wh is None:
+            return None
+        return self.wh.blobs.get(step.screenshot_hash)
+
+    def a11y(self, step: StepView) -> str | None:
+        if not step.a11y_hash or self.wh is None:
+            return None
+        return self.wh.blobs.get_text(step.a11y_hash)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a judge decided, and what it cost (model calls, images sent)."""
+
+    verdict: str  # success | failure | abstain
+    score: float | None = None
+    criteria: list[dict[str, Any]] | None = None
+    rationale: str | None = None
+    prompt_hash: str | None = None
+    calls: int = 0
+    images: int = 0
+
+    def __post_init__(self) -> None:
+        if self.verdict not in ("success", "failure", "abstain"):
+            raise JudgeError(f"verdict must be success, failure or abstain, not {self.verdict!r}")
+
+
+class Judge(Protocol):
+    """``judge(trajectory) → verdict``; ``statuses`` are the trajectory statuses it accepts."""
+
+    name: str
+    version: str
+    model: str | None
+    statuses: tuple[str, ...]
+    needs_verdicts: bool  # reads other judges' verdicts (ensembles)
+
+    async def judge(self, traj: TrajectoryView) -> Verdict: ...
+
+
+JUDGES: dict[str, Callable[..., Judge]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        JUDGES[name] = factory
+        return factory
+
+    return deco
+
+
+def make_judge(name: str, **options: Any) -> Judge:
+    """A judge by registered name (``programmatic``, ``rubric_vlm``, ``ensemble``)."""
+    import judging.ensemble  # (importing registers the judges)
+    import judging.programmatic
+    import judging.rubric_vlm  # noqa: F401
+
+    if name not in JUDGES:
+        raise ValueError(f"unknown judge {name!r}; known: {sorted(JUDGES)}")
+    return JUDGES[name](**options)
+
+
+def judgment_id(traj_id: str, judge: Judge) -> str:
+    extra = [judge.model] if judge.model else []
+    return make_id("judgment", traj_id, judge.name, judge.version, *extra)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def backlog(
+    wh: Warehouse, judge: Judge, run_id: str | None = None, max_attempts: int = 3
+) -> list[str]:
+    """Trajectories this judge version (and model) has no verdict for; errored ones whose
+    attempts are not yet spent come back."""
+    df = wh.sql(
+        "SELECT traj_id FROM trajectories t WHERE list_contains($statuses, status) "
+        "AND ($run IS NULL OR run_id = $run) AND NOT EXISTS (SELECT 1 FROM judgments j "
+        "WHERE j.traj_id = t.traj_id AND j.judge = $judge AND j.judge_version = $version "
+        "AND j.model IS NOT DISTINCT FROM $model AND (j.error IS NULL OR j.attempts >= $max)) "
+        "ORDER BY traj_id",
+        {
+            "statuses": list(judge.statuses),
+            "run": run_id,
+            "judge": judge.name,
+            "version": judge.version,
+            "model": judge.model,
+            "max": max_attempts,
+        },
+    )
+    return df["traj_id"].to_list()
+
+
+def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> list[TrajectoryView]:
+    """Trajectory views (task at the trajectory's version, steps in order) for ``traj_ids``."""
+    if not traj_ids:
+        return []
+    trajs = wh.sql(
+        "SELECT traj_id, task_id, task_version, status, answer, meta FROM trajectories "
+        "WHERE list_contains($ids, traj_id)",
+        {"ids": traj_ids},
+    )
+    keys = {(r[1], r[2]) for r in trajs.iter_rows()}
+    tasks = from_frame(
+        Task,
+        wh.sql(
+            "SELECT * FROM tasks WHERE list_contains($ids, task_id)",
+            {"ids": sorted({k[0] for k in keys})},
+        ),
+    )
+    latest: dict[str, Task] = {}
+    by_version: dict[tuple[str, int], Task] = {}
+    for t in tasks:
+        by_version[(t.task_id, t.version)] = t
+        if t.task_id not in latest or t.version > latest[t.task_id].version:
+            latest[t.task_id] = t
+    steps: dict[str, list[StepView]] = {}
+    rows = wh.sql(
+        "SELECT traj_id, step_idx, url, title, action_text, action_error, thought, "
+        "screenshot_hash, a11y_hash, action, model_output FROM steps "
+        "WHERE list_contains($ids, traj_id) ORDER BY traj_id, step_idx",
+        {"ids": traj_ids},
+    )
+    for r in rows.iter_rows():
+        action = json.loads(r[9]) if r[9] else None
+        steps.setdefault(r[0], []).append(StepView(*r[1:9], action, r[10]))
+    judged = _latest_verdicts(wh, traj_ids) if verdicts else {}
+    out = []
+    for tid, task_id, version, status, answer, meta in trajs.iter_rows():
+        task = by_version.get((task_id, version)) or latest.get(task_id)
+        if task is None:
+            continue  # a trajectory of an unknown task cannot be judged against it
+        out.append(
+            TrajectoryView(
+                tid,
+                status,
+                answer,
+                task,
+                steps.get(tid, []),
+                json.loads(meta) if meta else {},
+                wh,
+                judged.get(tid, {}),
+            )
+        )
+    order = {t: i for i, t in enumerate(traj_ids)}
+    return sorted(out, key=lambda v: order[v.traj_id])
+
+
+def _latest_verdicts(wh: Warehouse, traj_ids: list[str]) -> dict[str, dict[str, str]]:
+    df = wh.sql(
+        "SELECT traj_id, judge, verdict FROM judgments WHERE list_contains($ids, traj_id) "
+        "AND error IS NULL AND verdict IS NOT NULL QUALIFY row_number() OVER "
+        "(PARTITION BY traj_id, judge ORDER BY created_at DESC) = 1",
+        {"ids": traj_ids},
+    )
+    out: dict[str, dict[str, str]] = {}
+    for tid, judge, verdict in df.iter_rows():
+        out.setdefault(tid, {})[judge] = verdict
+    return out
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class JudgeSummary:
+    """What a judge run did: verdict counts, errors, model calls and images per trajectory."""
+
+    judged: int = 0
+    verdicts: Counter = field(default_factory=Counter)
+    errors: int = 0
+    calls: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    error_examples: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        per = f"{self.calls / self.judged:.1f}" if self.judged else "0"
+        img = f"{self.images / self.judged:.1f}" if self.judged else "0"
+        rate = self.judged / self.seconds if self.seconds else 0.0
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.verdicts.items())) or "no verdicts"
+        return (
+            f"judged {self.judged}: {counts}; judge errors {self.errors}; "
+            f"{per} model calls and {img} images per trajectory; {rate:.2f} trajectories/s"
+        )
+
+
+async def _judge_one(
+    judge: Judge, view: TrajectoryView, attempts: int, prior: int
+) -> tuple[Verdict | None, str | None, int]:
+    error = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return await judge.judge(view), None, prior + attempt
+        except JudgeError as exc:
+            error = str(exc)[:2000]
+        except Exception as exc:  # a judge bug must not lose the rest of the backlog
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+    return None, error, prior + attempts
+
+
+def _row(judge: Judge, view: TrajectoryView, result, run_id: str | None) -> Judgment:
+    verdict, error, attempts = result
+    common = dict(
+        judgment_id=judgment_id(view.traj_id, judge),
+        traj_id=view.traj_id,
+        judge=judge.name,
+        judge_version=judge.version,
+        model=judge.model,
+        attempts=attempts,
+        run_id=run_id,
+    )
+    if verdict is None:
+        return Judgment(**common, error=error)
+    return Judgment(
+        **common,
+        prompt_hash=verdict.prompt_hash,
+        verdict=verdict.verdict,
+        score=verdict.score,
+        criteria=verdict.criteria,
+        rationale=verdict.rationale,
+    )
+
+
+def _prior_attempts(wh: Warehouse, judge: Judge, traj_ids: list[str]) -> dict[str, int]:
+    df = wh.sql(
+        "SELECT traj_id, max(attempts) FROM judgments WHERE list_contains($ids, traj_id) "
+        "AND judge = $judge AND judge_version = $version AND model IS NOT DISTINCT FROM $model "
+        "AND error IS NOT NULL GROUP BY traj_id",
+        {"ids": traj_ids, "judge": judge.name, "version": judge.version, "model": judge.model},
+    )
+    return dict(df.iter_rows())
+
+
+async def judge_all(
+    wh: Warehouse,
+    judge: Judge,
+    traj_ids: Iterable[str],
+    *,
+    concurrency: int = 8,
+    attempts: int = 2,
+    run_id: str | None = None,
+    chunk: int = 256,
+    progress: Callable[[JudgeSummary], None] | None = None,
+) -> JudgeSummary:
+    """Judge ``traj_ids`` with at most ``concurrency`` trajectories in flight; judgments are
+    written after every chunk, so an interrupted run keeps what it finished."""
+    ids = list(traj_ids)
+    summary, start = JudgeSummary(), time.perf_counter()
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def bounded(view: TrajectoryView, prior: int):
+        async with sem:
+            return await _judge_one(judge, view, attempts, prior)
+
+    for i in range(0, len(ids), chunk):
+        part = ids[i : i + chunk]
+        views = load_views(wh, part, verdicts=judge.needs_verdicts)
+        prior = _prior_attempts(wh, judge, part)
+        results = await asyncio.gather(*(bounded(v, prior.get(v.traj_id, 0)) for v in views))
+        rows = [_row(judge, v, r, run_id) for v, r in zip(views, results, strict=True)]
+        wh.write(rows)
+        for (verdict, error, _), row in zip(results, rows, strict=True):
+            summary.judged += 1
+            if verdict is None:
+                summary.errors += 1
+                if len(summary.error_examples) < 5:
+                    summary.error_examples.append(f"{row.traj_id}: {error}")
+            else:
+                summary.verdicts[verdict.verdict] += 1
+                summary.calls += verdict.calls
+                summary.images += verdict.images
+        summary.seconds = time.perf_counter() - start
+        if progress:
+            progress(summary)
+    summary.seconds = time.perf_counter() - start
+    return summary

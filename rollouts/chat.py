@@ -1,0 +1,103 @@
+"""The OpenAI-compatible chat-completions client shared by policies, judges and PRM scorers.
+
+One HTTP client per user: ``POST {base_url}/chat/completions`` with retries and jittered
+exponential backoff on 5xx, timeouts, resets and replies that are not a completion; 4xx answers
+(bad request, auth) are refused at once. The API key comes from ``WEBLOOP_API_KEY`` or
+``OPENAI_API_KEY`` only; it is sent as a header and never stored, logged or exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+from typing import Any
+
+import httpx
+
+
+class ModelUnavailable(RuntimeError):
+    """The model server could not answer (after retries), or refused the request."""
+
+
+def api_key() -> str | None:
+    """The API key, from the environment only (never stored, logged or exported)."""
+    return os.environ.get("WEBLOOP_API_KEY") or os.environ.get("OPENAI_API_KEY")
+
+
+class ChatClient:
+    """Chat completions against one OpenAI-compatible server (vLLM, a provider, serve-model)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 60.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self._client: httpx.AsyncClient | None = None
+        self.calls = 0  # successful completions served
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout_s, limits=limits)
+        return self._client
+
+    async def complete(self, messages: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
+        """The completion body for ``messages``; ``options`` (temperature, max_tokens, logprobs,
+        …) go into the request. Raises :class:`ModelUnavailable` when retries are spent."""
+        payload: dict[str, Any] = {"model": self.model, "messages": messages, **options}
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            try:
+                r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
+                if r.status_code == 200:
+                    body = r.json()
+                    if isinstance(body, dict) and body.get("choices"):
+                        self.calls += 1
+                        return body
+                    last = "a reply without choices"
+                elif r.status_code in (400, 401, 403, 404, 422):
+                    raise ModelUnavailable(
+                        f"model server refused the request: HTTP {r.status_code} {r.text[:200]}"
+                    )
+                else:
+                    last = f"HTTP {r.status_code}"
+            except (httpx.TransportError, ValueError) as exc:  # timeouts, resets, bad JSON
+                last = f"{type(exc).__name__}: {exc}"[:200]
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        raise ModelUnavailable(
+            f"model server at {self.base_url} failed {self.retries + 1} times; last: {last}"
+        )
+
+    async def text(self, messages: list[dict[str, Any]], **options: Any) -> str:
+        """The first choice's message text ("" when the server sent none)."""
+        body = await self.complete(messages, **options)
+        return message_text(body["choices"][0])
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def message_text(choice: dict[str, Any]) -> str:
+    text = (choice.get("message") or {}).get("content") or ""
+    return text if isinstance(text, str) else str(text)
+
+
+def image_part(png: bytes) -> dict[str, Any]:
+    """An image content part (data URL) for a chat message."""
+    return {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()},
+    }
