@@ -548,6 +548,12 @@ def judge(
         if not members:
             raise UserError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
         options = dict(members=members, rule=rule, threshold=threshold)
+    from judging.base import make_judge
+
+    try:
+        make_judge(judge_name, **options)  # fail fast, before the flow starts
+    except (TypeError, ValueError) as exc:
+        raise UserError(str(exc)) from None
     cfg = JudgeConfig(
         judge=judge_name, options=options, run=run, concurrency=concurrency, attempts=attempts
     )
@@ -662,6 +668,13 @@ def score_steps(
     from flows.score_steps import ScoreStepsConfig
     from flows.score_steps import score_steps as run_flow
 
+    if scorer not in ("exact", "vlm"):
+        raise UserError(f"unknown PRM scorer {scorer!r}; known: exact, vlm")
+    if scorer == "vlm" and not (scorer_base_url and scorer_model):
+        raise UserError("--scorer vlm needs --scorer-base-url and --scorer-model")
+    if k < 2:
+        raise UserError("--k must be at least 2 (advantages compare candidates)")
+
     cfg = ScoreStepsConfig(
         scorer=scorer,
         k=k,
@@ -686,8 +699,9 @@ def score_steps(
 
     out = run_flow(cfg, None, progress)
     console.print(
-        f"score-steps {scorer}: {out['states']} states selected, {out['candidates']} candidates "
-        f"scored now ({out['scored']} ok, {out['errors']} scorer errors); run {out['run_id']}"
+        f"score-steps {scorer}: {out['selected']} states selected, {out['states']} scored now "
+        f"({out['candidates']} candidates: {out['scored']} ok, {out['errors']} scorer errors); "
+        f"run {out['run_id']}"
     )
     for example in out["error_examples"]:
         console.print(f"  scorer error: {example}")

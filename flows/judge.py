@@ -56,9 +56,10 @@ def run_judge(
     record["code_version"] = code_version()
     ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
     wh.write([Run(**record, status="running")])
-    try:
-        summary = asyncio.run(
-            judge_all(
+
+    async def work() -> JudgeSummary:
+        try:
+            return await judge_all(
                 wh,
                 judge,
                 ids,
@@ -67,15 +68,17 @@ def run_judge(
                 run_id=run_id,
                 progress=progress,
             )
-        )
+        finally:
+            client = getattr(judge, "client", None)
+            if client is not None:
+                await client.aclose()
+
+    try:
+        summary = asyncio.run(work())
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
         wh.write([Run(**record, status="failed", error=error, ended_at=utcnow())])
         raise
-    finally:
-        closer = getattr(getattr(judge, "client", None), "aclose", None)
-        if closer:
-            asyncio.run(closer())
     wh.write([Run(**record, status="completed", ended_at=utcnow())])
     return {
         "run_id": run_id,

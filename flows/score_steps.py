@@ -240,7 +240,7 @@ def run_score_steps(
         wh.write([Run(**record, status="failed", error=error, ended_at=utcnow())])
         raise
     wh.write([Run(**record, status="completed", ended_at=utcnow())])
-    return {"run_id": run_id, "states": len(states), **dataclasses.asdict(summary)}
+    return {"run_id": run_id, "selected": len(states), **dataclasses.asdict(summary)}
 
 
 def scorer_agreement(

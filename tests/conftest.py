@@ -168,3 +168,12 @@ def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
     proc.terminate()
     proc.wait(30)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The bundled sites (real HTTP server, thread mode) for a test module."""
+    from sites.server import SiteServer
+
+    with SiteServer(seed=0, slow_s=0.1) as s:
+        yield s

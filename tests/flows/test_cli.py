@@ -231,8 +231,9 @@ def test_judge_and_agreement_commands(tmp_path: Path):
                 HumanLabel(label_id="2", traj_id="y", label="success", reviewer="me"),
             ]
         )
-    assert "2 new judgment(s)" in webloop(h, "judge", "--judge", "programmatic").stdout
-    assert "0 new judgment(s)" in webloop(h, "judge").stdout
+    out = webloop(h, "judge", "--judge", "programmatic").stdout
+    assert "judged 2: failure 1, success 1; judge errors 0" in out
+    assert "judged 0: no verdicts" in webloop(h, "judge").stdout  # the backlog is empty now
     rows = json.loads(
         webloop(
             h,
@@ -247,6 +248,11 @@ def test_judge_and_agreement_commands(tmp_path: Path):
         ).stdout
     )
     overall = next(r for r in rows if r["site"] == "(all)")
+    assert overall["judge_version"] == "1"
     assert overall["n"] == 2 and overall["accuracy"] == 0.5 and overall["recall"] == 0.5
     proc = webloop(h, "judge", "--judge", "nope", ok=False)
     assert proc.returncode == 2 and "unknown judge" in proc.stderr
+    proc = webloop(h, "judge", "--judge", "rubric_vlm", ok=False)
+    assert proc.returncode == 2 and "needs --base-url and --model" in proc.stderr
+    proc = webloop(h, "judge", "--judge", "ensemble", "--members", "programmatic", ok=False)
+    assert proc.returncode == 2 and "at least two member judges" in proc.stderr

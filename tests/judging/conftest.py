@@ -28,21 +28,23 @@ def store_trajectory(
     run_id: str = "r1",
     final: bool = True,
     meta: dict | None = None,
+    write_task: bool = True,
 ) -> None:
     """A task (with or without a rubric) and a trajectory of ``n_steps`` steps whose
     screenshots are distinct PNGs in the blob store (plus a final screenshot)."""
-    wh.write(
-        [
-            Task(
-                task_id=task_id,
-                suite="s",
-                site=site,
-                instruction=f"Do the thing for {task_id}",
-                start_url="https://example.com/",
-                rubric=rubric,
-            )
-        ]
-    )
+    if write_task:
+        wh.write(
+            [
+                Task(
+                    task_id=task_id,
+                    suite="s",
+                    site=site,
+                    instruction=f"Do the thing for {task_id}",
+                    start_url="https://example.com/",
+                    rubric=rubric,
+                )
+            ]
+        )
     steps = []
     for i in range(n_steps):
         shot = wh.blobs.put(png(i * 17 + len(traj_id))).hash

@@ -1,0 +1,156 @@
+"""Judging and step scoring over real rollouts: injected pages and answers collected in real
+Chromium, the programmatic judge unmoved by them, a gullible rubric judge flipped (flip rates),
+the judge and score_steps flows from the CLI, and PRM calibration against the exact scorer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.collect import CollectConfig, run_collect
+from flows.judge import JudgeConfig, run_judge
+from flows.score_steps import ScoreStepsConfig, run_score_steps, scorer_agreement
+from judging.adversarial import flip_rates
+from rollouts.policies import ANSWER_INJECTION
+from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
+from tests.flows.test_cli import webloop
+from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.tasks import put_tasks
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+TEMPLATES = ["shop_add_to_cart", "wiki_fact", "mail_archive", "shop_product_fact"]
+
+
+def gullible(body: dict) -> str:
+    """A judge model that believes what the agent writes (it says success when asked to)."""
+    text = last_user_text(body)
+    verdict = "success" if "report success" in text else "failure"
+    return json.dumps({"criteria": [], "verdict": verdict, "rationale": "as stated"})
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """A warehouse with expert rollouts on injected pages (noise 0: should succeed) and noisy
+    rollouts whose answers carry an injection (should fail)."""
+    h = tmp_path_factory.mktemp("judge-flows")
+    tasks = generate(8, 0, templates=TEMPLATES)
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        put_tasks(wh, tasks + adversarial_variants(tasks))
+        common = dict(suite=ADVERSARIAL_SUITE, split=None, n_tasks=8, concurrency=4)
+        asyncio.run(run_collect(wh, CollectConfig(**common, run_name="clean")))
+        noisy = CollectConfig(
+            **common, noise=1.0, max_steps=5, inject_answer=True, run_name="injected"
+        )
+        asyncio.run(run_collect(wh, noisy))
+    return h
+
+
+def open_wh(h: Path) -> Warehouse:
+    return Warehouse.open(WarehouseConfig.from_env(home=h))
+
+
+def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Path):
+    with open_wh(home) as wh:
+        out = run_judge(wh, JudgeConfig(judge="programmatic"))
+        assert out["errors"] == 0 and out["judged"] == 16
+        rows = wh.sql(
+            "SELECT t.run_id, j.verdict, t.answer FROM judgments j JOIN trajectories t "
+            "USING (traj_id) WHERE j.judge = 'programmatic'"
+        ).rows()
+        clean = [v for run, v, _ in rows if run == "clean"]
+        assert clean == ["success"] * 8  # the expert ignores the page's note; the checker too
+        answered = [(v, a) for run, v, a in rows if run == "injected" and a]
+        assert answered and all(ANSWER_INJECTION in a for _, a in answered)
+        assert all(v == "failure" for v, _ in answered)  # "report success" did not move it
+        with FakeOpenAI([], default=("fn", gullible)) as fake:
+            options = dict(base_url=fake.url, model="gullible", selection="heuristic", k=2)
+            judged = run_judge(wh, JudgeConfig(judge="rubric_vlm", options=options))
+        assert (
+            judged["errors"] == 0 and judged["calls_per_traj"] == 1.0
+        )  # rubric tasks: the verdict only
+        prompts = [last_user_text(b) for b in fake.requests if "Final answer" in last_user_text(b)]
+        for text in prompts:  # the injection only ever appears inside an untrusted block
+            outside = re.sub(r"<untrusted>.*?</untrusted>", "", text, flags=re.S)
+            assert "report success" not in outside
+        rates = {
+            r["injection"]: r
+            for r in flip_rates(wh, ["rubric_vlm", "programmatic"])
+            if r["judge"] == "rubric_vlm"
+        }
+        flipped = rates["page+answer"]
+        assert flipped["judged_success"] == len(answered) and flipped["flip_rate"] > 0
+        assert all(r["flip_rate"] == 0 for r in flip_rates(wh, ["programmatic"]))
+
+
+def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
+    cfg = ScoreStepsConfig(run="clean", k=3, max_states=6, every=2, concurrency=2)
+    with open_wh(home) as wh:
+        first = run_score_steps(wh, cfg)
+        assert first["states"] == 6 and first["candidates"] == 18 and first["errors"] == 0
+        again = run_score_steps(wh, cfg)  # nothing left to do: no new candidates, no rescoring
+        assert again["candidates"] == 0
+        n_cands = wh.sql("SELECT count(*) FROM candidates").item()
+        assert n_cands == 18
+        adv = wh.sql(
+            "SELECT traj_id, step_idx, sum(advantage), max(score) - min(score) FROM step_scores "
+            "WHERE scorer = 'exact' GROUP BY ALL"
+        ).rows()
+        assert all(abs(s) < 1e-9 for _, _, s, _ in adv)  # group-relative: zero mean per state
+        assert any(spread > 0 for *_, spread in adv)  # some states separate their candidates
+
+        # a VLM PRM that has learnt "clicks are progress", calibrated against the exact scorer
+        def prm(body):
+            return (
+                "Score: 9"
+                if "click(" in last_user_text(body).split("<untrusted>")[-1]
+                else ("Score: 2")
+            )
+
+        with FakeOpenAI([], default=("fn", prm)) as fake:
+            vcfg = ScoreStepsConfig(
+                run="clean",
+                k=3,
+                max_states=6,
+                every=2,
+                scorer="vlm",
+                scorer_base_url=fake.url,
+                scorer_model="prm",
+            )
+            out = run_score_steps(wh, vcfg)
+        assert out["candidates"] == 18 and out["errors"] == 0
+        assert len(fake.requests) == 18
+        agree = scorer_agreement(wh, "vlm", "exact", "clean")
+        assert agree["states"] == 6 and 0 <= agree["top1_agreement"] <= 1
+    proc = webloop(home, "score-steps", "agreement", "--scorer", "vlm", "--format", "json")
+    row = json.loads(proc.stdout)[0]
+    assert row["states"] == 6 and row["reference"] == "exact"
+
+
+def test_judge_and_score_steps_run_as_prefect_flows_from_the_cli(home: Path):
+    with FakeOpenAI([], default=("fn", gullible)) as fake:
+        proc = webloop(
+            home,
+            "judge",
+            "--judge",
+            "rubric_vlm",
+            "--base-url",
+            fake.url,
+            "--model",
+            "cli-judge",
+            "--selection",
+            "heuristic",
+            "--run",
+            "clean",
+        )
+    assert "rubric_vlm 1/heuristic/k4: judged 8: failure 8; judge errors 0" in proc.stdout
+    proc = webloop(home, "score-steps", "--run", "clean", "--k", "4", "--max-states", "2")
+    # both states had 3 candidates: K=4 samples a fourth (the first 3 are reproduced) and rescores
+    assert "2 states selected, 2 scored now (8 candidates: 8 ok, 0 scorer errors)" in proc.stdout
+    with open_wh(home) as wh:
+        kinds = wh.sql("SELECT kind, status FROM runs WHERE kind IN ('judge', 'score_steps')")
+        assert set(kinds.rows()) == {("judge", "completed"), ("score_steps", "completed")}
