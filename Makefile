@@ -39,6 +39,7 @@ bench: setup
 	$(PY) bench/warehouse.py
 	$(PY) bench/sites.py
 	$(PY) bench/rollouts.py
+	$(PY) bench/judging.py
 
 clean:
 	rm -rf $(VENV) .webloop .pytest_cache .ruff_cache *.egg-info

@@ -19,14 +19,11 @@ import asyncio
 import math
 import random
 import re
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -39,6 +36,7 @@ from rollouts.actions import format_action, parse_action
 from rollouts.browser import launch
 from rollouts.engine import Engine, EngineConfig, Finished, make_jobs
 from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of
+from rollouts.localserver import ThreadedServer
 from rollouts.policies import ExpertPolicy, OpenAIPolicy, PolicyContext
 from rollouts.prompts import Turn
 from sites.server import SiteServer
@@ -126,10 +124,8 @@ class ExpertModelServer:
         self.rng = random.Random(seed)
         self.mu, self.sigma = math.log(median_s), sigma
         app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.http = ThreadedServer(app)
+        self.url = self.http.base + "/v1"
 
     async def chat(self, request: Request):
         body = await request.json()
@@ -151,17 +147,11 @@ class ExpertModelServer:
         )
 
     def __enter__(self):
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+        self.http.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.http.__exit__(*exc)
 
 
 async def lockstep(server, tasks, policy, batch: int) -> tuple[float, int]:

@@ -17,6 +17,9 @@ from typing import Any
 import httpx
 
 
+MAX_IN_FLIGHT = 32  # requests in flight per client (more wait their turn)
+
+
 class ModelUnavailable(RuntimeError):
     """The model server could not answer (after retries), or refused the request."""
 
@@ -42,12 +45,15 @@ class ChatClient:
         self.model = model
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
         self.calls = 0  # successful completions served
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            limits = httpx.Limits(
+                max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT
+            )
             self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout_s, limits=limits)
         return self._client
 
@@ -58,7 +64,10 @@ class ChatClient:
         last = "no attempt"
         for attempt in range(self.retries + 1):
             try:
-                r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
+                if self._slots is None:
+                    self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+                async with self._slots:  # queue here: httpcore's own queue is costly when long
+                    r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
                 if r.status_code == 200:
                     body = r.json()
                     if isinstance(body, dict) and body.get("choices"):

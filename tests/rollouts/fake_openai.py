@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections import deque
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from rollouts.localserver import ThreadedServer
 
 
 class FakeOpenAI:
@@ -32,10 +30,8 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.http = ThreadedServer(app)
+        self.url = self.http.base + "/v1"
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
@@ -73,17 +69,11 @@ class FakeOpenAI:
         )
 
     def __enter__(self) -> FakeOpenAI:
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+        self.http.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.http.__exit__(*exc)
 
 
 def last_user_text(body: dict[str, Any]) -> str:
