@@ -96,9 +96,10 @@ def compute_agreements(wh, judge: str, reference: str, version: str | None = Non
             "t.task_id AND k.version = coalesce(t.task_version, 1)"
         ).iter_rows()
     )
-    groups: dict[str | None, list[str]] = {None: common}
+    groups: dict[str | None, list[str]] = {None: common}  # None: all sites together
     for tid in common:
-        groups.setdefault(sites.get(tid), []).append(tid)
+        if sites.get(tid) is not None:  # live-web tasks without a site count in "all" only
+            groups.setdefault(sites[tid], []).append(tid)
     rows = []
     for site, tids in groups.items():
         a = binary_agreement([pred[t] for t in tids], [ref[t] for t in tids])
