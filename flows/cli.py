@@ -766,7 +766,7 @@ def demo(
     collect_tasks: Annotated[int, typer.Option(help="Tasks to roll out.")] = 8,
     samples: Annotated[int, typer.Option(help="Rollouts per task.")] = 2,
 ) -> None:
-    """The main job: warehouse → bundled tasks → expert rollouts in Chromium → SQL summary."""
+    """The main job: bundled tasks → expert rollouts in Chromium → judge → PRM → SQL summary."""
     console.print("[bold]webloop demo[/bold]: starting the Prefect flow 'demo' …")
     from flows.demo import demo_flow
 
@@ -781,11 +781,20 @@ def demo(
         f"rollouts: run {c['run_id']}: {c['ran']} collected, {c['skipped']} already stored, "
         f"{c['steps']} steps ({c['steps_per_s']} steps/s); outcomes {c['by_status']}"
     )
+    j = out["judged"]
+    console.print(f"judge: programmatic {j['version']}: {j['line']}")
+    if out["scored"]:
+        p = out["scored"]
+        console.print(
+            f"score-steps: exact PRM over {p['selected']} states ({p['states']} scored now, "
+            f"{p['candidates']} candidates, {p['errors']} scorer errors)"
+        )
     import polars as pl
 
     print_frame(pl.DataFrame(out["summary"]), title="success by suite / site / split / policy")
     console.print(
-        'next: webloop sql "SELECT * FROM trajectories LIMIT 5"  ·  webloop warehouse info'
+        'next: webloop sql "SELECT * FROM step_scores LIMIT 5"  ·  webloop judge agreement '
+        "--judge programmatic --reference human  ·  webloop warehouse info"
     )
 
 

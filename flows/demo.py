@@ -4,9 +4,13 @@
 2. generate the bundled task suite (rubrics, checkers, reference solutions);
 3. collect rollouts in real Chromium with the scripted expert, with injected mistakes so that
    failures exist to learn from (the ``collect`` stage's library code, resumable);
-4. summarize success by suite / site / split / policy through the warehouse's SQL.
+4. judge them with the programmatic judge (the ``judge`` stage: judgments beside any VLM
+   judge's, ready for calibration);
+5. score candidate actions at a sample of visited states with the exact replay PRM (the
+   ``score_steps`` stage: K candidates per state, scores, group-relative advantages);
+6. summarize success by suite / site / split / policy through the warehouse's SQL.
 
-Later stages (judge → score → curate → train → evaluate) extend it as they land.
+Later stages (curate → train → evaluate) extend it as they land.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ prefect_env.configure()
 from prefect import flow, task  # noqa: E402
 
 from flows.collect import CollectConfig, run_collect  # noqa: E402
+from flows.judge import JudgeConfig, run_judge  # noqa: E402
+from flows.score_steps import ScoreStepsConfig, run_score_steps  # noqa: E402
 from sites.tasks import generate as generate_tasks  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, migrations  # noqa: E402
 from warehouse.tasks import put_tasks  # noqa: E402
@@ -53,6 +59,20 @@ def collect_expert_rollouts(home: str | None, cfg: CollectConfig) -> dict[str, A
         return asyncio.run(run_collect(wh, cfg))
 
 
+@task(retries=1, retry_delay_seconds=2)
+def judge_rollouts(home: str | None, run_id: str) -> dict[str, Any]:
+    """The programmatic judge over the run's backlog (idempotent)."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return run_judge(wh, JudgeConfig(judge="programmatic", run=run_id))
+
+
+@task(retries=1, retry_delay_seconds=2)
+def score_steps_exact(home: str | None, cfg: ScoreStepsConfig) -> dict[str, Any]:
+    """Exact PRM scores of K candidates at sampled states (resumes: scored states are kept)."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return run_score_steps(wh, cfg)
+
+
 @task
 def summarize(home: str | None) -> list[dict[str, Any]]:
     """Success by suite/site/split/policy, through the warehouse's SQL query."""
@@ -69,8 +89,11 @@ def demo_flow(
     samples: int = 2,
     noise: float = 0.15,
     concurrency: int = 4,
+    prm_states: int = 12,
+    prm_k: int = 3,
 ) -> dict[str, Any]:
-    """Warehouse → bundled tasks → expert rollouts (with mistakes) → SQL summary."""
+    """Warehouse → bundled tasks → expert rollouts (with mistakes) → programmatic judgments →
+    exact PRM scores at sampled states → SQL summary."""
     where = prepare_warehouse(home)
     suite = generate_bundled_tasks(home, bundled_tasks, seed)
     cfg = CollectConfig(
@@ -85,9 +108,23 @@ def demo_flow(
         run_name=f"demo-expert-seed{seed}",
     )
     collected = collect_expert_rollouts(home, cfg)
+    judged = judge_rollouts(home, collected["run_id"])
+    scored = None
+    if prm_states:
+        prm = ScoreStepsConfig(
+            run=collected["run_id"],
+            k=prm_k,
+            every=3,
+            max_states=prm_states,
+            seed=seed,
+            concurrency=concurrency,
+        )
+        scored = score_steps_exact(home, prm)
     return {
         "warehouse": where,
         "bundled": suite,
         "collected": collected,
+        "judged": judged,
+        "scored": scored,
         "summary": summarize(home),
     }

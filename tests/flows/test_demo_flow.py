@@ -23,6 +23,8 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(prefect_harness, tmp
         "collect_tasks": 4,
         "samples": 2,
         "concurrency": 2,
+        "prm_states": 3,
+        "prm_k": 2,
     }
     state = demo_flow(**kw, return_state=True)
     assert state.is_completed()
@@ -39,8 +41,13 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(prefect_harness, tmp
         shot = wh.sql("SELECT screenshot_hash FROM steps LIMIT 1").item()
         assert wh.blobs.get(shot).startswith(b"\x89PNG")
         assert wh.sql("SELECT status FROM runs WHERE kind = 'collect'").item() == "completed"
+        verdicts = wh.sql("SELECT count(*) FROM judgments WHERE judge = 'programmatic'").item()
+        assert verdicts == 8 == out["judged"]["judged"]
+        assert out["scored"]["states"] == 3 and out["scored"]["errors"] == 0
+        assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() == 6
     again = demo_flow(**kw)
     assert again["collected"]["ran"] == 0 and again["collected"]["skipped"] == 8
+    assert again["judged"]["judged"] == 0 and again["scored"]["states"] == 0  # nothing redone
 
 
 def test_demo_tasks_run_without_the_engine(tmp_path: Path):
