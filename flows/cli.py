@@ -793,8 +793,8 @@ def demo(
 
     print_frame(pl.DataFrame(out["summary"]), title="success by suite / site / split / policy")
     console.print(
-        'next: webloop sql "SELECT * FROM step_scores LIMIT 5"  ·  webloop judge agreement '
-        "--judge programmatic --reference human  ·  webloop warehouse info"
+        'next: webloop sql "SELECT step_idx, cand_idx, score, advantage FROM step_scores '
+        'LIMIT 9"  ·  webloop score-steps --help  ·  webloop warehouse info'
     )
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 
-
 MAX_IN_FLIGHT = 32  # requests in flight per client (more wait their turn)
 
 
