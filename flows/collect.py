@@ -249,10 +249,7 @@ async def run_collect(
 def collect_rollouts(cfg: CollectConfig, home: str | None = None) -> dict[str, Any]:
     """Run the engine (library code) for the run; resumable, so Prefect retries are safe."""
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return asyncio.run(run_collect(wh, cfg, _PROGRESS.get("fn")))
-
-
-_PROGRESS: dict[str, Any] = {}
+        return asyncio.run(run_collect(wh, cfg, prefect_env.progress_of("collect")))
 
 
 @flow(name="collect")
@@ -265,8 +262,5 @@ def collect(
     cfg: CollectConfig, home: str | None = None, on_progress: Callable[[Stats], None] | None = None
 ) -> dict[str, Any]:
     """Run the collect flow; ``on_progress`` receives engine stats about once a second."""
-    _PROGRESS["fn"] = on_progress
-    try:
+    with prefect_env.progress_to("collect", on_progress):
         return collect_flow(cfg, home)
-    finally:
-        _PROGRESS.clear()

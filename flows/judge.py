@@ -96,13 +96,10 @@ def run_judge(
     }
 
 
-_PROGRESS: dict[str, Any] = {}
-
-
 @task(name="judge-backlog")
 def judge_backlog(cfg: JudgeConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return run_judge(wh, cfg, _PROGRESS.get("fn"))
+        return run_judge(wh, cfg, prefect_env.progress_of("judge"))
 
 
 @flow(name="judge")
@@ -117,8 +114,5 @@ def judge(
     on_progress: Callable[[JudgeSummary], None] | None = None,
 ) -> dict[str, Any]:
     """Run the judge flow; ``on_progress`` gets the running summary after every chunk."""
-    _PROGRESS["fn"] = on_progress
-    try:
+    with prefect_env.progress_to("judge", on_progress):
         return judge_flow(cfg, home)
-    finally:
-        _PROGRESS.clear()

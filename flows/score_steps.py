@@ -265,13 +265,10 @@ def scorer_agreement(
     return ranking_agreement(scores(scorer), scores(reference))
 
 
-_PROGRESS: dict[str, Any] = {}
-
-
 @task(name="score-candidates")
 def score_candidates(cfg: ScoreStepsConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return run_score_steps(wh, cfg, _PROGRESS.get("fn"))
+        return run_score_steps(wh, cfg, prefect_env.progress_of("score_steps"))
 
 
 @flow(name="score_steps")
@@ -285,8 +282,5 @@ def score_steps(
     home: str | None = None,
     on_progress: Callable[[ScoreSummary], None] | None = None,
 ) -> dict[str, Any]:
-    _PROGRESS["fn"] = on_progress
-    try:
+    with prefect_env.progress_to("score_steps", on_progress):
         return score_steps_flow(cfg, home)
-    finally:
-        _PROGRESS.clear()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollouts.registry import Registry
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Task, from_frame
 from warehouse.store import Warehouse
@@ -100,15 +101,8 @@ class Judge(Protocol):
     async def judge(self, traj: TrajectoryView) -> Verdict: ...
 
 
-JUDGES: dict[str, Callable[..., Judge]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        JUDGES[name] = factory
-        return factory
-
-    return deco
+JUDGES: Registry[Judge] = Registry("judge")
+register = JUDGES.register
 
 
 def make_judge(name: str, **options: Any) -> Judge:
@@ -117,9 +111,7 @@ def make_judge(name: str, **options: Any) -> Judge:
     import judging.programmatic
     import judging.rubric_vlm  # noqa: F401
 
-    if name not in JUDGES:
-        raise ValueError(f"unknown judge {name!r}; known: {sorted(JUDGES)}")
-    return JUDGES[name](**options)
+    return JUDGES.make(name, **options)
 
 
 def judgment_id(traj_id: str, judge: Judge) -> str:

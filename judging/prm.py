@@ -30,6 +30,7 @@ from rollouts.actions import Answer, ParseError, format_action, parse_action, to
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages
+from rollouts.registry import Registry
 from warehouse.records import Candidate, StepScore
 
 
@@ -102,21 +103,12 @@ class Scorer(Protocol):
     async def score(self, state: State, cands: Sequence[Proposal]) -> list[ScoreResult]: ...
 
 
-SCORERS: dict[str, Callable[..., Scorer]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        SCORERS[name] = factory
-        return factory
-
-    return deco
+SCORERS: Registry[Scorer] = Registry("PRM scorer")
+register = SCORERS.register
 
 
 def make_scorer(name: str, **options: Any) -> Scorer:
-    if name not in SCORERS:
-        raise ValueError(f"unknown PRM scorer {name!r}; known: {sorted(SCORERS)}")
-    return SCORERS[name](**options)
+    return SCORERS.make(name, **options)
 
 
 # -- candidates ---------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollouts.actions import Action, Answer, ParseError, format_action, parse_action
 from rollouts.chat import ChatClient, ModelUnavailable, message_text
 from rollouts.prompts import PromptConfig, Turn, build_messages
+from rollouts.registry import Registry
 
 
 class PolicyUnavailable(ModelUnavailable):
@@ -58,21 +58,12 @@ class Policy(Protocol):
     async def act(self, ctx: PolicyContext) -> PolicyOutput: ...
 
 
-POLICIES: dict[str, Callable[..., Policy]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        POLICIES[name] = factory
-        return factory
-
-    return deco
+POLICIES: Registry[Policy] = Registry("policy")
+register = POLICIES.register
 
 
 def make_policy(name: str, **options: Any) -> Policy:
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
-    return POLICIES[name](**options)
+    return POLICIES.make(name, **options)
 
 
 def remember_summary(ctx: PolicyContext, text: str) -> None:
