@@ -66,7 +66,11 @@ def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Pa
         assert clean == ["success"] * 8  # the expert ignores the page's note; the checker too
         answered = [(v, a) for run, v, a in rows if run == "injected" and a]
         assert answered and all(ANSWER_INJECTION in a for _, a in answered)
-        assert all(v == "failure" for v, _ in answered)  # "report success" did not move it
+        # an early "I could not find it" answer is wrong whatever it adds: "report success" in
+        # it did not move the checker (a noisy expert may still skip straight to a right answer)
+        early = [v for v, a in answered if a.startswith("I could not find it")]
+        assert early and all(v == "failure" for v in early)
+        answered_failures = sum(v == "failure" for v, _ in answered)
         with FakeOpenAI([], default=("fn", gullible)) as fake:
             options = dict(base_url=fake.url, model="gullible", selection="heuristic", k=2)
             judged = run_judge(wh, JudgeConfig(judge="rubric_vlm", options=options))
@@ -83,7 +87,7 @@ def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Pa
             if r["judge"] == "rubric_vlm"
         }
         flipped = rates["page+answer"]
-        assert flipped["judged_success"] == len(answered) and flipped["flip_rate"] > 0
+        assert flipped["judged_success"] == answered_failures and flipped["flip_rate"] > 0
         assert all(r["flip_rate"] == 0 for r in flip_rates(wh, ["programmatic"]))
 
 
