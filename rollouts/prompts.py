@@ -10,6 +10,7 @@ mode includes it), and optionally the policy's own running summary.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -109,9 +110,27 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
+DATA_URL = "data:image/png;base64,"
+BLOB_REF = "sha256:"
+
+
+def _by_reference(part: Any) -> Any:
+    url = (part.get("image_url") or {}).get("url", "") if isinstance(part, dict) else ""
+    if not url.startswith(DATA_URL):
+        return part
+    digest = hashlib.sha256(base64.b64decode(url[len(DATA_URL) :])).hexdigest()
+    return {**part, "image_url": {**part["image_url"], "url": BLOB_REF + digest}}
+
+
 def render(messages: list[dict[str, Any]]) -> str:
-    """A canonical text of messages (for hashing and storing the prompt as a blob)."""
-    return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """A canonical text of messages (for hashing and storing the prompt as a blob). Images are
+    written as ``sha256:<hex>`` references to the screenshot blobs (stored once, with their
+    steps), not as base64: a stored prompt stays small and names exactly what the model saw."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        out.append({**m, "content": [_by_reference(p) for p in c]} if isinstance(c, list) else m)
+    return json.dumps(out, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def prompt_hash(messages: list[dict[str, Any]]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -45,7 +47,9 @@ def test_openai_policy_over_http_with_the_tiny_model_completes_trajectories(serv
         for s in d.steps:
             assert s.prompt_hash and s.model_output is not None
             assert s.logprob is not None and s.logprob <= 0
-            assert b"image_url" in d.blobs[s.prompt_hash]
+            prompt = d.blobs[s.prompt_hash].decode()
+            refs = re.findall(r'"url":"sha256:([0-9a-f]{64})"', prompt)
+            assert refs and all(r in d.blobs for r in refs)  # images stored once, by hash
 
 
 def test_hf_policy_batches_concurrent_trajectories(server, tiny):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 
 from rollouts.policies import PolicyContext, remember_summary
@@ -55,6 +57,17 @@ def test_rendering_is_byte_identical_and_hash_stable():
     b = build_messages("Buy a mug", turns(4))
     assert render(a) == render(b) and prompt_hash(a) == prompt_hash(b)
     assert prompt_hash(build_messages("Buy two mugs", turns(4))) != prompt_hash(a)
+
+
+def test_rendered_prompts_name_images_by_their_blob_hash():
+    m = build_messages("Buy a mug", turns(4))
+    stored = json.loads(render(m))
+    urls = [c["image_url"]["url"] for c in stored[1]["content"] if c["type"] == "image_url"]
+    shots = [b"png1", b"png2", b"png-now"]  # the last three screenshots
+    assert urls == ["sha256:" + hashlib.sha256(p).hexdigest() for p in shots]
+    assert "base64" not in render(m) and images(m)[0].startswith("data:")  # messages untouched
+    other = build_messages("Buy a mug", [*turns(3), Turn("http://x/now", "Now", b"other")])
+    assert prompt_hash(other) != prompt_hash(m)  # a different screenshot, a different prompt
 
 
 def test_self_summary_is_kept_and_shown():

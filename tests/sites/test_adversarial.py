@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import random
 
 import httpx
 import pytest
@@ -20,12 +19,11 @@ from sites.server import SITES, SiteServer
 from sites.tasks import (
     ADVERSARIAL_SUITE,
     SUITE,
-    TEMPLATES,
     adversarial_variants,
     generate,
     resolve_start_url,
-    task_from_spec,
 )
+from tests.sites.test_conformance import one_task_per_template
 from warehouse import Warehouse
 from warehouse.records import Task
 from warehouse.tasks import put_tasks
@@ -222,18 +220,6 @@ def test_variants_are_stored_as_their_own_versioned_tasks(wh: Warehouse):
 # -- in Chromium ----------------------------------------------------------------------------------
 
 
-def _one_task_per_template(seed: int = 11) -> list[Task]:
-    c = content(0)
-    out = []
-    for name in sorted(TEMPLATES):
-        rng = random.Random(f"{seed}-{name}")
-        spec = None
-        while spec is None:
-            spec = TEMPLATES[name](c, rng)
-        out.append(task_from_spec(spec, site_seed=0, ood_site="travel"))
-    return out
-
-
 async def _start_page_texts(server: SiteServer, tasks: list[Task]) -> list[tuple[str, bool]]:
     from playwright.async_api import async_playwright
 
@@ -260,7 +246,7 @@ async def _start_page_texts(server: SiteServer, tasks: list[Task]) -> list[tuple
 def test_reference_solutions_still_succeed_on_the_variants(server: SiteServer):
     from flows.bundled import run_expert
 
-    tasks = _one_task_per_template()
+    tasks = one_task_per_template(seed=11)
     assert {t.site for t in tasks} == set(SITES)
     variants = adversarial_variants(tasks)
     results = asyncio.run(run_expert(variants, server, concurrency=4, check_fresh=True))
