@@ -185,7 +185,9 @@ class RubricVLMJudge:
         self.version = f"{BASE_VERSION}/{selection}/k{k}"
 
     async def _ask(self, content: list[dict[str, Any]] | str) -> str:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+        return await self._send(_messages(content))
+
+    async def _send(self, messages: list[dict[str, Any]]) -> str:
         try:
             return await self.client.text(messages, temperature=0.0, max_tokens=self.max_tokens)
         except ModelUnavailable as exc:
@@ -239,8 +241,8 @@ class RubricVLMJudge:
             shots=intro,
         )
         content = [{"type": "text", "text": text}, *(_img(traj.screenshot(s)) for s in shots)]
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
-        reply = await self._ask(content)
+        messages = _messages(content)
+        reply = await self._send(messages)
         verdict, criteria, rationale = parse_verdict(reply, points)
         if traj.wh is not None:
             traj.wh.blobs.put_text(render(messages))  # the exact prompt, for review
@@ -264,6 +266,10 @@ def screens(traj: TrajectoryView) -> list[StepView]:
         url = traj.meta.get("final_url")
         shots.append(StepView(len(traj.steps), url, "(final page)", None, None, None, final, None))
     return shots
+
+
+def _messages(content: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
 
 
 def _img(png: bytes | None) -> dict[str, Any]:

@@ -45,7 +45,6 @@ class ChatClient:
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
-        self.calls = 0  # successful completions served
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -70,7 +69,6 @@ class ChatClient:
                 if r.status_code == 200:
                     body = r.json()
                     if isinstance(body, dict) and body.get("choices"):
-                        self.calls += 1
                         return body
                     last = "a reply without choices"
                 elif r.status_code in (400, 401, 403, 404, 422):
