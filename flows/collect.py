@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flows import prefect_env
@@ -23,6 +21,7 @@ prefect_env.configure()
 import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
+from flows.runs import recorded_run  # noqa: E402
 from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
 from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
@@ -34,7 +33,7 @@ from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
 from warehouse.ids import run_id_for, stable_hash, traj_id_for  # noqa: E402
-from warehouse.records import INFRA_ERROR, Run, Task, utcnow  # noqa: E402
+from warehouse.records import INFRA_ERROR, Task  # noqa: E402
 from warehouse.tasks import latest_tasks  # noqa: E402
 
 
@@ -71,20 +70,6 @@ class CollectConfig:
         if not d["inject_answer"]:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
         return d
-
-
-def code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).parent,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
@@ -152,19 +137,6 @@ def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Call
     return grade
 
 
-def run_record(run_id: str, cfg: CollectConfig, status: str, **kw: Any) -> Run:
-    """The ``runs`` row of a collect run: its full configuration and code version."""
-    return Run(
-        run_id=run_id,
-        kind="collect",
-        name=cfg.run_name,
-        config=dataclasses.asdict(cfg),
-        code_version=code_version(),
-        status=status,
-        **kw,
-    )
-
-
 async def run_collect(
     wh: Warehouse, cfg: CollectConfig, on_progress: Callable[[Stats], None] | None = None
 ) -> dict[str, Any]:
@@ -178,7 +150,31 @@ async def run_collect(
             "SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]
         ).iter_rows()
     }
-    wh.write([run_record(run_id, cfg, "running")])
+    with recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name):
+        stats, wstats, jobs = await _collect(wh, cfg, run_id, tasks, policy, done, on_progress)
+    return {
+        "run_id": run_id,
+        "tasks": len(tasks),
+        "skipped": len(tasks) * cfg.samples - len(jobs),
+        "ran": len(jobs),
+        "by_status": stats.by_status,
+        "steps": stats.steps,
+        "steps_per_s": round(stats.steps_per_s, 2),
+        "written": wstats.trajectories,
+        "transactions": wstats.transactions,
+    }
+
+
+async def _collect(
+    wh: Warehouse,
+    cfg: CollectConfig,
+    run_id: str,
+    tasks: list[Task],
+    policy: Any,
+    done: dict[str, str],
+    on_progress: Callable[[Stats], None] | None,
+) -> tuple[Stats, Any, list[Job]]:
+    """Start the sites when needed, run the engine over what is not stored yet, write."""
     pending = [
         t
         for t in tasks
@@ -222,27 +218,12 @@ async def run_collect(
                 stats = await engine.run(jobs)
             finally:
                 wstats = await writer.close()
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        wh.write([run_record(run_id, cfg, "failed", error=error, ended_at=utcnow())])
-        raise
     finally:
         if server:
             server.stop()
         if hasattr(policy, "aclose"):
             await policy.aclose()
-    wh.write([run_record(run_id, cfg, "completed", ended_at=utcnow())])
-    return {
-        "run_id": run_id,
-        "tasks": len(tasks),
-        "skipped": len(tasks) * cfg.samples - len(jobs),
-        "ran": len(jobs),
-        "by_status": stats.by_status,
-        "steps": stats.steps,
-        "steps_per_s": round(stats.steps_per_s, 2),
-        "written": wstats.trajectories,
-        "transactions": wstats.transactions,
-    }
+    return stats, wstats, jobs
 
 
 @task(name="collect-rollouts")

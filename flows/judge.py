@@ -19,11 +19,10 @@ prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
 
-from flows.collect import code_version  # noqa: E402
+from flows.runs import recorded_run  # noqa: E402
 from judging.base import JudgeSummary, backlog, judge_all, make_judge  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
 from warehouse.ids import run_id_for  # noqa: E402
-from warehouse.records import Run, utcnow  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -52,10 +51,7 @@ def run_judge(
     except (TypeError, ValueError) as exc:
         raise WarehouseError(f"judge {cfg.judge!r}: {exc}") from exc
     run_id = run_id_for("judge", cfg.identity())
-    record = dict(run_id=run_id, kind="judge", config=dataclasses.asdict(cfg))
-    record["code_version"] = code_version()
     ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
-    wh.write([Run(**record, status="running")])
 
     async def work() -> JudgeSummary:
         try:
@@ -73,13 +69,8 @@ def run_judge(
             if client is not None:
                 await client.aclose()
 
-    try:
+    with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
         summary = asyncio.run(work())
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        wh.write([Run(**record, status="failed", error=error, ended_at=utcnow())])
-        raise
-    wh.write([Run(**record, status="completed", ended_at=utcnow())])
     return {
         "run_id": run_id,
         "judge": judge.name,

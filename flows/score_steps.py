@@ -23,7 +23,7 @@ prefect_env.configure()
 import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
-from flows.collect import code_version  # noqa: E402
+from flows.runs import recorded_run  # noqa: E402
 from judging.base import load_views  # noqa: E402
 from judging.prm import (  # noqa: E402
     Proposal,
@@ -43,7 +43,6 @@ from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
 from warehouse.ids import run_id_for  # noqa: E402
-from warehouse.records import Run, utcnow  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -226,20 +225,12 @@ def run_score_steps(
     if cfg.k < 2:
         raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
     run_id = run_id_for("score_steps", cfg.identity())
-    record = dict(run_id=run_id, kind="score_steps", config=dataclasses.asdict(cfg))
-    record["code_version"] = code_version()
     states = select_states(wh, cfg)
     if not states:
         raise WarehouseError("no finished trajectories with steps to score (check --run)")
-    wh.write([Run(**record, status="running")])
-    try:
+    with recorded_run(wh, run_id, "score_steps", dataclasses.asdict(cfg)):
         cands = asyncio.run(ensure_candidates(wh, cfg, states, run_id))
         summary = asyncio.run(_score(wh, cfg, states, cands, run_id, progress))
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        wh.write([Run(**record, status="failed", error=error, ended_at=utcnow())])
-        raise
-    wh.write([Run(**record, status="completed", ended_at=utcnow())])
     return {"run_id": run_id, "selected": len(states), **dataclasses.asdict(summary)}
 
 
