@@ -130,6 +130,8 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
         assert len(fake.requests) == 18
         agree = scorer_agreement(wh, "vlm", "exact", "clean")
         assert agree["states"] == 6 and 0 <= agree["top1_agreement"] <= 1
+        separated = sum(1 for *_, spread in adv if spread > 0)  # states the exact scorer splits
+        assert agree["pairs"] >= separated > 0 and agree["pairwise_accuracy"] is not None
     proc = webloop(home, "score-steps", "agreement", "--scorer", "vlm", "--format", "json")
     row = json.loads(proc.stdout)[0]
     assert row["states"] == 6 and row["reference"] == "exact"
