@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from flows.bundled import run_expert
 from rollouts.browser import launch
 from rollouts.expert import run_reference
+from sites import shop as shop_site
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.server import SITES, SiteServer
@@ -147,7 +149,12 @@ def test_obstacles_are_there(server: SiteServer):
             data={"name": "A", "street": "B", "city": "C", "zip": "12", "country": "Norland"},
         )
         assert bad.status_code == 422 and "ZIP code must be 5 digits" in bad.text
-        assert len(client.get("/search?q=&page=2").text) > 0
+        page2 = client.get("/search?q=&page=2")
+        shown = re.findall(r'data-pid="(p\d+)"', page2.text)
+        expected = [p.pid for p in shop_site.search(content(0), {})]
+        expected = expected[shop_site.PAGE_SIZE : 2 * shop_site.PAGE_SIZE]
+        assert page2.status_code == 200 and shown == expected and len(shown) == shop_site.PAGE_SIZE
+        assert '<span class="current">2</span>' in page2.text
         more = client.get("/api/reviews/p0001?offset=3").json()["reviews"]
         assert isinstance(more, list)
     travel = httpx.get(server.url("travel") + "/api/cities?q=" + content(0).cities[0].name[:2])
