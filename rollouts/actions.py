@@ -23,6 +23,7 @@ saying what was wrong. :func:`format_action` prints the canonical form, and
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -165,7 +166,7 @@ def format_action(a: Action) -> str:
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|“[^”]*”|‘[^’]*’)
-      | (?P<num>-?\d+(?:\.\d+)?)
+      | (?P<num>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
       | (?P<mark>\[\s*\d+\s*\])
       | (?P<kw>[A-Za-z_]\w*\s*=)
       | (?P<word>[A-Za-z_][\w+\-]*)
@@ -208,10 +209,15 @@ def _parse(output: str) -> Action | ParseError:
     text = output.strip()
     if not text:
         return ParseError("empty output", output)
-    from_json = _json_action(text)
+    region, marked = _action_region(text)
+    from_json = _json_action(region)
     if from_json is not None:
         return from_json
-    candidate = _last_action_text(text)
+    candidate = _call_text(region, first=marked)
+    if candidate is None and marked:  # "Action:" inside a JSON string: the JSON is the action
+        from_json = _json_action(text)
+        if from_json is not None:
+            return from_json
     if candidate is None:
         return ParseError("no action found (expected e.g. click(120, 340) after 'Action:')", output)
     try:
@@ -230,22 +236,38 @@ def _json_action(text: str) -> Action | ParseError | None:
     start = text.rfind("{")
     while start != -1:
         try:
-            obj, _ = json.JSONDecoder().raw_decode(text[start:])
-        except json.JSONDecodeError:
+            obj, _ = json.JSONDecoder().raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
             start = text.rfind("{", 0, start)
             continue
-        found = _from_json(obj, text) if isinstance(obj, dict) else None
+        try:
+            found = _from_json(obj, text) if isinstance(obj, dict) else None
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. "mark": "three"
+            return ParseError(f"JSON action: {exc}", text)
         if found is not None:
             return found
         start = text.rfind("{", 0, start)  # an inner object (arguments): look outward
     return None
 
 
+def _finite(v: Any) -> float:
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"not a finite number: {v!r}")
+    return f
+
+
 def _from_json(obj: dict[str, Any], text: str) -> Action | ParseError | None:
     verb = next((obj[k] for k in _VERB_KEYS if isinstance(obj.get(k), str)), None)
+    for _ in range(8):  # {"action": {"action": {...}}}: a few levels, not unbounded recursion
+        if verb is not None:
+            break
+        obj = obj.get("action") if isinstance(obj.get("action"), dict) else None
+        if not obj:
+            return None
+        verb = next((obj[k] for k in _VERB_KEYS if isinstance(obj.get(k), str)), None)
     if verb is None:
-        inner = next((obj[k] for k in ("action",) if isinstance(obj.get(k), dict)), None)
-        return _from_json(inner, text) if inner else None
+        return None
     args = dict(obj)
     for k in _ARG_KEYS:
         if isinstance(obj.get(k), dict):
@@ -254,9 +276,9 @@ def _from_json(obj: dict[str, Any], text: str) -> Action | ParseError | None:
     items: list[tuple[str, Any]] = []
     coord = args.get("coordinate") or args.get("coordinates") or args.get("point")
     if isinstance(coord, list | tuple) and len(coord) == 2:
-        items += [("num", float(coord[0])), ("num", float(coord[1]))]
+        items += [("num", _finite(coord[0])), ("num", _finite(coord[1]))]
     elif isinstance(args.get("x"), int | float) and isinstance(args.get("y"), int | float):
-        items += [("num", float(args["x"])), ("num", float(args["y"]))]
+        items += [("num", _finite(args["x"])), ("num", _finite(args["y"]))]
     for key, kind in (
         ("ref", "ref"),
         ("element", "ref"),
@@ -276,24 +298,48 @@ def _from_json(obj: dict[str, Any], text: str) -> Action | ParseError | None:
     if isinstance(args.get("direction"), str):
         items.append(("word", args["direction"]))
     elif isinstance(args.get("dy"), int | float) or isinstance(args.get("dx"), int | float):
-        items += [("num", float(args.get("dx", 0))), ("num", float(args.get("dy", 0)))]
+        items += [("num", _finite(args.get("dx", 0))), ("num", _finite(args.get("dy", 0)))]
     if isinstance(args.get("seconds"), int | float):
-        items.append(("num", float(args["seconds"])))
+        items.append(("num", _finite(args["seconds"])))
     try:
         return _build(verb, items)
     except ValueError as exc:
         return ParseError(f"JSON action: {exc}", text)
 
 
-def _last_action_text(text: str) -> str | None:
-    marker = list(re.finditer(r"action\s*:\s*", text, re.I))
-    tail = text[marker[-1].end() :] if marker else text
-    tail = tail.strip().strip("`").strip()
-    calls = list(_CALL.finditer(tail))
+def _top_level_calls(text: str) -> list[tuple[int, int, bool]]:
+    """(start, end, closed) of call-shaped spans, skipping calls nested in an earlier closed
+    span (``answer("click(1, 2)")`` is one answer, not a click)."""
+    spans: list[tuple[int, int, bool]] = []
+    end = 0
+    for m in _CALL.finditer(text):
+        if m.start() < end:
+            continue
+        call = _balanced(text[m.start() :])
+        closed = call.endswith(")")
+        spans.append((m.start(), m.start() + len(call), closed))
+        if closed:
+            end = m.start() + len(call)
+    return spans
+
+
+def _action_region(text: str) -> tuple[str, bool]:
+    """The text after the last ``Action:`` marker that is not inside a call's arguments
+    (``type("Action: x")`` types text), and whether there was such a marker."""
+    closed = [(s, e) for s, e, ok in _top_level_calls(text) if ok]
+    for m in reversed(list(re.finditer(r"action\s*:\s*", text, re.I))):
+        if not any(s < m.start() < e for s, e in closed):
+            return text[m.end() :], True
+    return text, False
+
+
+def _call_text(region: str, first: bool) -> str | None:
+    """The first call after an ``Action:`` marker, else the last call of the output."""
+    calls = _top_level_calls(region)
     if not calls:
         return None
-    start = calls[0].start() if marker else calls[-1].start()
-    return _balanced(tail[start:])
+    start, end, _ = calls[0] if first else calls[-1]
+    return region[start:end]
 
 
 def _balanced(s: str) -> str:
@@ -342,6 +388,8 @@ def _split_call(call: str) -> tuple[str, list[tuple[str, Any]]]:
             value = _unquote(value)
         elif kind == "num":
             value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"number out of range in {name}(): {tm.group(kind)}")
         elif kind == "mark":
             value = int(value.strip("[] "))
         args.append((pending_kw or kind, value))
@@ -395,6 +443,8 @@ def _build(name: str, args: list[tuple[str, Any]]) -> Action:
         return Press(key=str(args[0][1]))
     if name == "scroll":
         t, rest = _target(args) if args and args[0][0] != "num" else (None, args)
+        if t is None and len(args) in (3, 4) and args[0][0] == args[1][0] == "num":
+            t, rest = _target(args)  # scroll(x, y, down) / scroll(x, y, dx, dy): at a point
         if len(rest) == 1 and str(rest[0][1]).lower() in DIRECTIONS:
             ux, uy = DIRECTIONS[str(rest[0][1]).lower()]
             return Scroll(ux * SCROLL_STEP, uy * SCROLL_STEP, t)
