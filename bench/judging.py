@@ -181,8 +181,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="8 x 6 steps, 20 ms (the CI size)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child: serve on port
     args = ap.parse_args()
+    if args.quick:
+        args.trajectories, args.steps, args.latency = 8, 6, 0.02
     if args.serve:
         app = FixedLatencyJudgeModel(args.latency).app
         uvicorn.run(app, host="127.0.0.1", port=args.serve, log_level="warning")

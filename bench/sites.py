@@ -6,7 +6,9 @@ Prints, in one run:
   * the sites server's page latency (median, p95) measured server-side over that run, for all
     HTML pages and without the fare search (which is deliberately slow: ``slow_s``).
 
-    python bench/sites.py [--n 500] [--concurrency 16] [--seed 0]
+    python bench/sites.py [--n 500] [--concurrency 16] [--seed 0] [--quick]
+
+``--quick`` (8 tasks, 4 contexts) is the size the test suite runs, so a broken benchmark fails CI.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="8 tasks, 4 contexts (the CI size)")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.concurrency = 8, 4
     tasks = generate(args.n, args.seed)
     print(f"{len(tasks)} tasks, {args.concurrency} concurrent browser contexts …", flush=True)
     done: list = []

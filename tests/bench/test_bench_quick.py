@@ -1,0 +1,48 @@
+"""The ``--quick`` size of the sites and judging benchmarks runs in the suite, so a broken
+benchmark fails CI; each check reads the figures it prints and asserts they are the real work
+(every task checked, every model call counted), not only that the script exited."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "bench"
+
+
+def run_bench(name: str, *args: str, timeout: int = 600) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / name), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.browser
+def test_sites_bench_quick_checks_every_task_with_the_expert():
+    out = run_bench("sites.py")
+    m = re.search(r"expert success: (\d+)/(\d+) = ([\d.]+)%", out)
+    assert m, out
+    assert int(m.group(2)) == 8 and int(m.group(1)) == 8  # the expert solves every bundled task
+    latency = re.search(r"page latency, all (\d+) HTML responses: median ([\d.]+) ms", out)
+    assert latency and int(latency.group(1)) >= 8, out  # the server measured real page loads
+
+
+def test_judging_bench_quick_counts_n_plus_two_calls():
+    out = run_bench("judging.py")
+    rows = re.findall(
+        r"selection=(\w+)\s+concurrency\s+(\d+): ([\d.]+) model calls/trajectory \(N\+2 = (\d+)\), "
+        r"([\d.]+) image inputs/trajectory, ([\d.]+) trajectories/s",
+        out,
+    )
+    assert len(rows) == 4, out
+    for selection, _c, calls, n_plus_2, images, per_s in rows:
+        expected = float(n_plus_2) if selection == "model" else 2.0
+        assert float(calls) == expected and float(images) > 0 and float(per_s) > 0
