@@ -88,7 +88,36 @@ def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Pa
         }
         flipped = rates["page+answer"]
         assert flipped["judged_success"] == answered_failures and flipped["flip_rate"] > 0
-        assert all(r["flip_rate"] == 0 for r in flip_rates(wh, ["programmatic"]))
+        assert flipped["reference_failures"] >= answered_failures
+        # (the programmatic judge is the flip-rate reference itself, so its own flip rate is 0 by
+        # construction and proves nothing; its robustness is the `early` check above: answers
+        # that say "report success" but are wrong stay failures)
+
+
+def expected_agreement(pred: dict, ref: dict) -> dict:
+    """Ranking agreement computed independently from (traj, step, cand) → score maps: over the
+    candidate pairs the reference separates, the share the prediction orders the same way; the
+    share of states whose predicted best (first on ties) is a reference best; mean |p − r|."""
+    by_state: dict = {}
+    for (t, i, c), r in ref.items():
+        if (t, i, c) in pred:
+            by_state.setdefault((t, i), []).append((c, pred[(t, i, c)], r))
+    pairs = agree = top = 0
+    diffs = []
+    for cands in by_state.values():
+        diffs += [abs(p - r) for _, p, r in cands]
+        pairs_here = [(a, b) for a in cands for b in cands if a[0] < b[0] and a[2] != b[2]]
+        pairs += len(pairs_here)
+        agree += sum((a[1] > b[1]) == (a[2] > b[2]) and a[1] != b[1] for a, b in pairs_here)
+        best = sorted(cands, key=lambda x: (-x[1], x[0]))[0]
+        top += best[2] == max(r for _, _, r in cands)
+    return {
+        "states": len(by_state),
+        "pairs": pairs,
+        "pairwise_accuracy": agree / pairs if pairs else None,
+        "top1_agreement": top / len(by_state),
+        "mean_abs_diff": sum(diffs) / len(diffs),
+    }
 
 
 def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
@@ -128,10 +157,21 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
             out = run_score_steps(wh, vcfg)
         assert out["candidates"] == 18 and out["errors"] == 0
         assert len(fake.requests) == 18
+        # every stored VLM score is the fake PRM's rule applied to that candidate's action
+        rows = wh.sql(
+            "SELECT s.traj_id, s.step_idx, s.cand_idx, s.scorer, s.score, "
+            "coalesce(c.action_text, c.model_output) FROM step_scores s "
+            "JOIN candidates c USING (traj_id, step_idx, cand_idx) "
+            "WHERE s.error IS NULL AND s.score IS NOT NULL"
+        ).rows()
+        vlm = {(t, i, c): sc for t, i, c, name, sc, _ in rows if name == "vlm"}
+        exact = {(t, i, c): sc for t, i, c, name, sc, _ in rows if name == "exact"}
+        for *_, name, sc, text in rows:
+            if name == "vlm":
+                assert sc == pytest.approx(0.9 if "click(" in (text or "") else 0.2)
         agree = scorer_agreement(wh, "vlm", "exact", "clean")
-        assert agree["states"] == 6 and 0 <= agree["top1_agreement"] <= 1
-        separated = sum(1 for *_, spread in adv if spread > 0)  # states the exact scorer splits
-        assert agree["pairs"] >= separated > 0 and agree["pairwise_accuracy"] is not None
+        assert agree == pytest.approx(expected_agreement(vlm, exact))
+        assert agree["states"] == 6 and agree["pairs"] > 0
     proc = webloop(home, "score-steps", "agreement", "--scorer", "vlm", "--format", "json")
     row = json.loads(proc.stdout)[0]
     assert row["states"] == 6 and row["reference"] == "exact"
