@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -106,6 +106,23 @@ def _inject_in_query(query_string: bytes) -> bool:
     return "1" in qs.get(INJECT_PARAM, [])
 
 
+def safe_next(target: str | None) -> str:
+    """``target`` if it is a path on this site, else ``/`` (no open redirect).
+
+    Only ``/path?query#fragment`` passes: not ``//host`` or ``/\\host`` (browsers read both as
+    another host), no scheme or host once parsed, no backslash or control character (browsers
+    drop tabs and newlines from URLs, so ``/<TAB>/host`` would become ``//host``).
+    """
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    if any(c == "\\" or ord(c) < 32 or ord(c) == 127 for c in target):
+        return "/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return target
+
+
 def new_secret() -> str:
     return secrets.token_hex(16)
 
@@ -137,9 +154,8 @@ def common_routes(ctx: SiteContext) -> list[Route]:
         return JSONResponse({"site": ctx.name, "pages": [[p, t] for p, t in ctx.timings]})
 
     async def consent(request: Request) -> Response:
-        back = request.query_params.get("next", "/")
         resp = Response(
-            status_code=303, headers={"Location": back if back.startswith("/") else "/"}
+            status_code=303, headers={"Location": safe_next(request.query_params.get("next"))}
         )
         resp.set_cookie(f"wl_cookies_{ctx.name}", "accepted", max_age=86400 * 365)
         return resp
