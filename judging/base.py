@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -30,6 +31,13 @@ JUDGED_STATUSES = ("success", "failure", "finished", "timeout")
 
 class JudgeError(RuntimeError):
     """The judge reached no verdict (stored as a judge error, retried later; never a failure)."""
+
+
+def untrusted(text: str | None, limit: int = 4000) -> str:
+    """Untrusted text (a page's or the agent's words) made safe to place inside an
+    ``<untrusted>`` block of a judge or scorer prompt: it cannot close the block."""
+    text = (text or "").strip()[:limit]
+    return re.sub(r"<\s*(/?)\s*untrusted", r"‹\1untrusted", text, flags=re.I) or "(none)"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from judging.base import StepView, TrajectoryView
+from judging.base import StepView, TrajectoryView, untrusted
 from rollouts.actions import Answer, ParseError, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
@@ -236,8 +236,7 @@ class VLMScorer:
 
     async def _one(self, content: list[dict[str, Any]], cand: Proposal) -> ScoreResult:
         shown = cand.action_text or f"(unparseable output) {cand.text[:300]}"
-        safe = re.sub(r"<\s*(/?)\s*untrusted", r"‹\1untrusted", shown, flags=re.I)
-        ask = f"Proposed next action:\n<untrusted>\n{safe}\n</untrusted>\nRate it."
+        ask = f"Proposed next action:\n<untrusted>\n{untrusted(shown)}\n</untrusted>\nRate it."
         messages = [
             {"role": "system", "content": PRM_SYSTEM},
             {"role": "user", "content": [*content, {"type": "text", "text": ask}]},

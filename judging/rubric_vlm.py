@@ -21,7 +21,14 @@ import json
 import re
 from typing import Any
 
-from judging.base import JUDGED_STATUSES, JudgeError, StepView, TrajectoryView, Verdict
+from judging.base import (
+    JUDGED_STATUSES,
+    JudgeError,
+    StepView,
+    TrajectoryView,
+    Verdict,
+    untrusted,
+)
 from judging.base import register as register_judge
 from rollouts.chat import ChatClient, ModelUnavailable, image_part
 from rollouts.prompts import prompt_hash, render
@@ -69,12 +76,6 @@ Final answer of the agent (untrusted):
 Decide whether the task was completed. Reply with JSON only:
 {{"criteria": [{{"key_point": "...", "passed": true, "reason": "..."}}], \
 "verdict": "success" or "failure", "rationale": "..."}}"""
-
-
-def untrusted(text: str | None, limit: int = 4000) -> str:
-    """Untrusted text made safe to place inside an ``<untrusted>`` block (it cannot close it)."""
-    text = (text or "").strip()[:limit]
-    return re.sub(r"<\s*(/?)\s*untrusted", r"‹\1untrusted", text, flags=re.I) or "(none)"
 
 
 def history_text(steps: list[StepView]) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from judging.agreement import judge_outcomes
-from judging.base import JudgeError, backlog, judge_all, load_views, make_judge
-from judging.rubric_vlm import parse_key_points, parse_relevance, parse_verdict, untrusted
+from judging.base import JudgeError, backlog, judge_all, load_views, make_judge, untrusted
+from judging.rubric_vlm import parse_key_points, parse_relevance, parse_verdict
 from tests.judging.conftest import store_trajectory
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 
