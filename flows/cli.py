@@ -251,9 +251,9 @@ def sites_serve(
     server = SiteServer(seed=seed, ports=ports).start()
     home = WarehouseConfig.from_env().home
     home.mkdir(parents=True, exist_ok=True)
-    secret_file = home / "sites.secret"
-    secret_file.touch(mode=0o600)
-    secret_file.write_text(server.secret)
+    from flows.secret_files import write_secret_file
+
+    secret_file = write_secret_file(home / "sites.secret", server.secret)  # 0600 from the start
     for name, url in server.urls.items():
         console.print(f"{name:7s} {url}")
     console.print(f"inspection secret in {secret_file} (header X-Webloop-Secret); Ctrl-C stops")
