@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,63 @@ def test_export_of_an_unknown_run_is_a_clear_error(wh: Warehouse, tmp_path: Path
 def test_import_of_a_missing_folder_is_a_clear_error(wh: Warehouse, tmp_path: Path):
     with pytest.raises(WarehouseError, match="not a folder"):
         om2w.import_om2w(wh, tmp_path / "nope")
+
+
+# -- hardening: export folder names, symlinks and non-image screenshots on import ----------------
+
+
+def _files_under(path: Path) -> set[Path]:
+    return {p for p in path.rglob("*")} if path.exists() else set()
+
+
+def test_export_never_writes_outside_out_and_keeps_colliding_ids_apart(
+    wh: Warehouse, tmp_path: Path
+):
+    src = tmp_path / "src"
+    ids = ["..", ".", "a/b", "a_b", "a b", "A_B", "../../escape", "x" * 300, "ok-1"]
+    for i, task_id in enumerate(ids):
+        make_task(src, f"f{i}", n_shots=1, n_actions=1)
+        result = json.loads((src / f"f{i}" / "result.json").read_text())
+        result["task_id"] = task_id
+        (src / f"f{i}" / "result.json").write_text(json.dumps(result))
+    rep = om2w.import_om2w(wh, src, run_name="odd-ids")
+    assert len(rep.imported) == len(ids) and rep.malformed == []
+
+    parent = tmp_path / "nest"
+    out = parent / "out"
+    before = _files_under(tmp_path) - _files_under(parent)
+    exported = om2w.export_om2w(wh, "odd-ids", out)
+    assert _files_under(parent) - _files_under(out) == {out}  # nothing beside OUT
+    assert _files_under(tmp_path) - _files_under(parent) == before | {parent}  # nor above it
+    names = [p.name for p in exported.folders]
+    assert len(set(n.casefold() for n in names)) == len(ids)  # unique, even case-insensitively
+    for folder in exported.folders:
+        assert folder.resolve().parent == out.resolve()
+        assert not folder.name.startswith(".") and len(folder.name) <= 120
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", folder.name)
+    assert {
+        json.loads((f / "result.json").read_text())["task_id"] for f in exported.folders
+    } == set(ids)
+    assert (out / "ok-1").is_dir()  # a safe, unique id keeps its plain name
+    back = om2w.import_om2w(wh, out, run_name="odd-ids-back")
+    assert back.malformed == [] and {
+        t.task_id for t in wh.records(Trajectory, "run_id = 'odd-ids-back'")
+    } == set(ids)
+
+
+def test_export_does_not_write_through_links_planted_in_out(
+    wh: Warehouse, om2w_dir: Path, tmp_path: Path
+):
+    om2w.import_om2w(wh, om2w_dir, run_name="first")
+    out = tmp_path / "out"
+    out.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "a1b2").symlink_to(elsewhere, target_is_directory=True)
+    victim = tmp_path / "victim.json"
+    victim.write_text("keep")
+    (out / "c3d4").mkdir()
+    (out / "c3d4" / "result.json").symlink_to(victim)
+    with pytest.raises(WarehouseError, match="link"):
+        om2w.export_om2w(wh, "first", out)
+    assert list(elsewhere.iterdir()) == [] and victim.read_text() == "keep"

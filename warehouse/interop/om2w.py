@@ -17,7 +17,9 @@ Export writes the same layout from a webloop run, plus a ``webloop`` key in ``re
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -304,13 +306,32 @@ class ExportReport:
     folders: list[Path] = field(default_factory=list)
 
 
-def folder_name(task_id: str) -> str:
-    """A file-system-safe folder name for a task id."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", task_id)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MAX_NAME = 100
+
+
+def folder_name(task_id: str, *, salt: str = "") -> str:
+    """A file-system-safe folder name for a task id: ``[A-Za-z0-9._-]``, no leading dot, short.
+
+    An id that is already such a name is kept as it is. Otherwise (``..``, ``a/b``, a very long
+    id) the sanitized name gets a short hash of the original id, so two ids that sanitize alike
+    (``a/b`` and ``a_b``) still get different folders. ``salt`` forces the hash (collisions).
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", task_id).lstrip(".") or "task"
+    if safe == task_id and len(safe) <= _MAX_NAME and not salt:
+        return safe
+    digest = hashlib.sha256((task_id + "\0" + salt).encode("utf-8")).hexdigest()[:10]
+    return f"{safe[:_MAX_NAME].rstrip('.')}-{digest}"
 
 
 def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
-    """Write a run's trajectories as Online-Mind2Web task folders under ``out``."""
+    """Write a run's trajectories as Online-Mind2Web task folders under ``out``.
+
+    Folder names come from task ids (see :func:`folder_name`), are unique within the export
+    (case-insensitively, for macOS and Windows file systems) and always land directly in
+    ``out``: nothing is written outside it, and a symlink found inside it is refused, not
+    followed.
+    """
     out = Path(out)
     trajs = wh.sql(
         "SELECT t.*, k.instruction FROM trajectories t LEFT JOIN tasks k "
@@ -322,19 +343,52 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
         raise WarehouseError(f"run {run_id!r} has no trajectories to export")
     per_task = trajs.group_by("task_id").len()
     multi = {r[0] for r in per_task.iter_rows() if r[1] > 1}
+    out.mkdir(parents=True, exist_ok=True)
+    root = out.resolve()
+    used: set[str] = set()
     rep = ExportReport()
     for t in trajs.iter_rows(named=True):
-        name = folder_name(t["task_id"])
-        if t["task_id"] in multi:
-            name += f"__s{t['sample_idx']}"
-        rep.folders.append(_export_one(wh, t, out / name))
+        suffix = f"__s{t['sample_idx']}" if t["task_id"] in multi else ""
+        name = folder_name(t["task_id"]) + suffix
+        n = 0
+        while name.casefold() in used:  # two ids sanitized alike: the hash tells them apart
+            n += 1
+            name = folder_name(t["task_id"], salt=str(n)) + suffix
+        used.add(name.casefold())
+        rep.folders.append(_export_one(wh, t, _inside(root, out / name)))
     return rep
 
 
+def _inside(root: Path, path: Path) -> Path:
+    """``path`` if writing there stays inside ``root`` (no ``..``, no symlink), else raise."""
+    if path.is_symlink():
+        raise WarehouseError(f"refusing to write through the symbolic link {path}")
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise WarehouseError(f"refusing to write {path}: it is outside the export folder {root}")
+    return path
+
+
+def _write_file(root: Path, path: Path, data: bytes) -> None:
+    """Create or truncate a regular file inside ``root``, never following a symlink."""
+    _inside(root, path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise WarehouseError(f"refusing to write through the symbolic link {path}") from None
+        raise WarehouseError(f"cannot write {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
 def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
+    root = folder.parent.resolve()
     steps = wh.sql("SELECT * FROM steps WHERE traj_id = ? ORDER BY step_idx", [t["traj_id"]])
-    shots = folder / "trajectory"
+    shots = _inside(root, folder / "trajectory")
     shots.mkdir(parents=True, exist_ok=True)
+    _inside(root, shots)
     actions, thoughts = [], []
     for s in steps.iter_rows(named=True):
         if s["action_text"] is not None or s["step_idx"] < t["n_steps"] - 1:
@@ -342,7 +396,8 @@ def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
             thoughts.append(s["thought"] or "")
         if s["screenshot_hash"]:
             data = wh.blobs.get(s["screenshot_hash"])
-            (shots / f"{s['step_idx']}_full_screenshot{_ext(data)}").write_bytes(data)
+            name = f"{int(s['step_idx'])}_full_screenshot{_ext(data)}"
+            _write_file(root, shots / name, data)
     result = {
         "task_id": t["task_id"],
         "task": t["instruction"] or "",
@@ -357,9 +412,8 @@ def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
             "status": t["status"],
         },
     }
-    (folder / "result.json").write_text(
-        json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
+    text = json.dumps(result, indent=2, ensure_ascii=False)
+    _write_file(root, folder / "result.json", text.encode("utf-8"))
     return folder
 
 
