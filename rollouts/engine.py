@@ -1,8 +1,16 @@
 """The asynchronous rollout engine.
 
-Every trajectory advances on its own (no lock-step batches): ``concurrency`` workers each own a
-browser slot and take the next (task, sample) job as soon as they are free. Finished trajectories
-go to a background :class:`~rollouts.writer.BatchWriter`; the step loop never waits on storage.
+Every trajectory advances on its own (no lock-step batches, no per-step barrier): ``concurrency``
+workers each own a browser slot and take the next (task, sample) job the moment their trajectory
+ends. Jobs start longest-expected first (``schedule``): the expected length is the task's
+``difficulty`` or its reference solution's length, so long trajectories do not start last and
+finish alone (the tail of a run); jobs of unknown length keep their order, ahead of the known ones.
+Finished trajectories go to a background :class:`~rollouts.writer.BatchWriter`; the step loop
+never waits on storage.
+
+``env_factory`` replaces the browser with any object with :class:`~rollouts.env.BrowserEnv`'s
+interface (``reset``/``step``/``close``/``cookies``), e.g. :class:`rollouts.simenv.SimEnv` for
+benchmarks of the scheduler alone.
 
 Robustness: a crashed browser or a model server that keeps failing ends only the affected
 trajectory, as ``infra_error``; a step or trajectory over its time budget ends as ``timeout``;
@@ -46,6 +54,10 @@ class EngineConfig:
     )
     straggler_grace_s: float = field(default=60.0, metadata={"help": "Then wait this long."})
     seed: int = field(default=0, metadata={"help": "Seeds each trajectory's policy RNG."})
+    schedule: str = field(
+        default="longest_first",
+        metadata={"help": "Job order: longest_first (expected length, when known) or fifo."},
+    )
 
 
 @dataclass
@@ -105,6 +117,31 @@ def make_jobs(
     return jobs
 
 
+SCHEDULES = ("longest_first", "fifo")
+
+
+def expected_length(task: Task) -> int | None:
+    """Expected steps of ``task``: its difficulty, else its reference length; None if unknown."""
+    if isinstance(task.difficulty, int) and task.difficulty > 0:
+        return task.difficulty
+    if isinstance(task.reference, list | tuple) and task.reference:
+        return len(task.reference)
+    return None
+
+
+def order_jobs(jobs: list[Job], schedule: str = "longest_first") -> list[Job]:
+    """The order in which the engine starts ``jobs``. ``longest_first``: unknown lengths first
+    (in their given order), then known lengths, longest first (stable: ties keep their order).
+    With ``concurrency`` slots this is LPT list scheduling: the run ends on short trajectories."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {SCHEDULES}")
+    if schedule == "fifo":
+        return list(jobs)
+    unknown = [j for j in jobs if expected_length(j.task) is None]
+    known = [j for j in jobs if expected_length(j.task) is not None]
+    return unknown + sorted(known, key=lambda j: -(expected_length(j.task) or 0))
+
+
 def _thought(text: str) -> str | None:
     m = re.search(r"thought\s*:\s*(.*?)(?:\n\s*action\s*:|$)", text, re.I | re.S)
     return m.group(1).strip() if m else None
@@ -123,37 +160,50 @@ class Engine:
         config: EngineConfig | None = None,
         env_config: EnvConfig | None = None,
         on_progress: Callable[[Stats], None] | None = None,
+        env_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.run_id, self.policy, self.grader, self.sink = run_id, policy, grader, sink
         self.config = config or EngineConfig()
         self.env_config = env_config or EnvConfig()
         self.on_progress = on_progress
+        self.env_factory = env_factory
         self.stats = Stats()
         self.slots: list[BrowserSlot] = []
-        self.active: dict[str, BrowserSlot] = {}  # traj_id -> the slot running it
+        self.active: dict[str, Any] = {}  # traj_id -> the slot (or simulated env) running it
+        self.started: list[str] = []  # traj_ids in the order their episodes started
 
     async def run(self, jobs: list[Job]) -> Stats:
-        from playwright.async_api import async_playwright
-
         self.stats = Stats(total=len(jobs))
+        self.started = []
         queue: asyncio.Queue[Job] = asyncio.Queue()
-        for job in jobs:
+        for job in order_jobs(jobs, self.config.schedule):
             queue.put_nowait(job)
-        async with async_playwright() as pw:
-            self.slots = [
-                BrowserSlot(pw, self.env_config.contexts_per_browser)
-                for _ in range(max(1, min(self.config.concurrency, len(jobs))))
-            ]
-            workers = [asyncio.create_task(self._worker(slot, queue)) for slot in self.slots]
-            watcher = asyncio.create_task(self._watch(workers))
-            try:
-                await asyncio.gather(*workers, return_exceptions=True)
-            finally:
-                watcher.cancel()
-                for slot in self.slots:
-                    await slot.close()
+        n = max(1, min(self.config.concurrency, len(jobs)))
+        if self.env_factory is not None:
+            await self._run_workers([self.env_factory() for _ in range(n)], queue)
+        else:
+            from playwright.async_api import async_playwright
+
+            async with async_playwright() as pw:
+                self.slots = [
+                    BrowserSlot(pw, self.env_config.contexts_per_browser) for _ in range(n)
+                ]
+                try:
+                    envs = [BrowserEnv(slot, self.env_config) for slot in self.slots]
+                    await self._run_workers(envs, queue)
+                finally:
+                    for slot in self.slots:
+                        await slot.close()
         self._report()
         return self.stats
+
+    async def _run_workers(self, envs: list[Any], queue: asyncio.Queue[Job]) -> None:
+        workers = [asyncio.create_task(self._worker(env, queue)) for env in envs]
+        watcher = asyncio.create_task(self._watch(workers))
+        try:
+            await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            watcher.cancel()
 
     async def _watch(self, workers: list[asyncio.Task]) -> None:
         """Progress reports, and the straggler cut-off."""
@@ -178,15 +228,16 @@ class Engine:
         if self.on_progress:
             self.on_progress(self.stats)
 
-    async def _worker(self, slot: BrowserSlot, queue: asyncio.Queue[Job]) -> None:
-        env = BrowserEnv(slot, self.env_config)
+    async def _worker(self, env: Any, queue: asyncio.Queue[Job]) -> None:
+        """One slot: the next job starts as soon as the previous trajectory ended (no batch)."""
         while True:
             try:
                 job = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
             self.stats.running += 1
-            self.active[job.traj_id] = slot
+            self.active[job.traj_id] = getattr(env, "slot", env)
+            self.started.append(job.traj_id)
             try:
                 done = await self._episode(env, job)
             except asyncio.CancelledError:
