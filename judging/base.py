@@ -1,7 +1,8 @@
 """Judges: the protocol, the registry, the view of a trajectory a judge sees, and the runner.
 
-A judge turns a finished trajectory into a :class:`Verdict` (success / failure / abstain, a
-score, per-criterion results, a rationale) — or raises :class:`JudgeError` when it cannot
+A judge turns a finished trajectory into a :class:`~warehouse.records.Verdict` (success /
+failure / abstain, a score, per-criterion results, a rationale: the value the sites' checkers
+return too) — or raises :class:`JudgeError` when it cannot
 (unparseable model output, a model server that is down, a missing ensemble member). Errors are
 stored as judgment rows with the error text and the number of attempts, never as a failure
 verdict, and the backlog offers them again on the next run until ``max_attempts`` is spent.
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 from rollouts.registry import Registry
 from warehouse.ids import make_id
-from warehouse.records import Judgment, Task, from_frame
+from warehouse.records import Judgment, Task, Verdict, from_frame
 from warehouse.store import Warehouse
 
 JUDGED_STATUSES = ("success", "failure", "finished", "timeout")
@@ -78,23 +79,6 @@ class TrajectoryView:
         if not step.a11y_hash or self.wh is None:
             return None
         return self.wh.blobs.get_text(step.a11y_hash)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a judge decided, and what it cost (model calls, images sent)."""
-
-    verdict: str  # success | failure | abstain
-    score: float | None = None
-    criteria: list[dict[str, Any]] | None = None
-    rationale: str | None = None
-    prompt_hash: str | None = None
-    calls: int = 0
-    images: int = 0
-
-    def __post_init__(self) -> None:
-        if self.verdict not in ("success", "failure", "abstain"):
-            raise JudgeError(f"verdict must be success, failure or abstain, not {self.verdict!r}")
 
 
 class Judge(Protocol):
@@ -279,7 +263,7 @@ def _row(judge: Judge, view: TrajectoryView, result, run_id: str | None) -> Judg
         prompt_hash=verdict.prompt_hash,
         verdict=verdict.verdict,
         score=verdict.score,
-        criteria=verdict.criteria,
+        criteria=verdict.criteria_dicts() or None,
         rationale=verdict.rationale,
     )
 

@@ -13,9 +13,10 @@ run the members first, then the ensemble.
 
 from __future__ import annotations
 
-from judging.base import JUDGED_STATUSES, JudgeError, TrajectoryView, Verdict
+from judging.base import JUDGED_STATUSES, JudgeError, TrajectoryView
 from judging.base import register as register_judge
 from warehouse.ids import stable_hash
+from warehouse.records import Criterion, Verdict
 
 NAME, BASE_VERSION = "ensemble", "1"
 RULES = ("unanimous", "majority", "threshold")
@@ -75,7 +76,7 @@ class EnsembleJudge:
         return Verdict(
             verdict=verdict,
             score=sum(counted) / len(counted) if counted else None,
-            criteria=[{"name": m, "passed": v == "success", "detail": v} for m, v in votes.items()],
+            criteria=[Criterion(m, v == "success", v) for m, v in votes.items()],
             rationale=", ".join(f"{m}: {v}" for m, v in votes.items()) + f" → {verdict}",
             prompt_hash=stable_hash(NAME, self.version, length=16),
         )

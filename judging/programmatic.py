@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
-from judging.base import JudgeError, TrajectoryView, Verdict, backlog, judge_all, make_judge
+from judging.base import JudgeError, TrajectoryView, backlog, judge_all, make_judge
 from judging.base import register as register_judge
 from warehouse.ids import stable_hash
+from warehouse.records import Criterion, Verdict
 from warehouse.store import Warehouse
 
 NAME, VERSION = "programmatic", "1"
@@ -29,18 +30,20 @@ class ProgrammaticJudge:
     needs_verdicts = False
 
     async def judge(self, traj: TrajectoryView) -> Verdict:
-        criteria = traj.meta.get("criteria")
         if traj.status not in self.statuses:
             raise JudgeError(f"trajectory {traj.traj_id} was not checked (status {traj.status})")
-        criteria = criteria if isinstance(criteria, list) else []
-        passed = sum(1 for c in criteria if isinstance(c, dict) and c.get("passed"))
-        rationale = "; ".join(
-            f"{c.get('name')}: {c.get('detail') or 'ok'}" for c in criteria if isinstance(c, dict)
-        )
+        stored = traj.meta.get("criteria")
+        criteria = [
+            Criterion(str(c.get("name")), bool(c.get("passed")), c.get("detail"))
+            for c in (stored if isinstance(stored, list) else [])
+            if isinstance(c, dict)
+        ]
+        passed = sum(c.passed for c in criteria)
+        rationale = "; ".join(f"{c.name}: {c.detail or 'ok'}" for c in criteria)
         return Verdict(
             verdict=traj.status,
             score=passed / len(criteria) if criteria else float(traj.status == "success"),
-            criteria=criteria or None,
+            criteria=criteria,
             rationale=rationale or None,
             prompt_hash=stable_hash(NAME, VERSION, length=16),
         )

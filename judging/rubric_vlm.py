@@ -26,12 +26,12 @@ from judging.base import (
     JudgeError,
     StepView,
     TrajectoryView,
-    Verdict,
     untrusted,
 )
 from judging.base import register as register_judge
 from rollouts.chat import ChatClient, ModelUnavailable, image_part
 from rollouts.prompts import prompt_hash, render
+from warehouse.records import Criterion, Verdict
 
 NAME, BASE_VERSION = "rubric_vlm", "1"
 
@@ -130,7 +130,7 @@ def _json_objects(text: str):
             yield obj
 
 
-def parse_verdict(text: str, points: list[str]) -> tuple[str, list[dict[str, Any]], str]:
+def parse_verdict(text: str, points: list[str]) -> tuple[str, list[Criterion], str]:
     """(verdict, criteria, rationale) from a verdict reply; JudgeError when it has none."""
     text = text or ""
     for obj in _json_objects(text):
@@ -145,9 +145,7 @@ def parse_verdict(text: str, points: list[str]) -> tuple[str, list[dict[str, Any
             if not isinstance(c, dict) or "passed" not in c:
                 raise JudgeError(f"verdict JSON: criterion {i} has no 'passed'")
             name = c.get("key_point") or (points[i] if i < len(points) else f"point {i + 1}")
-            criteria.append(
-                {"name": str(name)[:500], "passed": _bool(c["passed"]), "detail": c.get("reason")}
-            )
+            criteria.append(Criterion(str(name)[:500], _bool(c["passed"]), c.get("reason")))
         return verdict, criteria, str(obj.get("rationale") or "")[:4000]
     m = re.search(r"status\s*:\s*[\"']?(success|failure)\b", text, re.I)
     if m:  # WebJudge's plain-text format
@@ -247,11 +245,11 @@ class RubricVLMJudge:
         verdict, criteria, rationale = parse_verdict(reply, points)
         if traj.wh is not None:
             traj.wh.blobs.put_text(render(messages))  # the exact prompt, for review
-        passed = [c["passed"] for c in criteria]
+        passed = [c.passed for c in criteria]
         return Verdict(
             verdict=verdict,
             score=sum(passed) / len(passed) if passed else float(verdict == "success"),
-            criteria=criteria or None,
+            criteria=criteria,
             rationale=rationale or None,
             prompt_hash=prompt_hash(messages),
             calls=calls + more + 1,

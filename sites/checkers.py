@@ -2,41 +2,19 @@
 
 A checker spec is JSON stored with the task (``tasks.checker``). :func:`check` never raises: an
 odd state (empty cart, unknown product, a garbage answer, a malformed spec) yields a failing
-verdict whose criteria say why.
+verdict whose criteria say why. :class:`Verdict` and :class:`Criterion` are the warehouse's
+(``warehouse.records``), the same values the judges return.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from warehouse.records import Criterion, Verdict
 
-@dataclass(frozen=True)
-class Criterion:
-    name: str
-    passed: bool
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """``success`` is true iff every criterion passed."""
-
-    success: bool
-    criteria: list[Criterion] = field(default_factory=list)
-
-    @property
-    def reasons(self) -> list[str]:
-        return [f"{c.name}: {c.detail}" for c in self.criteria if not c.passed]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"success": self.success, "criteria": [c.__dict__ for c in self.criteria]}
-
-
-def _verdict(criteria: list[Criterion]) -> Verdict:
-    return Verdict(bool(criteria) and all(c.passed for c in criteria), criteria)
+__all__ = ["CHECKERS", "Criterion", "Verdict", "check", "checker", "numbers_in"]
 
 
 CHECKERS: dict[str, Callable[[dict, dict, str | None], list[Criterion]]] = {}
@@ -55,12 +33,12 @@ def check(spec: Any, state: Any, answer: Any = None) -> Verdict:
     try:
         if not isinstance(spec, dict) or spec.get("kind") not in CHECKERS:
             kind = spec.get("kind") if isinstance(spec, dict) else None
-            return _verdict([Criterion("spec", False, f"unknown checker kind {kind!r}")])
+            return Verdict.of([Criterion("spec", False, f"unknown checker kind {kind!r}")])
         st = state if isinstance(state, dict) else {}
         ans = answer if isinstance(answer, str) else None
-        return _verdict(CHECKERS[spec["kind"]](spec, st, ans))
+        return Verdict.of(CHECKERS[spec["kind"]](spec, st, ans))
     except Exception as exc:  # a checker bug must not crash a rollout: report it
-        return _verdict([Criterion("checker", False, f"checker error: {exc!r}")])
+        return Verdict.of([Criterion("checker", False, f"checker error: {exc!r}")])
 
 
 # -- answers ------------------------------------------------------------------------------------

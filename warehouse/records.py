@@ -445,6 +445,68 @@ BY_TABLE: dict[str, type[Record]] = {r.TABLE: r for r in RECORD_TYPES}
 
 
 # ---------------------------------------------------------------------------------------------
+# Values shared by stages (not tables of their own)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One requirement of a task, checked: its name, whether it passed, and why not."""
+
+    name: str
+    passed: bool
+    detail: str | None = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A decision on whether a trajectory did its task, from a site's programmatic checker
+    (``sites.checkers.check``) or from a judge (``judging``).
+
+    A judge's verdict is stored as a :class:`Judgment` row (``verdict``, ``score``,
+    ``criteria``, ``rationale``, ``prompt_hash``); the checker's per-criterion results
+    (:meth:`to_dict`) go into ``trajectories.meta`` at collection time. ``calls`` and ``images``
+    count the model calls and image inputs it cost (0 for checkers).
+    """
+
+    verdict: str  # success | failure | abstain (VERDICTS)
+    criteria: list[Criterion] = field(default_factory=list)
+    score: float | None = None
+    rationale: str | None = None
+    prompt_hash: str | None = None
+    calls: int = 0
+    images: int = 0
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be success, failure or abstain, not {self.verdict!r}")
+
+    @classmethod
+    def of(cls, criteria: Sequence[Criterion]) -> Verdict:
+        """Success iff there is at least one criterion and every one passed; the score is the
+        share of criteria passed."""
+        crit = list(criteria)
+        passed = sum(c.passed for c in crit)
+        ok = bool(crit) and passed == len(crit)
+        return cls("success" if ok else "failure", crit, passed / len(crit) if crit else 0.0)
+
+    @property
+    def success(self) -> bool:
+        return self.verdict == "success"
+
+    @property
+    def reasons(self) -> list[str]:
+        """``name: detail`` of each failed criterion."""
+        return [f"{c.name}: {c.detail}" for c in self.criteria if not c.passed]
+
+    def criteria_dicts(self) -> list[dict[str, Any]]:
+        """The criteria as stored (``judgments.criteria``, ``trajectories.meta.criteria``)."""
+        return [dataclasses.asdict(c) for c in self.criteria]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"success": self.success, "criteria": self.criteria_dicts()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Frames <-> records
 
 _SCALARS: dict[Any, tuple[pl.DataType, str]] = {

@@ -15,6 +15,7 @@ from judging.base import JudgeError, backlog, judge_all, load_views, make_judge,
 from judging.rubric_vlm import parse_key_points, parse_relevance, parse_verdict
 from tests.judging.conftest import store_trajectory
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from warehouse.records import Criterion
 
 REPLIES = json.loads((Path(__file__).parent / "data" / "recorded_judge_replies.json").read_text())
 POINTS = ["blue mug", "qty 2", "order placed"]
@@ -39,10 +40,10 @@ def n_images(body: dict) -> int:
 
 def test_recorded_verdicts_parse_to_the_right_values():
     v, crit, why = parse_verdict(REPLIES["verdict_success_json"], POINTS)
-    assert (v, [c["passed"] for c in crit], why) == ("success", [True, True], "Everything matches.")
+    assert (v, [c.passed for c in crit], why) == ("success", [True, True], "Everything matches.")
     v, crit, _ = parse_verdict(REPLIES["verdict_failure_fenced"], POINTS)
-    assert v == "failure" and [c["passed"] for c in crit] == [True, False]
-    assert crit[1] == {"name": "order placed", "passed": False, "detail": "never submitted"}
+    assert v == "failure" and [c.passed for c in crit] == [True, False]
+    assert crit[1] == Criterion("order placed", False, "never submitted")
     v, crit, _ = parse_verdict(REPLIES["verdict_webjudge_status"], POINTS)
     assert v == "success" and crit == []
 
