@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+import traceback
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from warehouse import Warehouse, WarehouseConfig
@@ -45,8 +47,72 @@ class Format(StrEnum):
     json = "json"
 
 
+class Coords(StrEnum):
+    pixels = "pixels"
+    norm1000 = "norm1000"
+
+
+class PromptMode(StrEnum):
+    screenshot = "screenshot"
+    a11y = "a11y"
+    both = "both"
+
+
+class Selection(StrEnum):
+    model = "model"
+    heuristic = "heuristic"
+
+
+class Rule(StrEnum):
+    unanimous = "unanimous"
+    majority = "majority"
+    threshold = "threshold"
+
+
 class UserError(Exception):
     """An error caused by input; printed without a traceback."""
+
+
+def _policies() -> list[str]:
+    import rollouts.hf  # noqa: F401  (registers 'hf'; transformers loads only when used)
+    from rollouts.policies import POLICIES
+
+    return POLICIES.names()
+
+
+def _judges() -> list[str]:
+    import judging.ensemble  # (importing registers the judges)
+    import judging.programmatic
+    import judging.rubric_vlm  # noqa: F401
+    from judging.base import JUDGES
+
+    return JUDGES.names()
+
+
+def _scorers() -> list[str]:
+    from judging.prm import SCORERS
+
+    return SCORERS.names()
+
+
+def _registered(kind: str, names: Any, *, many: bool = False) -> Any:
+    """An option callback: the value must be a registered name (``many``: a comma-separated
+    list of them). Runs while the command line is parsed, before any flow starts; an unknown
+    name is a usage error (exit 2) that lists the known ones."""
+
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return value
+        known = names()
+        given = [v.strip() for v in value.split(",")] if many else [value]
+        unknown = [v for v in given if v not in known]
+        if unknown:
+            raise typer.BadParameter(
+                f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}"
+            )
+        return value
+
+    return check
 
 
 @app.callback()
@@ -348,14 +414,17 @@ def _import_tasks(fmt: str, file: Path) -> None:
     from warehouse.tasks import put_tasks
 
     parsed = parse_task_file(fmt, file)
+    for n, reason in parsed.errors:
+        err.print(f"[yellow]skipped[/yellow] {escape(f'{file} {parsed.where(n)}: {reason}')}")
+    if not parsed.tasks:
+        raise UserError(f"{file}: no {fmt} task could be read (see the skipped rows above)")
     with _open() as wh:
         rep = put_tasks(wh, parsed.tasks)
     console.print(
         f"{len(parsed.tasks)} tasks read: {len(rep.new)} new, "
         f"{len(rep.new_version)} new versions, {len(rep.unchanged)} unchanged"
+        + (f"; {len(parsed.errors)} row(s) skipped" if parsed.errors else "")
     )
-    for line, reason in parsed.errors:
-        err.print(f"[yellow]skipped[/yellow] {file}:{line}: {reason}")
 
 
 @tasks_import_app.command("om2w")
@@ -430,7 +499,12 @@ def collect(
     n_tasks: Annotated[int, typer.Option(help="Number of tasks.")] = 50,
     samples: Annotated[int, typer.Option(help="Samples per task (a GRPO group).")] = 1,
     concurrency: Annotated[int, typer.Option(help="Trajectories in flight.")] = 8,
-    policy: Annotated[str, typer.Option(help="expert, random, openai or hf.")] = "expert",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="expert, random, openai or hf.", callback=_registered("policy", _policies)
+        ),
+    ] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
     max_steps: Annotated[int, typer.Option(help="Step budget per trajectory.")] = 30,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
@@ -440,9 +514,13 @@ def collect(
         list[str] | None, typer.Option(help="Extra origins the browser may reach (repeatable).")
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
-    coords: Annotated[str, typer.Option(help="pixels or norm1000 (Qwen3-VL style).")] = "pixels",
+    coords: Annotated[
+        Coords, typer.Option(help="pixels or norm1000 (Qwen3-VL style).")
+    ] = Coords.pixels,
     set_of_marks: Annotated[bool, typer.Option(help="Number interactive elements.")] = False,
-    prompt_mode: Annotated[str, typer.Option(help="screenshot, a11y or both.")] = "both",
+    prompt_mode: Annotated[
+        PromptMode, typer.Option(help="screenshot, a11y or both.")
+    ] = PromptMode.both,
     k_images: Annotated[int, typer.Option(help="Screenshots of the last k steps.")] = 3,
     self_summary: Annotated[bool, typer.Option(help="Keep the model's own notes.")] = False,
     inject_answer: Annotated[
@@ -467,9 +545,9 @@ def collect(
         max_steps=max_steps,
         seed=seed,
         allow_origins=tuple(allow_origin or ()),
-        coords=coords,
+        coords=coords.value,
         set_of_marks=set_of_marks,
-        prompt_mode=prompt_mode,
+        prompt_mode=prompt_mode.value,
         k_images=k_images,
         self_summary=self_summary,
         inject_answer=inject_answer,
@@ -512,7 +590,12 @@ app.add_typer(judge_app, name="judge")
 def judge(
     ctx: typer.Context,
     judge_name: Annotated[
-        str, typer.Option("--judge", help="programmatic, rubric_vlm or ensemble.")
+        str,
+        typer.Option(
+            "--judge",
+            help="programmatic, rubric_vlm or ensemble.",
+            callback=_registered("judge", _judges),
+        ),
     ] = "programmatic",
     run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
     base_url: Annotated[
@@ -521,14 +604,18 @@ def judge(
     model: Annotated[str | None, typer.Option(help="rubric_vlm: the judge model.")] = None,
     k: Annotated[int, typer.Option(help="rubric_vlm: key screenshots at most (image cap).")] = 4,
     selection: Annotated[
-        str, typer.Option(help="rubric_vlm: key screenshots by 'model' or 'heuristic'.")
-    ] = "model",
+        Selection, typer.Option(help="rubric_vlm: key screenshots by 'model' or 'heuristic'.")
+    ] = Selection.model,
     members: Annotated[
-        str | None, typer.Option(help="ensemble: member judges, comma-separated.")
+        str | None,
+        typer.Option(
+            help="ensemble: member judges, comma-separated.",
+            callback=_registered("judge", _judges, many=True),
+        ),
     ] = None,
     rule: Annotated[
-        str, typer.Option(help="ensemble: unanimous, majority or threshold.")
-    ] = "majority",
+        Rule, typer.Option(help="ensemble: unanimous, majority or threshold.")
+    ] = Rule.majority,
     threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
     concurrency: Annotated[int, typer.Option(help="Trajectories judged at once.")] = 8,
     attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
@@ -543,11 +630,11 @@ def judge(
     if judge_name == "rubric_vlm":
         if not base_url or not model:
             raise UserError("--judge rubric_vlm needs --base-url and --model")
-        options = dict(base_url=base_url, model=model, k=k, selection=selection)
+        options = dict(base_url=base_url, model=model, k=k, selection=selection.value)
     elif judge_name == "ensemble":
         if not members:
             raise UserError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
-        options = dict(members=members, rule=rule, threshold=threshold)
+        options = dict(members=members, rule=rule.value, threshold=threshold)
     from judging.base import make_judge
 
     try:
@@ -646,11 +733,20 @@ app.add_typer(score_app, name="score-steps")
 @score_app.callback(invoke_without_command=True)
 def score_steps(
     ctx: typer.Context,
-    scorer: Annotated[str, typer.Option(help="exact (bundled replay) or vlm.")] = "exact",
+    scorer: Annotated[
+        str,
+        typer.Option(
+            help="exact (bundled replay) or vlm.", callback=_registered("PRM scorer", _scorers)
+        ),
+    ] = "exact",
     k: Annotated[int, typer.Option(help="Candidate actions per state.")] = 4,
     run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
     policy: Annotated[
-        str, typer.Option(help="Candidates from: expert (with --noise), random, openai.")
+        str,
+        typer.Option(
+            help="Candidates from: expert (with --noise), random, openai.",
+            callback=_registered("policy", _policies),
+        ),
     ] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate for candidates.")] = 0.5,
     base_url: Annotated[str | None, typer.Option(help="openai candidate policy URL.")] = None,
@@ -798,18 +894,94 @@ def demo(
     )
 
 
-def main() -> None:
-    """Console entry point: expected errors print one line and exit 2, without a traceback."""
+USAGE, RUNTIME = 2, 1
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for usage and bad input (unknown choice, bad SQL, malformed file, missing data the
+    command needs), 1 for runtime failures (I/O, a crashed browser or server, a bug)."""
     import duckdb
 
-    from warehouse.blobs import BlobError
+    from flows.secret_files import SecretFileError
+    from warehouse.blobs import BlobCorruptError, BlobError, BlobNotFoundError
     from warehouse.connection import WarehouseError
 
+    bad_input = (
+        duckdb.ParserException,
+        duckdb.BinderException,
+        duckdb.CatalogException,
+        duckdb.SyntaxException,
+        duckdb.InvalidInputException,
+        duckdb.ConversionException,
+        duckdb.ConstraintException,
+        duckdb.NotImplementedException,
+    )
+    if isinstance(exc, UserError | ConfigError | SecretFileError):
+        return USAGE
+    if isinstance(exc, duckdb.Error):
+        return USAGE if isinstance(exc, bad_input) else RUNTIME
+    if isinstance(exc, BlobCorruptError | BlobNotFoundError):
+        return RUNTIME  # stored data is damaged or missing
+    if isinstance(exc, BlobError):
+        return USAGE  # e.g. not a sha256 digest
+    if isinstance(exc, WarehouseError):
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and exit_code(cause) == RUNTIME and not isinstance(cause, KeyError):
+            return RUNTIME  # e.g. the catalog cannot be opened: an I/O failure underneath
+        return USAGE
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return USAGE  # a path given on the command line
+    return RUNTIME
+
+
+def _command() -> str:
+    """The (sub)command the user ran, e.g. ``webloop tasks import om2w``."""
+    words, cmd = ["webloop"], typer.main.get_command(app)
+    args = iter(sys.argv[1:])
+    for a in args:
+        if a == "--home":
+            next(args, None)
+        if a.startswith("-"):
+            continue
+        sub = getattr(cmd, "commands", {}).get(a)  # a group's subcommands
+        if sub is None:
+            break
+        words.append(a)
+        cmd = sub
+    return " ".join(words)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    return first if len(text.splitlines()) == 1 else first + " …"
+
+
+def main() -> None:
+    """Console entry point. A failure prints one line and exits 2 (usage, bad input) or 1
+    (runtime failure); the full traceback goes to the log file the line names."""
+    from flows import prefect_env
+
+    prefect_env.quiet_console()
     try:
         app()
-    except (UserError, WarehouseError, BlobError, ConfigError, duckdb.Error) as exc:
-        err.print(f"[red]error[/red]: {exc}")
-        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise SystemExit(130) from None
+    except Exception as exc:
+        code, command = exit_code(exc), _command()
+        log = prefect_env.log_exception(exc, command)
+        in_flow = any("prefect" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+        where = f"; full traceback in {log}" if log else ""
+        if code == USAGE:
+            line = escape(_one_line(exc)) + (escape(where) if in_flow else "")
+        else:
+            line = (
+                f"{escape(command)} failed: {type(exc).__name__}: {escape(_one_line(exc))}"
+                f"{escape(where)}; fix the cause and re-run the same command (it resumes)"
+            )
+        err.print(f"[red]error[/red]: {line}", soft_wrap=True)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":
