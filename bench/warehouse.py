@@ -10,11 +10,15 @@ Prints, in one run:
   * for guidance, the DuckLake ingest rate with larger transactions (--big-batch, 200k steps).
 
     python bench/warehouse.py [--steps 1000000] [--batch 1000] [--big-batch 5000]
+                              [--big-steps 200000] [--quick]
+
+Both stores' row counts are checked after ingest; a mismatch exits non-zero.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -91,31 +95,57 @@ def batches(n_steps: int, batch: int) -> list[tuple[pl.DataFrame, pl.DataFrame]]
     return out
 
 
-def ingest_lake(data, home: Path) -> float:
+def ingest_lake(data, home: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (this process, all threads) to write ``data`` into a new DuckLake."""
     wh = Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for k, (trajs, steps) in enumerate(data, 1):
         wh.write_trajectories(trajs, steps)
         if k % 200 == 0:
             rate = k * steps.height / (time.perf_counter() - start)
             print(f"  ducklake: {k * steps.height:>9,} steps  {rate:,.0f} steps/s", flush=True)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    check_counts("DuckLake", data, wh.count(Trajectory), wh.count(Step))
     wh.close()
-    return elapsed
+    return elapsed, cpu
 
 
-def ingest_plain(data, path: Path) -> float:
+def ingest_plain(data, path: Path) -> tuple[float, float]:
+    """The same rows, in the same transactions (trajectories + steps each), into a DuckDB file."""
     con = duckdb.connect(str(path))
     con.execute((SCHEMA_DIR / "0001_init.sql").read_text())
-    start = time.perf_counter()
-    for _trajs, _steps in data:
+    start, cpu = time.perf_counter(), time.process_time()
+    for trajs, steps in data:
+        con.register("__bench_trajs", trajs.to_arrow())
+        con.register("__bench_steps", steps.to_arrow())
         con.execute("BEGIN")
-        con.execute("INSERT INTO trajectories SELECT * FROM trajs")
-        con.execute("INSERT INTO steps SELECT * FROM steps")
+        con.execute("INSERT INTO trajectories BY NAME SELECT * FROM __bench_trajs")
+        con.execute("INSERT INTO steps BY NAME SELECT * FROM __bench_steps")
         con.execute("COMMIT")
-    elapsed = time.perf_counter() - start
+        con.unregister("__bench_trajs")
+        con.unregister("__bench_steps")
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    n_trajs = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    n_steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]
+    check_counts("plain DuckDB", data, n_trajs, n_steps)
     con.close()
-    return elapsed
+    return elapsed, cpu
+
+
+def check_counts(store: str, data, n_trajs: int, n_steps: int) -> None:
+    """Fail loudly unless the store holds every row the benchmark wrote (no silent no-op)."""
+    want_trajs = sum(t.height for t, _ in data)
+    want_steps = sum(s.height for _, s in data)
+    print(
+        f"rows in {store}: {n_steps:,} steps / {n_trajs:,} trajectories "
+        f"(expected {want_steps:,} / {want_trajs:,})",
+        flush=True,
+    )
+    if (n_trajs, n_steps) != (want_trajs, want_steps):
+        raise SystemExit(
+            f"{store}: ingested {n_steps} steps / {n_trajs} trajectories, "
+            f"expected {want_steps} / {want_trajs}"
+        )
 
 
 def time_query(wh: Warehouse, name: str, repeats: int = 5) -> float:
@@ -133,29 +163,45 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=1_000)
     ap.add_argument("--big-batch", type=int, default=5_000)
+    ap.add_argument("--big-steps", type=int, default=200_000)
+    ap.add_argument(
+        "--quick", action="store_true", help="20k steps, 10k for big batches: a few seconds"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.big_steps = 20_000, 10_000
+    big_n = min(args.steps, args.big_steps)
+    for n, b in ((args.steps, args.batch), (big_n, args.big_batch)):
+        if b % STEPS_PER_TRAJ or n % b:
+            ap.error(f"{n:,} steps do not split into transactions of {b:,} whole trajectories")
+    load_start = os.getloadavg()[0]
     print(f"generating {args.steps:,} step rows in transactions of {args.batch:,} …", flush=True)
     data = batches(args.steps, args.batch)
     with tempfile.TemporaryDirectory(prefix="webloop-bench-") as tmp:
         home = Path(tmp) / "home"
-        lake_s = ingest_lake(data, home)
-        plain_s = ingest_plain(data, Path(tmp) / "plain.duckdb")
+        lake_s, lake_cpu = ingest_lake(data, home)
+        plain_s, plain_cpu = ingest_plain(data, Path(tmp) / "plain.duckdb")
         with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
-            assert wh.sql("SELECT count(*) FROM steps").item() == args.steps
             summary = time_query(wh, "trajectory_summary")
             success = time_query(wh, "success_by")
-        big_n = min(args.steps, 200_000)
-        big_s = ingest_lake(batches(big_n, args.big_batch), Path(tmp) / "big")
-    lake_rate, plain_rate = args.steps / lake_s, args.steps / plain_s
+        big_s, big_cpu = ingest_lake(batches(big_n, args.big_batch), Path(tmp) / "big")
+    load_end = os.getloadavg()[0]
+    n = args.steps
+    lake_rate, plain_rate = n / lake_s, n / plain_s
     print()
-    print(f"ingest, DuckLake (SQLite catalog):  {lake_rate:>10,.0f} steps/s  ({lake_s:.1f} s)")
-    print(f"ingest, plain DuckDB file baseline: {plain_rate:>10,.0f} steps/s  ({plain_s:.1f} s)")
-    print(f"ratio DuckLake / plain DuckDB:      {lake_rate / plain_rate:>10.2f}")
-    print(f"trajectory_summary over {args.steps:,} steps: {summary * 1000:8.1f} ms (median of 5)")
-    print(f"success_by over {args.steps:,} steps:         {success * 1000:8.1f} ms (median of 5)")
+    print(f"{'':40s}{'steps/s':>10s}  {'wall':>8s}  {'CPU':>8s}")
+    for name, steps, wall, cpu in (
+        (f"ingest, DuckLake, {args.batch:,}-step txns:", n, lake_s, lake_cpu),
+        (f"ingest, plain DuckDB, {args.batch:,}-step txns:", n, plain_s, plain_cpu),
+        (f"ingest, DuckLake, {args.big_batch:,}-step txns:", big_n, big_s, big_cpu),
+    ):
+        print(f"{name:40s}{steps / wall:>10,.0f}  {wall:>7.1f}s  {cpu:>7.1f}s  ({steps:,} steps)")
+    print(f"ratio DuckLake / plain DuckDB (wall): {lake_rate / plain_rate:.2f}")
+    print(f"trajectory_summary over {n:,} steps: {summary * 1000:.1f} ms (median of 5)")
+    print(f"success_by over {n:,} steps: {success * 1000:.1f} ms (median of 5)")
     print(
-        f"ingest, DuckLake, {args.big_batch:,}-step transactions ({big_n:,} steps): "
-        f"{big_n / big_s:,.0f} steps/s"
+        f"load average (1 min): {load_start:.2f} at start, {load_end:.2f} at end, "
+        f"{os.cpu_count()} CPUs (CPU = this process, all threads)"
     )
 
 
