@@ -272,6 +272,8 @@ def import_om2w(
     ] = None,
 ) -> None:
     """Import Online-Mind2Web trajectories (result.json + trajectory/ screenshots)."""
+    from rich.markup import escape
+
     from warehouse.interop import om2w
 
     with _open() as wh:
@@ -283,6 +285,16 @@ def import_om2w(
         err.print(f"[yellow]label skipped[/yellow]: {problem}")
     for name, reason in rep.malformed:
         err.print(f"[yellow]malformed[/yellow] {name}: {reason}")
+    rejected = rep.rejected_by_folder()
+    if rejected:
+        console.print(
+            f"screenshots rejected (not stored; their steps keep no screenshot): "
+            f"{len(rep.rejected)} in {len(rejected)} folder(s)"
+        )
+    for name, files in rejected.items():
+        err.print(f"[yellow]rejected[/yellow] {escape(name)}: {len(files)} screenshot(s)")
+        for file, reason in files:
+            err.print(f"  {file}: {reason}", markup=False, highlight=False)
 
 
 @export_app.command("om2w")

@@ -240,3 +240,100 @@ def test_export_does_not_write_through_links_planted_in_out(
     with pytest.raises(WarehouseError, match="link"):
         om2w.export_om2w(wh, "first", out)
     assert list(elsewhere.iterdir()) == [] and victim.read_text() == "keep"
+
+
+def _mixed_folder_set(tmp_path: Path) -> Path:
+    """Valid screenshots, non-image .png files and symlinks (inside and leaving the folder)."""
+    root = tmp_path / "mixed"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private.png").write_bytes(png((1, 2, 3)))  # a real image, but not the folder's
+    (outside / "notes.txt").write_text("password=hunter2")
+    (outside / "result.json").write_text(json.dumps({"task_id": "stolen", "task": "x"}))
+    (outside / "shots").mkdir()
+    (outside / "shots" / "0.png").write_bytes(png((4, 5, 6)))
+
+    good = make_task(root, "good", n_shots=3, n_actions=3)
+    assert good.exists()
+    junk = make_task(root, "junk", n_shots=6, n_actions=6)
+    shots = junk / "trajectory"
+    (shots / "1_full_screenshot.png").write_bytes(png((9, 9, 9))[:-30])  # truncated
+    (shots / "2_full_screenshot.png").write_bytes(
+        b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9\n"
+    )
+    (shots / "3_full_screenshot.png").write_bytes(b"")  # zero bytes
+    (shots / "4_full_screenshot.png").write_text("<html>rate limited</html>")
+    links = make_task(root, "links", n_shots=5, n_actions=5)
+    shots = links / "trajectory"
+    (links / "extra.png").write_bytes(png((7, 7, 7)))
+    (shots / "1_full_screenshot.png").unlink()
+    (shots / "1_full_screenshot.png").symlink_to(links / "extra.png")  # inside: fine
+    (shots / "2_full_screenshot.png").unlink()
+    (shots / "2_full_screenshot.png").symlink_to(outside / "private.png")  # leaves the folder
+    (shots / "3_full_screenshot.png").unlink()
+    (shots / "3_full_screenshot.png").symlink_to(outside / "notes.txt")
+    (shots / "4_full_screenshot.png").unlink()
+    (shots / "4_full_screenshot.png").symlink_to("../../good/trajectory/0_full_screenshot.png")
+    # Links at the folder level: result.json, trajectory/ or the whole task folder elsewhere.
+    r = make_task(root, "linked_result", n_shots=1, n_actions=1)
+    (r / "result.json").unlink()
+    (r / "result.json").symlink_to(outside / "result.json")
+    t = make_task(root, "linked_shots", n_shots=1, n_actions=1)
+    for p in (t / "trajectory").iterdir():
+        p.unlink()
+    (t / "trajectory").rmdir()
+    (t / "trajectory").symlink_to(outside / "shots", target_is_directory=True)
+    (root / "linked_folder").symlink_to(outside, target_is_directory=True)
+    return root
+
+
+def test_import_of_a_mixed_folder_set_keeps_trajectories_and_stores_only_images(
+    wh: Warehouse, tmp_path: Path
+):
+    from warehouse.images import validate_image
+    from warehouse.records import Blob
+
+    root = _mixed_folder_set(tmp_path)
+    rep = om2w.import_om2w(wh, root, run_name="mixed")
+
+    trajs = {t.task_id: t for t in wh.records(Trajectory, "run_id = 'mixed'")}
+    assert set(trajs) == {"good", "junk", "links"}  # every trajectory with its own files kept
+    for task_id, n in (("good", 3), ("junk", 6), ("links", 5)):
+        t = trajs[task_id]
+        assert t.n_steps == n and t.answer == f"Open 9-5 ({task_id})"
+        s = wh.read(Step, "traj_id = ?", [t.traj_id]).sort("step_idx")
+        assert s["action_text"].to_list() == [f"<button> Step {i} -> CLICK" for i in range(n)]
+        assert s["thought"].to_list() == [f"thinking {i}" for i in range(n)]
+    shots = {
+        task_id: wh.read(Step, "traj_id = ?", [t.traj_id]).sort("step_idx")["screenshot_hash"]
+        for task_id, t in trajs.items()
+    }
+    assert shots["good"].null_count() == 0
+    assert shots["junk"].is_null().to_list() == [False, True, True, True, True, False]
+    assert shots["links"].is_null().to_list() == [False, False, True, True, True]
+    assert wh.blobs.get(shots["links"][1]) == png((7, 7, 7))  # the link inside the folder
+
+    # 0 non-images stored as images: every stored blob and every referenced screenshot decodes
+    for b in wh.records(Blob):
+        assert validate_image(wh.blobs.get(b.hash), decode=True) is None, b
+        assert b.media_type == "image/png"
+    stored = {wh.blobs.get(h) for h in wh.blobs}
+    assert png((1, 2, 3)) not in stored and png((4, 5, 6)) not in stored  # nothing from outside
+    assert all(b"hunter2" not in data for data in stored)
+
+    # the report, per folder
+    by_folder = rep.rejected_by_folder()
+    assert set(by_folder) == {"junk", "links"}
+    junk = dict(by_folder["junk"])
+    assert "truncated PNG" in junk["1_full_screenshot.png"]
+    assert "git-lfs pointer" in junk["2_full_screenshot.png"]
+    assert "empty file" in junk["3_full_screenshot.png"]
+    assert "not a PNG" in junk["4_full_screenshot.png"]
+    links = dict(by_folder["links"])
+    assert set(links) == {"2_full_screenshot.png", "3_full_screenshot.png", "4_full_screenshot.png"}
+    assert all("leaves the task folder" in why for why in links.values())
+    malformed = dict(rep.malformed)
+    assert "result.json" in malformed["linked_result"] and "leaves" in malformed["linked_result"]
+    assert "trajectory" in malformed["linked_shots"] and "leaves" in malformed["linked_shots"]
+    assert "leaves the import folder" in malformed["linked_folder"]
+    assert "stolen" not in {t.task_id for t in wh.records(Trajectory)}

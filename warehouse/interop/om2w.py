@@ -11,6 +11,11 @@ Human labels (``human_label.json``): 0 failure, 1 success, 2 not executable. Acc
 (pick the column with ``agent=``) and ``{"<agent>": {task_id: label}}``.
 
 Import keeps going past malformed folders: each is reported with the reason, the rest imports.
+Nothing outside a task folder is read: a ``result.json``, ``trajectory/`` or task folder that is
+a symbolic link leaving it makes the folder malformed; such a screenshot link is rejected. Every
+screenshot is checked to be a whole image (:func:`warehouse.images.validate_image`): a rejected
+file (a git-lfs pointer, a zero-byte or truncated file, a link leaving the folder) leaves its
+step without a screenshot, the trajectory is kept, and the report lists it per folder.
 Export writes the same layout from a webloop run, plus a ``webloop`` key in ``result.json``
 (ignored by the evaluators) that lets a re-import recover the sample index.
 """
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warehouse import images
 from warehouse.connection import WarehouseError
 from warehouse.ids import make_id, traj_id_for
 from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
@@ -36,8 +42,17 @@ SUITE = "om2w"
 LABEL_NAMES = {0: "failure", 1: "success", 2: "not_executable"}
 LABEL_CODES = {v: k for k, v in LABEL_NAMES.items()}
 _IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp"}
-_MEDIA = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 _BATCH = 50
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class Screenshot:
+    """One file of a folder's ``trajectory/``: the file to read, or why it is not read."""
+
+    name: str
+    path: Path | None  # resolved, inside the task folder; None when rejected
+    problem: str | None = None
 
 
 @dataclass
@@ -50,7 +65,7 @@ class ParsedFolder:
     answer: str | None
     actions: list[str]
     thoughts: list[str]
-    screenshots: list[Path]
+    screenshots: list[Screenshot]  # in step order; a rejected one keeps its step, unread
     website: str | None
     sample_idx: int
 
@@ -62,23 +77,49 @@ class ImportReport:
     run_id: str
     imported: list[str] = field(default_factory=list)  # trajectory ids
     malformed: list[tuple[str, str]] = field(default_factory=list)  # (folder, reason)
+    # Screenshots not stored (their step keeps no screenshot): (folder, file, reason).
+    rejected: list[tuple[str, str, str]] = field(default_factory=list)
     labels_written: int = 0
     label_problems: list[str] = field(default_factory=list)
+
+    def rejected_by_folder(self) -> dict[str, list[tuple[str, str]]]:
+        """``{folder: [(file, reason), …]}`` of the rejected screenshots."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for folder, name, reason in self.rejected:
+            out.setdefault(folder, []).append((name, reason))
+        return out
 
 
 class MalformedFolder(ValueError):
     """A task folder that cannot be imported; the message says why."""
 
 
-def parse_folder(folder: Path) -> ParsedFolder:
-    """Validate and read one task folder, or raise :class:`MalformedFolder` with the reason."""
+def parse_folder(folder: Path, root: Path | None = None) -> ParsedFolder:
+    """Validate and read one task folder, or raise :class:`MalformedFolder` with the reason.
+
+    Nothing outside the task folder is read: ``result.json``, ``trajectory/`` or a screenshot
+    that is a symbolic link leaving the folder (or, with ``root``, a task folder that is a link
+    leaving ``root``) is refused. Links that stay inside the folder are followed.
+    """
+    base = folder.resolve()
+    if root is not None and root.resolve() not in base.parents:
+        raise MalformedFolder("the task folder is a link that leaves the import folder")
     result_path = folder / "result.json"
-    if not result_path.is_file():
+    if not result_path.exists() and not result_path.is_symlink():
         raise MalformedFolder("no result.json")
+    resolved = result_path.resolve()
+    if base not in resolved.parents:
+        raise MalformedFolder("result.json is a link that leaves the task folder")
+    if not resolved.is_file():
+        raise MalformedFolder("result.json is not a regular file")
+    if resolved.stat().st_size > MAX_RESULT_BYTES:
+        raise MalformedFolder(f"result.json is larger than {MAX_RESULT_BYTES // 2**20} MiB")
     try:
-        result = json.loads(result_path.read_text(encoding="utf-8"))
+        result = json.loads(resolved.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MalformedFolder(f"result.json is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise MalformedFolder(f"cannot read result.json ({exc.strerror})") from None
     if not isinstance(result, dict):
         raise MalformedFolder("result.json is not a JSON object")
     task_id = _require_str(result, "task_id")
@@ -91,17 +132,37 @@ def parse_folder(folder: Path) -> ParsedFolder:
     shots_dir = folder / "trajectory"
     if not shots_dir.is_dir():
         raise MalformedFolder("no trajectory/ folder of screenshots")
-    shots = [p for p in shots_dir.iterdir() if p.suffix.lower() in _IMAGE_EXT]
-    unnumbered = [p.name for p in shots if not re.search(r"\d+", p.name)]
+    real_dir = shots_dir.resolve()
+    if real_dir != base and base not in real_dir.parents:
+        raise MalformedFolder("trajectory/ is a link that leaves the task folder")
+    files = [p for p in shots_dir.iterdir() if p.suffix.lower() in _IMAGE_EXT]
+    unnumbered = [p.name for p in files if not re.search(r"\d+", p.name)]
     if unnumbered:
         raise MalformedFolder(f"screenshot names without a step number: {unnumbered[:3]}")
-    shots.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
+    files.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
     meta = result.get("webloop") if isinstance(result.get("webloop"), dict) else {}
     sample_idx = meta.get("sample_idx", 0)
+    if isinstance(sample_idx, bool) or not isinstance(sample_idx, int) or sample_idx < 0:
+        raise MalformedFolder("result.json: 'webloop.sample_idx' must be a non-negative integer")
     website = result.get("website") if isinstance(result.get("website"), str) else None
+    shots = [_screenshot(base, p) for p in files]
     return ParsedFolder(
-        folder, task_id, task, answer, actions, thoughts, shots, website, int(sample_idx)
+        folder, task_id, task, answer, actions, thoughts, shots, website, sample_idx
     )
+
+
+def _screenshot(base: Path, path: Path) -> Screenshot:
+    """Where to read a screenshot from, or why not: never outside the task folder ``base``."""
+    real = path.resolve()
+    if base not in real.parents:
+        return Screenshot(path.name, None, "a link that leaves the task folder")
+    if not real.exists():
+        return Screenshot(path.name, None, "a broken link")
+    if not real.is_file():
+        return Screenshot(path.name, None, "not a regular file")
+    if real.stat().st_size > images.MAX_BYTES:
+        return Screenshot(path.name, None, f"larger than {images.MAX_BYTES // 2**20} MiB")
+    return Screenshot(path.name, real)
 
 
 def _require_str(result: dict[str, Any], key: str) -> str:
@@ -146,7 +207,7 @@ def import_om2w(
     parsed = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         try:
-            parsed.append(parse_folder(folder))
+            parsed.append(parse_folder(folder, root))
         except MalformedFolder as exc:
             rep.malformed.append((folder.name, str(exc)))
     for start in range(0, len(parsed), _BATCH):
@@ -166,15 +227,23 @@ def _finish(run: Run) -> Run:
 def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: ImportReport) -> None:
     tasks, trajs, steps, blobs = [], [], [], {}
     for p in batch:
-        try:
-            shot_hashes = []
-            for shot in p.screenshots:
-                put = wh.blobs.put(shot.read_bytes())
-                shot_hashes.append(put.hash)
-                blobs[put.hash] = Blob(put.hash, put.size, _MEDIA.get(shot.suffix.lower()))
-        except OSError as exc:
-            rep.malformed.append((p.folder.name, f"unreadable screenshot: {exc}"))
-            continue
+        shot_hashes: list[str | None] = []
+        for shot in p.screenshots:
+            problem, data = shot.problem, b""
+            if problem is None and shot.path is not None:
+                try:
+                    data = shot.path.read_bytes()
+                except OSError as exc:
+                    problem = f"unreadable ({exc.strerror})"
+                else:
+                    problem = images.validate_image(data)
+            if problem is not None:  # the step stays, without a screenshot
+                rep.rejected.append((p.folder.name, shot.name, problem))
+                shot_hashes.append(None)
+                continue
+            put = wh.blobs.put(data)
+            shot_hashes.append(put.hash)
+            blobs[put.hash] = Blob(put.hash, put.size, images.media_type(data))
         tasks.append(
             Task(
                 task_id=p.task_id,
