@@ -14,7 +14,6 @@ and a retry that succeeds replaces the stored error.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections import Counter
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 
 from rollouts.registry import Registry
 from warehouse.ids import make_id
-from warehouse.records import Judgment, Task, Verdict, from_frame
+from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
 from warehouse.store import Warehouse
 
 JUDGED_STATUSES = ("success", "failure", "finished", "timeout")
@@ -41,41 +40,41 @@ def untrusted(text: str | None, limit: int = 4000) -> str:
     return re.sub(r"<\s*(/?)\s*untrusted", r"‹\1untrusted", text, flags=re.I) or "(none)"
 
 
-@dataclass(frozen=True)
-class StepView:
-    """One stored step, as judges and scorers read it (blobs are fetched on demand)."""
-
-    step_idx: int
-    url: str | None
-    title: str | None
-    action_text: str | None
-    action_error: str | None
-    thought: str | None
-    screenshot_hash: str | None
-    a11y_hash: str | None
-    action: dict[str, Any] | None = None
-    model_output: str | None = None
-
-
 @dataclass
 class TrajectoryView:
-    """A trajectory with its task and steps, plus the other judges' latest verdicts."""
+    """What a judge or scorer sees: the stored trajectory with its task (at the trajectory's
+    version) and its steps in order, plus the other judges' latest verdicts. The records are the
+    warehouse's own; screenshots and accessibility trees are fetched from the blob store on
+    demand."""
 
-    traj_id: str
-    status: str
-    answer: str | None
+    record: Trajectory
     task: Task
-    steps: list[StepView]
-    meta: dict[str, Any]
+    steps: list[Step]
     wh: Warehouse | None = None
     verdicts: dict[str, str] = field(default_factory=dict)  # judge name → latest verdict
 
-    def screenshot(self, step: StepView) -> bytes | None:
+    @property
+    def traj_id(self) -> str:
+        return self.record.traj_id
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def answer(self) -> str | None:
+        return self.record.answer
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.record.meta or {}
+
+    def screenshot(self, step: Step) -> bytes | None:
         if not step.screenshot_hash or self.wh is None:
             return None
         return self.wh.blobs.get(step.screenshot_hash)
 
-    def a11y(self, step: StepView) -> str | None:
+    def a11y(self, step: Step) -> str | None:
         if not step.a11y_hash or self.wh is None:
             return None
         return self.wh.blobs.get_text(step.a11y_hash)
@@ -141,17 +140,15 @@ def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> li
     """Trajectory views (task at the trajectory's version, steps in order) for ``traj_ids``."""
     if not traj_ids:
         return []
-    trajs = wh.sql(
-        "SELECT traj_id, task_id, task_version, status, answer, meta FROM trajectories "
-        "WHERE list_contains($ids, traj_id)",
-        {"ids": traj_ids},
+    trajs = from_frame(
+        Trajectory,
+        wh.sql("SELECT * FROM trajectories WHERE list_contains($ids, traj_id)", {"ids": traj_ids}),
     )
-    keys = {(r[1], r[2]) for r in trajs.iter_rows()}
     tasks = from_frame(
         Task,
         wh.sql(
             "SELECT * FROM tasks WHERE list_contains($ids, task_id)",
-            {"ids": sorted({k[0] for k in keys})},
+            {"ids": sorted({t.task_id for t in trajs})},
         ),
     )
     latest: dict[str, Task] = {}
@@ -160,34 +157,21 @@ def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> li
         by_version[(t.task_id, t.version)] = t
         if t.task_id not in latest or t.version > latest[t.task_id].version:
             latest[t.task_id] = t
-    steps: dict[str, list[StepView]] = {}
+    steps: dict[str, list[Step]] = {}
     rows = wh.sql(
-        "SELECT traj_id, step_idx, url, title, action_text, action_error, thought, "
-        "screenshot_hash, a11y_hash, action, model_output FROM steps "
-        "WHERE list_contains($ids, traj_id) ORDER BY traj_id, step_idx",
+        "SELECT * FROM steps WHERE list_contains($ids, traj_id) ORDER BY traj_id, step_idx",
         {"ids": traj_ids},
     )
-    for r in rows.iter_rows():
-        action = json.loads(r[9]) if r[9] else None
-        steps.setdefault(r[0], []).append(StepView(*r[1:9], action, r[10]))
+    for step in from_frame(Step, rows):
+        steps.setdefault(step.traj_id, []).append(step)
     judged = _latest_verdicts(wh, traj_ids) if verdicts else {}
     out = []
-    for tid, task_id, version, status, answer, meta in trajs.iter_rows():
-        task = by_version.get((task_id, version)) or latest.get(task_id)
+    for traj in trajs:
+        task = by_version.get((traj.task_id, traj.task_version)) or latest.get(traj.task_id)
         if task is None:
             continue  # a trajectory of an unknown task cannot be judged against it
-        out.append(
-            TrajectoryView(
-                tid,
-                status,
-                answer,
-                task,
-                steps.get(tid, []),
-                json.loads(meta) if meta else {},
-                wh,
-                judged.get(tid, {}),
-            )
-        )
+        tid = traj.traj_id
+        out.append(TrajectoryView(traj, task, steps.get(tid, []), wh, judged.get(tid, {})))
     order = {t: i for i, t in enumerate(traj_ids)}
     return sorted(out, key=lambda v: order[v.traj_id])
 

@@ -25,13 +25,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from judging.base import StepView, TrajectoryView, untrusted
+from judging.base import TrajectoryView, untrusted
 from rollouts.actions import Answer, ParseError, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages
 from rollouts.registry import Registry
-from warehouse.records import Candidate, StepScore
+from warehouse.records import Candidate, Step, StepScore
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class State:
     step_idx: int
 
     @property
-    def prefix(self) -> list[StepView]:
+    def prefix(self) -> list[Step]:
         return self.traj.steps[: self.step_idx]
 
     def turns(self, k_images: int = 3) -> list[Turn]:

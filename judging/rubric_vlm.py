@@ -24,14 +24,13 @@ from typing import Any
 from judging.base import (
     JUDGED_STATUSES,
     JudgeError,
-    StepView,
     TrajectoryView,
     untrusted,
 )
 from judging.base import register as register_judge
 from rollouts.chat import ChatClient, ModelUnavailable, image_part
 from rollouts.prompts import prompt_hash, render
-from warehouse.records import Criterion, Verdict
+from warehouse.records import Criterion, Step, Verdict
 
 NAME, BASE_VERSION = "rubric_vlm", "1"
 
@@ -78,7 +77,7 @@ Decide whether the task was completed. Reply with JSON only:
 "verdict": "success" or "failure", "rationale": "..."}}"""
 
 
-def history_text(steps: list[StepView]) -> str:
+def history_text(steps: list[Step]) -> str:
     lines = []
     for i, s in enumerate(steps, start=1):
         line = f"{i}. {s.action_text or '(no valid action)'} — on: {s.title or ''} {s.url or ''}"
@@ -199,7 +198,7 @@ class RubricVLMJudge:
         text = await self._ask(KEY_POINTS.format(task=traj.task.instruction))
         return parse_key_points(text), 1
 
-    async def select(self, traj: TrajectoryView, points: list[str]) -> tuple[list[StepView], int]:
+    async def select(self, traj: TrajectoryView, points: list[str]) -> tuple[list[Step], int]:
         shots = screens(traj)
         if len(shots) <= self.k or self.k == 0:
             return shots[: self.k] if self.k else [], 0
@@ -211,7 +210,7 @@ class RubricVLMJudge:
             return [shots[i] for i in sorted(keep)], 0
         listing = "\n".join(f"{i}. {p}" for i, p in enumerate(points, start=1))
 
-        async def rate(s: StepView) -> int:
+        async def rate(s: Step) -> int:
             png = traj.screenshot(s)
             text = RELEVANCE.format(task=traj.task.instruction, points=listing, step=s.step_idx)
             return parse_relevance(await self._ask([{"type": "text", "text": text}, _img(png)]))
@@ -257,13 +256,15 @@ class RubricVLMJudge:
         )
 
 
-def screens(traj: TrajectoryView) -> list[StepView]:
+def screens(traj: TrajectoryView) -> list[Step]:
     """The screenshots of a trajectory: one per step, plus the final page after the last action."""
     shots = [s for s in traj.steps if s.screenshot_hash]
     final = traj.meta.get("final_screenshot")
     if isinstance(final, str) and final:
         url = traj.meta.get("final_url")
-        shots.append(StepView(len(traj.steps), url, "(final page)", None, None, None, final, None))
+        shots.append(
+            Step(traj.traj_id, len(traj.steps), url, "(final page)", screenshot_hash=final)
+        )
     return shots
 
 

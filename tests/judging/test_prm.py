@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from judging.base import StepView, TrajectoryView
+from judging.base import TrajectoryView
 from judging.prm import (
     Proposal,
     State,
@@ -24,6 +24,7 @@ from rollouts.policies import ExpertPolicy
 from sites.tasks import generate
 from tests.judging.conftest import store_trajectory
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from warehouse.records import Step, Trajectory
 
 
 def test_group_relative_advantages():
@@ -92,10 +93,11 @@ def _task(template: str):
 
 def _view(task, upto: int) -> TrajectoryView:
     steps = [
-        StepView(i, None, None, format_action(parse_action(a)), None, None, None, None)
+        Step("traj", i, action_text=format_action(parse_action(a)))
         for i, a in enumerate(task.reference[: upto + 1])
     ]
-    return TrajectoryView("traj", "failure", None, task, steps, {})
+    record = Trajectory("traj", "run", task.task_id, "expert", "failure")
+    return TrajectoryView(record, task, steps)
 
 
 async def _score_exact(server, state: State, texts: list[str | None]):
