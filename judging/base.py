@@ -97,11 +97,8 @@ register = JUDGES.register
 
 
 def make_judge(name: str, **options: Any) -> Judge:
-    """A judge by registered name (``programmatic``, ``rubric_vlm``, ``ensemble``)."""
-    import judging.ensemble  # (importing registers the judges)
-    import judging.programmatic
-    import judging.rubric_vlm  # noqa: F401
-
+    """A judge by registered name (``programmatic``, ``rubric_vlm``, ``ensemble``; the package
+    ``judging`` imports each judge module, which registers itself here)."""
     return JUDGES.make(name, **options)
 
 
