@@ -123,7 +123,7 @@ def _json_objects(text: str):
     for m in re.finditer(r"\{", text):
         try:
             obj, _ = dec.raw_decode(text, m.start())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the stack
             continue
         if isinstance(obj, dict):
             yield obj
