@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from rollouts.engine import Finished
-from warehouse.records import Blob
+from warehouse.blobs import NotAnImageError
+from warehouse.images import media_type
+from warehouse.records import Blob, Trajectory
 from warehouse.store import Warehouse
 
 
@@ -24,6 +26,8 @@ class WriterStats:
     steps: int = 0
     transactions: int = 0
     blobs_new: int = 0
+    screenshots_rejected: int = 0  # not images: not stored, their steps keep no screenshot
+    rejections: list[str] = field(default_factory=list)  # the first few reasons
 
 
 class BatchWriter:
@@ -86,15 +90,32 @@ class BatchWriter:
                     return
 
     def _write(self, batch: list[Finished]) -> None:
-        blobs = {}
+        blobs: dict[str, Blob] = {}
+        rejected: set[str] = set()
         for done in batch:
+            shots = _screenshot_hashes(done)
             for digest, data in done.blobs.items():
-                if digest not in blobs:
+                if digest in blobs or digest in rejected:
+                    continue
+                if digest in shots:  # a screenshot must be an image (Chromium's always are)
+                    try:
+                        put = self.wh.blobs.put_image(data)
+                    except NotAnImageError as exc:
+                        rejected.add(digest)
+                        self.stats.screenshots_rejected += 1
+                        if len(self.stats.rejections) < 20:
+                            self.stats.rejections.append(f"{done.trajectory.traj_id}: {exc}")
+                        continue
+                else:
                     put = self.wh.blobs.put(data)
-                    self.stats.blobs_new += put.new
-                    blobs[digest] = Blob(hash=put.hash, size=put.size, media_type=_media(data))
-        trajs = [d.trajectory for d in batch]
-        steps = [s for d in batch for s in d.steps]
+                self.stats.blobs_new += put.new
+                blobs[digest] = Blob(hash=put.hash, size=put.size, media_type=_media(data))
+        trajs = [_without(d.trajectory, rejected) for d in batch]
+        steps = [
+            replace(s, screenshot_hash=None) if s.screenshot_hash in rejected else s
+            for d in batch
+            for s in d.steps
+        ]
         self.wh.write_trajectories(trajs, steps, extra=[(list(blobs.values()), Blob)])
         self.stats.trajectories += len(trajs)
         self.stats.steps += len(steps)
@@ -107,7 +128,22 @@ class BatchWriter:
                 self._write([done])
 
 
+def _screenshot_hashes(done: Finished) -> set[str]:
+    """The blobs of ``done`` that are screenshots (per step, and the final one)."""
+    shots = {s.screenshot_hash for s in done.steps if s.screenshot_hash}
+    final = (done.trajectory.meta or {}).get("final_screenshot")
+    if isinstance(final, str):
+        shots.add(final)
+    return shots
+
+
+def _without(traj: Trajectory, rejected: set[str]) -> Trajectory:
+    """``traj`` without a reference to a rejected final screenshot."""
+    meta = traj.meta or {}
+    if meta.get("final_screenshot") in rejected:
+        return replace(traj, meta={**meta, "final_screenshot": None})
+    return traj
+
+
 def _media(data: bytes) -> str:
-    if data.startswith(b"\x89PNG"):
-        return "image/png"
-    return "text/plain; charset=utf-8"
+    return media_type(data) or "text/plain; charset=utf-8"

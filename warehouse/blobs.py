@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from warehouse.images import validate_image
+
 
 class BlobError(RuntimeError):
     """Base of blob store errors."""
@@ -29,6 +31,10 @@ class BlobNotFoundError(BlobError, KeyError):
 
 class BlobCorruptError(BlobError):
     """A stored blob's bytes no longer hash to its name."""
+
+
+class NotAnImageError(BlobError, ValueError):
+    """Bytes offered as an image (a screenshot) are not one; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,17 @@ class BlobStore:
             Path(tmp).unlink(missing_ok=True)
             raise
         return PutResult(digest, len(data), new=True)
+
+    def put_image(self, data: bytes) -> PutResult:
+        """Store a screenshot: like :meth:`put`, after checking that ``data`` is a whole image.
+
+        Raises :class:`NotAnImageError` (and stores nothing) for bytes that are not a PNG, JPEG
+        or WebP image (see :func:`warehouse.images.validate_image`).
+        """
+        reason = validate_image(data)
+        if reason is not None:
+            raise NotAnImageError(f"not storing a screenshot of {len(data)} bytes: {reason}")
+        return self.put(data)
 
     def put_text(self, text: str) -> PutResult:
         return self.put(text.encode("utf-8"))

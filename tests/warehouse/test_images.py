@@ -73,3 +73,61 @@ def test_a_pixel_bomb_header_is_rejected():
 def test_arbitrary_bytes_never_raise_and_rarely_pass(data: bytes):
     got = validate_image(data)
     assert got is not None or media_type(data) is not None  # passing implies a known format
+
+
+# -- where screenshots enter: the blob store and the collector's writer -----------------------
+
+
+def test_put_image_refuses_non_images_and_stores_nothing(tmp_path):
+    from warehouse.blobs import BlobStore, NotAnImageError
+
+    store = BlobStore(tmp_path / "blobs")
+    assert store.put_image(encode("PNG")).new
+    with pytest.raises(NotAnImageError, match="git-lfs pointer"):
+        store.put_image(LFS)
+    with pytest.raises(NotAnImageError, match="empty file"):
+        store.put_image(b"")
+    assert len(list(store)) == 1
+
+
+def test_the_collector_writer_stores_only_image_screenshots(wh):
+    import asyncio
+
+    from rollouts.engine import Finished
+    from rollouts.writer import BatchWriter
+    from warehouse.blobs import sha256_hex
+    from warehouse.records import Blob, Step, Trajectory
+
+    good, bad, tree = encode("PNG"), encode("PNG")[:-20], b"- button 'OK' [ref=e1]"
+    blobs = {sha256_hex(x): x for x in (good, bad, tree)}
+    g, b, t = (sha256_hex(x) for x in (good, bad, tree))
+    traj = Trajectory(
+        traj_id="t1",
+        run_id="r1",
+        task_id="k1",
+        policy="p",
+        status="success",
+        n_steps=2,
+        answer="42",
+        meta={"final_screenshot": b},
+    )
+    steps = [
+        Step(traj_id="t1", step_idx=0, screenshot_hash=g, a11y_hash=t, action_text="click(e1)"),
+        Step(traj_id="t1", step_idx=1, screenshot_hash=b, a11y_hash=t, action_text="stop(42)"),
+    ]
+
+    async def run():
+        writer = BatchWriter(wh, batch_steps=1, interval_s=0.05).start()
+        await writer.put(Finished(traj, steps, blobs))
+        return await writer.close()
+
+    stats = asyncio.run(run())
+    assert stats.screenshots_rejected == 1 and "truncated PNG" in stats.rejections[0]
+    rows = wh.read(Step).sort("step_idx")
+    assert rows["screenshot_hash"].to_list() == [g, None]
+    assert rows["action_text"].to_list() == ["click(e1)", "stop(42)"]
+    stored = wh.records(Trajectory)[0]
+    assert stored.answer == "42" and stored.meta["final_screenshot"] is None
+    media = {x.hash: x.media_type for x in wh.records(Blob)}
+    assert media == {g: "image/png", t: "text/plain; charset=utf-8"}
+    assert not wh.blobs.exists(b)
