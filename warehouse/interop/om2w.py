@@ -116,7 +116,7 @@ def parse_folder(folder: Path, root: Path | None = None) -> ParsedFolder:
         raise MalformedFolder(f"result.json is larger than {MAX_RESULT_BYTES // 2**20} MiB")
     try:
         result = json.loads(resolved.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise MalformedFolder(f"result.json is not valid JSON ({exc})") from None
     except OSError as exc:
         raise MalformedFolder(f"cannot read result.json ({exc.strerror})") from None
