@@ -199,3 +199,33 @@ def test_task_import_reports_rows_and_refuses_a_file_with_no_task(tmp_path: Path
     code, out, err = run_main(home, "tasks", "import", "webvoyager", str(mixed))
     assert code == 0 and "1 tasks read: 1 new" in out and "1 row(s) skipped" in out
     assert f"skipped {mixed} entry 2: 'web' is missing" in err
+
+
+def test_a_failure_inside_a_prefect_flow_is_one_line_without_prefect_noise(
+    tmp_path: Path, prefect_subprocess_env: dict[str, str]
+):
+    """The real entry point in a subprocess, a real flow run: the flow fails on its input
+    (an empty suite); stderr is one line naming the log, which holds the traceback."""
+    import os
+    import subprocess
+
+    home = tmp_path / "home"
+    env = {**prefect_subprocess_env, "WEBLOOP_HOME": str(home), "COLUMNS": "300"}
+    env.pop("WEBLOOP_WAREHOUSE", None)
+    env.pop("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "collect", "--suite", "nope", "--n-tasks", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.getcwd(),
+    )
+    log = home / "logs" / "webloop.log"
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: no tasks in suite 'nope', split 'train'; full traceback in {log}"
+    ]
+    text = log.read_text()
+    assert "Traceback" in text and "select_tasks" in text  # ours, and Prefect's log records
+    assert "Flow run" in text or "Task run" in text
