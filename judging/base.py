@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from rollouts.registry import Registry
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
+from warehouse.retry import aretrying
 from warehouse.store import Warehouse
 
 JUDGED_STATUSES = ("success", "failure", "finished", "timeout")
@@ -215,15 +216,23 @@ class JudgeSummary:
 async def _judge_one(
     judge: Judge, view: TrajectoryView, attempts: int, prior: int
 ) -> tuple[Verdict | None, str | None, int]:
-    error = None
-    for attempt in range(1, attempts + 1):
-        try:
-            return await judge.judge(view), None, prior + attempt
-        except JudgeError as exc:
-            error = str(exc)[:2000]
-        except Exception as exc:  # a judge bug must not lose the rest of the backlog
-            error = f"{type(exc).__name__}: {exc}"[:2000]
-    return None, error, prior + attempts
+    """(verdict, None, attempts so far) or (None, the last error, attempts so far): any error is
+    retried up to ``attempts`` tries in all, at once (the chat client already backs off)."""
+    tries = 0
+
+    async def once() -> Verdict:
+        nonlocal tries
+        tries += 1
+        return await judge.judge(view)
+
+    try:
+        verdict = await aretrying(attempts=attempts, retry_on=Exception, base_delay=0.0)(once)
+        return verdict, None, prior + tries
+    except JudgeError as exc:
+        error = str(exc)[:2000]
+    except Exception as exc:  # a judge bug must not lose the rest of the backlog
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+    return None, error, prior + tries
 
 
 def _row(judge: Judge, view: TrajectoryView, result, run_id: str | None) -> Judgment:

@@ -1,9 +1,10 @@
 """The OpenAI-compatible chat-completions client shared by policies, judges and PRM scorers.
 
 One HTTP client per user: ``POST {base_url}/chat/completions`` with retries and jittered
-exponential backoff on 5xx, timeouts, resets and replies that are not a completion; 4xx answers
-(bad request, auth) are refused at once. The API key comes from ``WEBLOOP_API_KEY`` or
-``OPENAI_API_KEY`` only; it is sent as a header and never stored, logged or exported.
+exponential backoff (:mod:`warehouse.retry`) on 5xx, timeouts, resets and replies that are not a
+completion; 4xx answers (bad request, auth) are refused at once. The API key comes from
+``WEBLOOP_API_KEY`` or ``OPENAI_API_KEY`` only; it is sent as a header and never stored, logged
+or exported.
 """
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import random
 from typing import Any
 
 import httpx
+
+from warehouse.retry import aretrying
 
 MAX_IN_FLIGHT = 32  # requests in flight per client (more wait their turn)
 
 
 class ModelUnavailable(RuntimeError):
     """The model server could not answer (after retries), or refused the request."""
+
+
+class _Retry(Exception):
+    """An answer worth another try (a 5xx, a reply without choices)."""
 
 
 def api_key() -> str | None:
@@ -59,31 +65,38 @@ class ChatClient:
         """The completion body for ``messages``; ``options`` (temperature, max_tokens, logprobs,
         …) go into the request. Raises :class:`ModelUnavailable` when retries are spent."""
         payload: dict[str, Any] = {"model": self.model, "messages": messages, **options}
-        last = "no attempt"
-        for attempt in range(self.retries + 1):
-            try:
-                if self._slots is None:
-                    self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-                async with self._slots:  # queue here: httpcore's own queue is costly when long
-                    r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
-                if r.status_code == 200:
-                    body = r.json()
-                    if isinstance(body, dict) and body.get("choices"):
-                        return body
-                    last = "a reply without choices"
-                elif r.status_code in (400, 401, 403, 404, 422):
-                    raise ModelUnavailable(
-                        f"model server refused the request: HTTP {r.status_code} {r.text[:200]}"
-                    )
-                else:
-                    last = f"HTTP {r.status_code}"
-            except (httpx.TransportError, ValueError) as exc:  # timeouts, resets, bad JSON
-                last = f"{type(exc).__name__}: {exc}"[:200]
-            if attempt < self.retries:
-                await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        policy = aretrying(
+            attempts=self.retries + 1,
+            retry_on=(httpx.TransportError, ValueError, _Retry),
+            base_delay=self.backoff_s,
+        )
+        try:
+            return await policy(self._post, payload)
+        except _Retry as exc:
+            last = str(exc)
+        except (httpx.TransportError, ValueError) as exc:  # timeouts, resets, bad JSON
+            last = f"{type(exc).__name__}: {exc}"[:200]
         raise ModelUnavailable(
             f"model server at {self.base_url} failed {self.retries + 1} times; last: {last}"
         )
+
+    async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One request: the body of a completion, :class:`_Retry` for an answer worth another
+        try (5xx, a reply without choices), :class:`ModelUnavailable` for a refusal (4xx)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        async with self._slots:  # queue here: httpcore's own queue is costly when long
+            r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
+        if r.status_code in (400, 401, 403, 404, 422):
+            raise ModelUnavailable(
+                f"model server refused the request: HTTP {r.status_code} {r.text[:200]}"
+            )
+        if r.status_code != 200:
+            raise _Retry(f"HTTP {r.status_code}")
+        body = r.json()
+        if not (isinstance(body, dict) and body.get("choices")):
+            raise _Retry("a reply without choices")
+        return body
 
     async def text(self, messages: list[dict[str, Any]], **options: Any) -> str:
         """The first choice's message text ("" when the server sent none)."""

@@ -21,7 +21,6 @@ crash only takes down the episode running in it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit
 
 from rollouts.actions import Action, Answer
 from rollouts.browser import execute, launch
+from warehouse.retry import aretrying
 
 
 class BrowserCrashed(RuntimeError):
@@ -213,16 +213,19 @@ class BrowserEnv:
     async def _screenshot(self) -> bytes:
         """A PNG of the page. Right after a failed navigation Chromium is still swapping in its
         error page and can refuse a capture once; wait for it to load and try again."""
-        for attempt in range(3):
-            try:
-                return await self.page.screenshot(type="png")
-            except Exception:
-                if attempt == 2 or self.page.is_closed():
-                    raise
-                with contextlib.suppress(Exception):
-                    await self.page.wait_for_load_state("load", timeout=5000)
-                await asyncio.sleep(0.2)
-        raise AssertionError("unreachable")
+
+        async def settle() -> None:
+            with contextlib.suppress(Exception):
+                await self.page.wait_for_load_state("load", timeout=5000)
+
+        policy = aretrying(
+            attempts=3,
+            retry_on=lambda e: isinstance(e, Exception) and not self.page.is_closed(),
+            base_delay=0.2,
+            factor=1.0,
+            on_retry=settle,
+        )
+        return await policy(self.page.screenshot, type="png")
 
     async def cookies(self, url: str) -> list[dict[str, Any]]:
         return await self.context.cookies(url)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
 
 from sites.common import SECRET_HEADER, SID_COOKIE
+from warehouse.retry import aretrying
 
 
 class InspectionError(RuntimeError):
@@ -20,21 +20,20 @@ async def fetch_state(
     """The site's state for a browser session (its ``wl_sid`` cookie).
 
     Transport errors (a connection the server just closed, a busy machine) are retried a few
-    times: a grading hiccup must not turn a finished trajectory into an infrastructure error.
+    times (:mod:`warehouse.retry`): a grading hiccup must not turn a finished trajectory into an
+    infrastructure error.
     """
-    for attempt in range(4):
-        try:
-            r = await client.get(
-                f"{origin}/__webloop/state",
-                params={"session": session},
-                headers={SECRET_HEADER: secret},
-                timeout=10,
-            )
-            break
-        except httpx.TransportError as exc:
-            if attempt == 3:
-                raise InspectionError(f"{origin}: inspection endpoint unreachable: {exc}") from exc
-            await asyncio.sleep(0.2 * 2**attempt)
+    transport = aretrying(attempts=4, retry_on=httpx.TransportError, base_delay=0.2)
+    try:
+        r = await transport(
+            client.get,
+            f"{origin}/__webloop/state",
+            params={"session": session},
+            headers={SECRET_HEADER: secret},
+            timeout=10,
+        )
+    except httpx.TransportError as exc:
+        raise InspectionError(f"{origin}: inspection endpoint unreachable: {exc}") from exc
     if r.status_code != 200:
         raise InspectionError(f"{origin}: inspection endpoint answered {r.status_code}")
     return r.json()["state"]

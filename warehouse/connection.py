@@ -10,9 +10,7 @@ error only when contention outlasts the retry budget.
 from __future__ import annotations
 
 import importlib.util
-import random
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +18,7 @@ from typing import TypeVar
 import duckdb
 
 from warehouse.config import WarehouseConfig, redact
+from warehouse.retry import retrying
 
 T = TypeVar("T")
 
@@ -68,18 +67,16 @@ def with_retry(
     max_delay: float = 1.0,
     on_retry: Callable[[], None] | None = None,
 ) -> T:
-    """Run ``fn``, retrying transient contention errors with jittered exponential backoff."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except duckdb.Error as exc:
-            if not is_transient(exc) or attempt == attempts - 1:
-                raise
-            if on_retry is not None:
-                on_retry()
-            delay = min(max_delay, base_delay * 2**attempt)
-            time.sleep(delay * (0.5 + random.random()))
-    raise AssertionError("unreachable")  # pragma: no cover
+    """Run ``fn``, retrying transient contention errors with jittered exponential backoff
+    (:mod:`warehouse.retry`); any other error, or the last one, is raised as it is."""
+    policy = retrying(
+        attempts=attempts,
+        retry_on=is_transient,
+        base_delay=base_delay,
+        max_delay=max_delay,
+        on_retry=on_retry,
+    )
+    return policy(fn)
 
 
 def sql_string(value: str) -> str:
@@ -130,16 +127,22 @@ def _prepare_sqlite(path: Path) -> None:
     Without WAL a writer starves readers; WAL lets the dashboard read while a flow writes.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(50):
+
+    def to_wal() -> None:
+        db = sqlite3.connect(path, timeout=10)
         try:
-            db = sqlite3.connect(path, timeout=10)
-            try:
-                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    db.execute("PRAGMA journal_mode=WAL")
-            finally:
-                db.close()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == 49:
-                raise WarehouseError(f"cannot prepare SQLite catalog {path}: {exc}") from None
-            time.sleep(0.05 * (1 + random.random()))
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            db.close()
+
+    locked = retrying(
+        attempts=50,
+        retry_on=lambda e: isinstance(e, sqlite3.OperationalError) and "locked" in str(e),
+        base_delay=0.075,
+        factor=1.0,
+    )
+    try:
+        locked(to_wal)
+    except sqlite3.OperationalError as exc:
+        raise WarehouseError(f"cannot prepare SQLite catalog {path}: {exc}") from None
