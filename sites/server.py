@@ -8,17 +8,14 @@ the browser and the server should not share one interpreter)::
         server.url("shop")            # 'http://127.0.0.1:41234'
         server.secret                 # for the inspection endpoint
 
-``python -m sites.server --seed 0`` (and ``webloop sites serve``) runs it in the foreground.
+``webloop sites serve`` runs it in the foreground (the one command-line entry point).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -178,29 +175,3 @@ def _serve_child(
         await task
 
     asyncio.run(main())
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Serve the bundled webloop sites.")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--base-port", type=int, default=0, help="shop, travel, wiki, mail from here")
-    ap.add_argument("--json", action="store_true", help="print URLs and secret as JSON")
-    args = ap.parse_args(argv)
-    ports = {n: args.base_port + i for i, n in enumerate(SITES)} if args.base_port else None
-    server = SiteServer(seed=args.seed, host=args.host, ports=ports).start()
-    info = {"urls": server.urls, "secret": server.secret}
-    print(
-        json.dumps(info) if args.json else "\n".join(f"{n:7s} {u}" for n, u in server.urls.items()),
-        flush=True,
-    )
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        server.stop()
-        sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
