@@ -153,8 +153,10 @@ def statement_kinds(query: str) -> list[str]:
     """The statement types in ``query`` (DuckDB's parser), e.g. ``["SELECT", "INSERT"]``."""
     import duckdb
 
+    from warehouse.connection import parse_statements
+
     try:
-        return [s.type.name for s in duckdb.connect().extract_statements(query)]
+        return [s.type.name for s in parse_statements(query)]  # parsing reads no files
     except duckdb.Error as exc:
         raise UserError(f"cannot parse the query: {exc}") from None
 
@@ -179,15 +181,16 @@ def sql(
             f"refusing to run a {', '.join(writes)} statement without --write "
             "(webloop sql is read-only by default)"
         )
-    with _open(read_only=not write) as wh:
-        result = None
-        statements = wh.con.extract_statements(query)
-        for stmt in statements:
-            result = wh.con.execute(stmt)
+    from warehouse.sandbox import open_sandboxed, run_user_sql
+
+    # Sandboxed: the warehouse's tables only (no other files, network, extensions or settings);
+    # read-only opens create, migrate and write nothing.
+    with open_sandboxed(WarehouseConfig.from_env(), write=write) as wh:
+        result, n_statements = run_user_sql(wh.con, query, write=write)
         if result is not None and result.description:
             print_frame(result.pl(), fmt)
         elif fmt is Format.table:
-            console.print(f"ok ({len(statements)} statement(s))")
+            console.print(f"ok ({n_statements} statement(s))")
 
 
 # -- warehouse --------------------------------------------------------------------------------
@@ -200,7 +203,7 @@ def warehouse_info(
     """Counts per table, snapshots, pinned versions, sizes."""
     from warehouse import info
 
-    with _open() as wh:
+    with _open(read_only=True) as wh:  # creates, migrates and writes nothing
         report = info.collect(wh)
     if fmt is not Format.table:
         import json
@@ -427,7 +430,8 @@ def _import_tasks(fmt: str, file: Path) -> None:
 
     parsed = parse_task_file(fmt, file)
     for n, reason in parsed.errors:
-        err.print(f"[yellow]skipped[/yellow] {escape(f'{file} {parsed.where(n)}: {reason}')}")
+        at = f"{file}:{n}" if parsed.unit == "line" else f"{file} entry {n}"
+        err.print(f"[yellow]skipped[/yellow] {escape(f'{at}: {reason}')}")
     if not parsed.tasks:
         raise UserError(f"{file}: no {fmt} task could be read (see the skipped rows above)")
     with _open() as wh:

@@ -188,8 +188,8 @@ def test_task_import_reports_rows_and_refuses_a_file_with_no_task(tmp_path: Path
     bad.write_text('{"web_name": "A"}\nnot json\n')
     code, _, err = run_main(home, "tasks", "import", "webvoyager", str(bad))
     assert code == 2
-    assert f"skipped {bad} line 1: 'web' is missing or empty" in err
-    assert f"skipped {bad} line 2: not valid JSON" in err
+    assert f"skipped {bad}:1: 'web' is missing or empty" in err
+    assert f"skipped {bad}:2: not valid JSON" in err
     assert "no webvoyager task could be read" in err
     assert not (home / "lake").exists()  # refused before the warehouse was opened
     mixed = tmp_path / "mixed.json"

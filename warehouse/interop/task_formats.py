@@ -41,9 +41,6 @@ class ParsedTasks:
     errors: list[tuple[int, str]] = field(default_factory=list)  # (line or entry, reason)
     unit: str = "line"  # what the numbers count: "line" (JSONL) or "entry" (JSON array)
 
-    def where(self, n: int) -> str:
-        return f"line {n}" if self.unit == "line" else f"entry {n}"
-
 
 _WRAPPERS = ("tasks", "data", "examples", "items")
 
