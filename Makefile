@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.webloop-installed
 
-.PHONY: setup system demo test lint format bench clean
+.PHONY: setup system demo test test-fast lint format bench clean
 
 setup: $(STAMP) system
 
@@ -26,6 +26,10 @@ demo: setup
 
 test: setup lint
 	$(PY) -m pytest
+
+# The fast tier: no browser, no Prefect server, no PostgreSQL, nothing marked slow.
+test-fast: setup lint
+	$(PY) -m pytest -m "not browser and not slow and not postgres and not prefect"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -2,12 +2,14 @@
 
 Used by the conformance tests, ``bench/sites.py`` and ``webloop sites check``. Each task gets a
 fresh browser context (its own session, so its own server-side state); the final state comes from
-the inspection endpoint and is graded by the task's programmatic checker.
+the inspection endpoint and is graded by the task's programmatic checker
+(:func:`sites.grading.grade_session`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,7 @@ import httpx
 from rollouts.browser import launch
 from rollouts.expert import run_reference
 from sites.checkers import Verdict, check
-from sites.client import fetch_state, session_of
+from sites.grading import grade_session
 from sites.server import SiteServer
 from sites.tasks import resolve_start_url
 from warehouse.records import Task
@@ -32,15 +34,6 @@ class ExpertResult:
     start_status: int | None
 
 
-async def grade(
-    client: httpx.AsyncClient, server: SiteServer, context: Any, task: Task, answer: str | None
-) -> Verdict:
-    origin = server.url(task.site or "")
-    sid = session_of(await context.cookies(origin))
-    state = await fetch_state(client, origin, server.secret, sid) if sid else {}
-    return check(task.checker, state, answer)
-
-
 async def run_expert_task(
     browser: Any,
     client: httpx.AsyncClient,
@@ -54,9 +47,13 @@ async def run_expert_task(
         page = await context.new_page()
         response = await page.goto(resolve_start_url(task.start_url, server.urls))
         status = response.status if response else None
-        fresh = await grade(client, server, context, task, None) if check_fresh else None
+        fresh = (
+            await grade_session(client, server, task, context.cookies, None)
+            if check_fresh
+            else None
+        )
         run = await run_reference(page, list(task.reference or []))
-        verdict = await grade(client, server, context, task, run.answer)
+        verdict = await grade_session(client, server, task, context.cookies, run.answer)
         return ExpertResult(task.task_id, task.site or "", verdict, fresh, run.error, status)
     finally:
         await context.close()
@@ -69,13 +66,20 @@ async def run_expert(
     concurrency: int = 4,
     check_fresh: bool = False,
     progress: Any = None,
+    browser: Any = None,
 ) -> list[ExpertResult]:
-    """Run the expert on every task with ``concurrency`` browser contexts at once."""
-    from playwright.async_api import async_playwright
+    """Run the expert on every task with ``concurrency`` browser contexts at once, on
+    ``browser`` (a launched Playwright Chromium of this event loop, left open) or on a Chromium
+    launched and closed here."""
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient())
+        if browser is None:
+            from playwright.async_api import async_playwright
 
-    sem = asyncio.Semaphore(concurrency)
-    async with async_playwright() as pw, httpx.AsyncClient() as client:
-        browser = await launch(pw)
+            pw = await stack.enter_async_context(async_playwright())
+            browser = await launch(pw)
+            stack.push_async_callback(browser.close)
+        sem = asyncio.Semaphore(concurrency)
 
         async def one(task: Task) -> ExpertResult:
             async with sem:
@@ -96,7 +100,4 @@ async def run_expert(
                     progress(res)
                 return res
 
-        try:
-            return await asyncio.gather(*(one(t) for t in tasks))
-        finally:
-            await browser.close()
+        return await asyncio.gather(*(one(t) for t in tasks))

@@ -22,13 +22,13 @@ import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
 from flows.runs import recorded_run  # noqa: E402
+from rollouts.browser import SharedSlot  # noqa: E402
 from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
 from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
 from rollouts.prompts import PromptConfig  # noqa: E402
-from rollouts.writer import BatchWriter  # noqa: E402
-from sites.checkers import check  # noqa: E402
-from sites.client import fetch_state, session_of  # noqa: E402
+from rollouts.writer import BatchWriter, WriterStats  # noqa: E402
+from sites.grading import grade_session  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
@@ -126,10 +126,7 @@ def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Call
         t = job.task
         if server is None or not t.start_url.startswith(BUNDLED_SCHEME):
             return Outcome("finished")
-        origin = server.url(t.site or "")
-        sid = session_of(await env.cookies(origin))
-        state = await fetch_state(client, origin, server.secret, sid) if sid else {}
-        verdict = check(t.checker, state, answer)
+        verdict = await grade_session(client, server, t, env.cookies, answer)
         return Outcome(
             "success" if verdict.success else "failure", {"criteria": verdict.to_dict()["criteria"]}
         )
@@ -138,9 +135,24 @@ def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Call
 
 
 async def run_collect(
-    wh: Warehouse, cfg: CollectConfig, on_progress: Callable[[Stats], None] | None = None
+    wh: Warehouse,
+    cfg: CollectConfig,
+    on_progress: Callable[[Stats], None] | None = None,
+    *,
+    server: SiteServer | None = None,
+    browser: Any = None,
 ) -> dict[str, Any]:
-    """Collect (or resume) the run described by ``cfg``; return a summary."""
+    """Collect (or resume) the run described by ``cfg``; return a summary.
+
+    ``server``: running bundled sites to use (their seed must be ``cfg.site_seed``); by default
+    a sites server process is started, only when some bundled trajectory still needs running.
+    ``browser``: a launched Playwright Chromium of the calling event loop, shared by all
+    trajectories (a context each) and left open; by default each worker launches its own, only
+    when there is work."""
+    if server is not None and server.seed != cfg.site_seed:
+        raise WarehouseError(
+            f"the given sites server has seed {server.seed}, the run needs {cfg.site_seed}"
+        )
     run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
     tasks = select_tasks(wh, cfg)
     policy = make_policy_for(cfg)
@@ -151,7 +163,9 @@ async def run_collect(
         ).iter_rows()
     }
     with recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name):
-        stats, wstats, jobs = await _collect(wh, cfg, run_id, tasks, policy, done, on_progress)
+        stats, wstats, jobs = await _collect(
+            wh, cfg, run_id, tasks, policy, done, on_progress, server, browser
+        )
     return {
         "run_id": run_id,
         "tasks": len(tasks),
@@ -173,8 +187,11 @@ async def _collect(
     policy: Any,
     done: dict[str, str],
     on_progress: Callable[[Stats], None] | None,
+    server: SiteServer | None = None,
+    browser: Any = None,
 ) -> tuple[Stats, Any, list[Job]]:
-    """Start the sites when needed, run the engine over what is not stored yet, write."""
+    """Start the sites when needed (unless given), run the engine over what is not stored yet,
+    write. Nothing to run: no server, no browser, no writer."""
     pending = [
         t
         for t in tasks
@@ -183,8 +200,14 @@ async def _collect(
             for k in range(cfg.samples)
         )
     ]
+    if not pending:
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
+        return Stats(), WriterStats(), []
     bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in pending)
-    server = SiteServer(seed=cfg.site_seed, mode="process").start() if bundled else None
+    own_server = server is None and bundled
+    if own_server:
+        server = SiteServer(seed=cfg.site_seed, mode="process").start()
     try:
 
         def resolve(t: Task) -> tuple[str, list[str]]:
@@ -203,6 +226,8 @@ async def _collect(
             seed=cfg.seed,
             **cfg.engine,
         )
+        env_cfg = env_config(cfg)
+        shared = SharedSlot(browser) if browser is not None else None
         async with httpx.AsyncClient() as client:
             writer = BatchWriter(wh).start()
             engine = Engine(
@@ -211,15 +236,16 @@ async def _collect(
                 bundled_grader(server, client),
                 writer.put,
                 config=engine_cfg,
-                env_config=env_config(cfg),
+                env_config=env_cfg,
                 on_progress=on_progress,
+                env_factory=(lambda: BrowserEnv(shared, env_cfg)) if shared else None,
             )
             try:
                 stats = await engine.run(jobs)
             finally:
                 wstats = await writer.close()
     finally:
-        if server:
+        if own_server and server is not None:
             server.stop()
         if hasattr(policy, "aclose"):
             await policy.aclose()

@@ -3,8 +3,9 @@
 Thin wiring of ``judging.prm``: choose states of stored trajectories, sample K candidates per
 state with a policy (stored once in ``candidates``; re-runs reuse them), score them with a
 registered scorer, store scores and group-relative advantages in ``step_scores``. The exact scorer
-gets browsers and the bundled sites (server, inspection, checker) from here. Re-running skips
-states whose candidates all have a score from this scorer version; scorer errors are retried.
+gets browsers and the bundled sites (server, inspection, checker) from here, or from the caller.
+Re-running skips states whose candidates all have a score from this scorer version (checked
+before any server or browser starts); scorer errors are retried.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from prefect import flow, task  # noqa: E402
 from flows.runs import recorded_run  # noqa: E402
 from judging.base import load_views  # noqa: E402
 from judging.prm import (  # noqa: E402
+    ExactScorer,
     Proposal,
     ScoreSummary,
     State,
@@ -35,10 +37,10 @@ from judging.prm import (  # noqa: E402
     ranking_agreement,
     score_states,
 )
+from rollouts.browser import SharedSlot  # noqa: E402
 from rollouts.env import BrowserEnv, BrowserSlot, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
-from sites.checkers import check  # noqa: E402
-from sites.client import fetch_state, session_of  # noqa: E402
+from sites.grading import grade_session  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
@@ -149,11 +151,11 @@ def done_states(wh: Warehouse, scorer: Any, states: list[State], k: int) -> set[
 
 
 def bundled_grade(server: SiteServer, client: httpx.AsyncClient):
+    """The exact scorer's grade: the checker's criteria on the replayed session's state."""
+
     async def grade(env: BrowserEnv, task: Any, answer: str | None) -> list[dict[str, Any]]:
-        origin = server.url(task.site or "")
-        sid = session_of(await env.cookies(origin))
-        state = await fetch_state(client, origin, server.secret, sid) if sid else {}
-        return check(task.checker, state, answer).to_dict()["criteria"]
+        verdict = await grade_session(client, server, task, env.cookies, answer)
+        return verdict.to_dict()["criteria"]
 
     return grade
 
@@ -165,19 +167,27 @@ async def _score(
     cands: dict,
     run_id: str,
     progress: Callable[[ScoreSummary], None] | None,
+    server: SiteServer | None = None,
+    browser: Any = None,
 ) -> ScoreSummary:
     async with AsyncExitStack() as stack:
         if cfg.scorer == "exact":
-            scorer = await _exact_scorer(stack, cfg, states)
+            seed = exact_site_seed(states)
+            # what is left, before any sites server or browser starts
+            done = done_states(wh, ExactScorer, states, cfg.k)
+            todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
+            if not todo:
+                return ScoreSummary()
+            scorer = await _exact_scorer(stack, cfg, seed, server, browser)
         elif cfg.scorer == "vlm":
             if not cfg.scorer_base_url or not cfg.scorer_model:
                 raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
             scorer = make_scorer("vlm", base_url=cfg.scorer_base_url, model=cfg.scorer_model)
             stack.push_async_callback(scorer.aclose)
+            done = done_states(wh, scorer, states, cfg.k)
+            todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
         else:
             raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
-        done = done_states(wh, scorer, states, cfg.k)
-        todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
         return await score_states(
             todo,
             cands,
@@ -189,9 +199,9 @@ async def _score(
         )
 
 
-async def _exact_scorer(stack: AsyncExitStack, cfg: ScoreStepsConfig, states: list[State]):
-    from playwright.async_api import async_playwright
-
+def exact_site_seed(states: list[State]) -> int:
+    """The one site seed of the states' bundled tasks; refuses states the exact scorer cannot
+    replay (not bundled, no reference) or that span several seeds."""
     tasks = [s.traj.task for s in states]
     if any(not t.start_url.startswith(BUNDLED_SCHEME) or not t.reference for t in tasks):
         raise WarehouseError(
@@ -201,15 +211,37 @@ async def _exact_scorer(stack: AsyncExitStack, cfg: ScoreStepsConfig, states: li
     seeds = {int((t.checker or {}).get("site_seed", 0)) for t in tasks}
     if len(seeds) > 1:
         raise WarehouseError(f"states span several site seeds {sorted(seeds)}: pick one --run")
-    server = SiteServer(seed=seeds.pop() if seeds else 0, mode="process").start()
-    stack.callback(server.stop)
+    return seeds.pop() if seeds else 0
+
+
+async def _exact_scorer(
+    stack: AsyncExitStack,
+    cfg: ScoreStepsConfig,
+    seed: int,
+    server: SiteServer | None = None,
+    browser: Any = None,
+):
+    """The exact scorer on ``server`` (or a sites server process started here) with
+    ``cfg.concurrency`` environments: contexts of ``browser``, or one Chromium each."""
+    if server is None:
+        server = SiteServer(seed=seed, mode="process").start()
+        stack.callback(server.stop)
+    elif server.seed != seed:
+        raise WarehouseError(f"the given sites server has seed {server.seed}, the states {seed}")
     client = await stack.enter_async_context(httpx.AsyncClient())
-    pw = await stack.enter_async_context(async_playwright())
-    envs = []
-    for _ in range(max(1, cfg.concurrency)):
-        slot = BrowserSlot(pw)
-        stack.push_async_callback(slot.close)
-        envs.append(BrowserEnv(slot))
+    n = max(1, cfg.concurrency)
+    if browser is not None:
+        shared = SharedSlot(browser)
+        envs = [BrowserEnv(shared) for _ in range(n)]
+    else:
+        from playwright.async_api import async_playwright
+
+        pw = await stack.enter_async_context(async_playwright())
+        envs = []
+        for _ in range(n):
+            slot = BrowserSlot(pw)
+            stack.push_async_callback(slot.close)
+            envs.append(BrowserEnv(slot))
 
     def resolve(t: Any) -> tuple[str, list[str]]:
         url = resolve_start_url(t.start_url, server.urls)
@@ -218,10 +250,19 @@ async def _exact_scorer(stack: AsyncExitStack, cfg: ScoreStepsConfig, states: li
     return make_scorer("exact", envs=envs, resolve=resolve, grade=bundled_grade(server, client))
 
 
-def run_score_steps(
-    wh: Warehouse, cfg: ScoreStepsConfig, progress: Callable[[ScoreSummary], None] | None = None
+async def run_score_steps_async(
+    wh: Warehouse,
+    cfg: ScoreStepsConfig,
+    progress: Callable[[ScoreSummary], None] | None = None,
+    *,
+    server: SiteServer | None = None,
+    browser: Any = None,
 ) -> dict[str, Any]:
-    """Sample candidates and score them for the selected states; returns a summary."""
+    """Sample candidates and score them for the selected states; returns a summary.
+
+    The exact scorer uses ``server`` (running bundled sites with the states' site seed) and
+    ``browser`` (a launched Playwright Chromium of the calling event loop, left open) when
+    given; otherwise it starts its own, and only when some state still needs scores."""
     if cfg.k < 2:
         raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
     run_id = run_id_for("score_steps", cfg.identity())
@@ -229,9 +270,20 @@ def run_score_steps(
     if not states:
         raise WarehouseError("no finished trajectories with steps to score (check --run)")
     with recorded_run(wh, run_id, "score_steps", dataclasses.asdict(cfg)):
-        cands = asyncio.run(ensure_candidates(wh, cfg, states, run_id))
-        summary = asyncio.run(_score(wh, cfg, states, cands, run_id, progress))
+        cands = await ensure_candidates(wh, cfg, states, run_id)
+        summary = await _score(wh, cfg, states, cands, run_id, progress, server, browser)
     return {"run_id": run_id, "selected": len(states), **dataclasses.asdict(summary)}
+
+
+def run_score_steps(
+    wh: Warehouse,
+    cfg: ScoreStepsConfig,
+    progress: Callable[[ScoreSummary], None] | None = None,
+    *,
+    server: SiteServer | None = None,
+) -> dict[str, Any]:
+    """:func:`run_score_steps_async` in its own event loop (so with browsers of its own)."""
+    return asyncio.run(run_score_steps_async(wh, cfg, progress, server=server))
 
 
 def scorer_agreement(

@@ -56,6 +56,24 @@ async def launch(playwright: Any, *, headless: bool = True) -> Any:
     )
 
 
+class SharedSlot:
+    """A browser slot (the interface :class:`~rollouts.env.BrowserEnv` uses) over a Chromium that
+    the caller launched and owns: any number of environments open contexts on it at once, and
+    closing the slot leaves the browser running. A crashed shared browser is not relaunched (its
+    owner decides); episodes on it end as infrastructure errors."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.served = 0
+
+    async def context(self, **kw: Any) -> Any:
+        self.served += 1
+        return await self.browser.new_context(**kw)
+
+    async def close(self) -> None:
+        """Nothing to do: the owner closes the browser."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """Outcome of one action: the answer (for ``answer``) or an error message (bad target…)."""

@@ -1,7 +1,9 @@
-"""Shared fixtures: temporary warehouses (SQLite and PostgreSQL catalogs), the Prefect harness."""
+"""Shared fixtures: temporary warehouses (SQLite and PostgreSQL catalogs), the Prefect harness,
+the bundled sites and one Chromium for the whole session."""
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import shutil
@@ -9,10 +11,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -109,15 +113,107 @@ def pg_cfg(pg_url: str, tmp_path: Path) -> WarehouseConfig:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    """A temporary Prefect server and database for the whole session (~11 s, once)."""
-    from flows import prefect_env
+def prefect_harness() -> Iterator[str]:
+    """A temporary Prefect server and database for the whole session (~11 s, once); its API URL.
 
-    prefect_env.configure()
+    Flows run in-process against it. A subprocess that runs a flow gets the URL in
+    ``PREFECT_API_URL`` (:func:`prefect_subprocess_env`) instead of starting its own server."""
+    from flows import prefect_env as configure_env
+
+    configure_env.configure()
+    import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    with prefect_test_harness(server_startup_timeout=300):  # a deadline for loaded machines
+        yield prefect.settings.PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def prefect_subprocess_env(prefect_harness: str) -> dict[str, str]:
+    """Environment for a subprocess that runs flows: this session's Prefect server."""
+    return {**os.environ, "PREFECT_API_URL": prefect_harness}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the Prefect harness carry the ``prefect`` marker (``make test-fast``
+    deselects them), whichever fixture brought the harness in."""
+    for item in items:
+        if "prefect_harness" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.prefect)
+
+
+# -- Bundled sites and Chromium, shared by the session -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sites() -> Iterator[Any]:
+    """The bundled sites (site seed 0) for the whole session, in a background thread. Browser
+    sessions are cookies, so tests sharing it never see each other's state."""
+    from sites.server import SiteServer
+
+    with SiteServer(seed=0, slow_s=0.1) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def server(sites: Any) -> Any:
+    """The session's bundled sites (a module may override this fixture with its own server)."""
+    return sites
+
+
+class SharedChromium:
+    """One Chromium for the whole session, on one long-lived event loop in a background thread.
+
+    A Playwright browser belongs to the event loop that launched it, and every test drives its
+    async code with its own ``asyncio.run``; so async code that uses the shared browser runs on
+    the browser's loop instead: ``chromium.run(run_collect(wh, cfg, browser=chromium.browser))``.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="chromium")
+        self.thread.start()
+        self.browser: Any = None
+        self._pw: Any = None
+
+    def run(self, coro: Any, timeout: float = 600) -> Any:
+        """Run ``coro`` on the browser's loop; its result (or exception) here."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> SharedChromium:
+        from playwright.async_api import async_playwright
+
+        from rollouts.browser import launch
+
+        async def go() -> None:
+            self._pw = await async_playwright().start()
+            self.browser = await launch(self._pw)
+
+        self.run(go(), timeout=120)
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self.browser is not None:
+                await self.browser.close()
+            if self._pw is not None:
+                await self._pw.stop()
+
+        try:
+            self.run(close(), timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[SharedChromium]:
+    """The session's Chromium and its event loop (see :class:`SharedChromium`)."""
+    shared = SharedChromium().start()
+    try:
+        yield shared
+    finally:
+        shared.stop()
 
 
 @pytest.fixture(scope="session")
@@ -168,12 +264,3 @@ def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
     proc.terminate()
     proc.wait(30)
     log.close()
-
-
-@pytest.fixture(scope="module")
-def server():
-    """The bundled sites (real HTTP server, thread mode) for a test module."""
-    from sites.server import SiteServer
-
-    with SiteServer(seed=0, slow_s=0.1) as s:
-        yield s

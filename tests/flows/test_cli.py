@@ -1,4 +1,6 @@
-"""The webloop CLI, run as users run it (a subprocess) against a real warehouse."""
+"""The webloop CLI against a real warehouse: in-process through its console entry point (the
+session's Prefect server for commands that run flows), plus real subprocesses where the process
+itself is the subject (entry point, exit codes, a long-running server, signals)."""
 
 from __future__ import annotations
 
@@ -13,22 +15,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests.flows.cli_runner import webloop, webloop_subprocess
 from warehouse import Warehouse, WarehouseConfig, migrations, sample
-
-
-def webloop(home: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
-    env.pop("WEBLOOP_WAREHOUSE", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +64,18 @@ def test_sql_with_write_changes_data(home: Path):
 def test_sql_errors_are_one_line_without_traceback(home: Path):
     proc = webloop(home, "sql", "SELECT nope FROM steps", ok=False)
     assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_console_entry_point_as_a_subprocess(home: Path):
+    """The real process: help exits 0, a user error exits 2 with an error message and no
+    traceback, a query prints its rows."""
+    proc = webloop_subprocess(home, "--help")
+    assert "collect" in proc.stdout and "score-steps" in proc.stdout
+    proc = webloop_subprocess(home, "sql", "SELECT nope FROM steps", ok=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error:") and "nope" in proc.stderr
+    out = webloop_subprocess(home, "sql", "SELECT count(*) AS n FROM tasks", "--format", "json")
+    assert json.loads(out.stdout) == [{"n": 4}]
 
 
 def test_info_reports_counts(home: Path):
@@ -197,10 +197,10 @@ def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
         assert set(urls) == {"shop", "travel", "wiki", "mail"}
         assert httpx.get(urls["wiki"] + "/").status_code == 200
         secret_file = h / "sites.secret"
-        for _ in range(50):
-            if secret_file.exists() and secret_file.read_text():
-                break
-            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while not (secret_file.exists() and secret_file.read_text()):
+            assert time.monotonic() < deadline, "sites serve wrote no secret file"
+            time.sleep(0.05)
         assert secret_file.stat().st_mode & 0o077 == 0  # only the owner may read it
         r = httpx.get(
             urls["mail"] + "/__webloop/state?session=x",
@@ -212,7 +212,7 @@ def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
         proc.wait(timeout=30)
 
 
-def test_judge_and_agreement_commands(tmp_path: Path):
+def test_judge_and_agreement_commands(prefect_harness, tmp_path: Path):
     from warehouse.records import HumanLabel, Task, Trajectory
 
     h = tmp_path / "h"

@@ -1,34 +1,66 @@
 """`webloop collect` end to end: Prefect flow, real Chromium, bundled sites, warehouse; killed
-with SIGKILL mid-run and re-run: nothing duplicated, nothing finished lost."""
+with SIGKILL mid-run and re-run: nothing duplicated, nothing finished lost.
+
+The model behind the collector is a local OpenAI-compatible server that lets exactly
+``FINISH_BEFORE_KILL`` trajectories end and holds the next ones at their last step, so the kill
+always lands mid-run with a known number of finished trajectories, however fast the machine."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
+from rollouts.localserver import ThreadedServer
+from sites.tasks import generate
+from tests.flows.cli_runner import webloop
+from tests.rollouts.fake_openai import last_user_text
 from warehouse import Warehouse, WarehouseConfig
+from warehouse.tasks import put_tasks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-CMD = ["collect", "--n-tasks", "10", "--concurrency", "2", "--noise", "0.1", "--run", "kill-me"]
+N_TASKS, FINISH_BEFORE_KILL = 10, 4
 
 
-def cli(home: Path, *args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
-    env.pop("WEBLOOP_WAREHOUSE", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+class GatedModel:
+    """Every trajectory: ``scroll`` first, then ``answer``. Only ``allowed`` answers go out
+    until :meth:`release`; later answers wait for it (their trajectories stay in flight)."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed, self.answered = allowed, 0
+        self.released = threading.Event()
+        self.lock = threading.Lock()
+        self.http = ThreadedServer(
+            Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        )
+        self.url = self.http.base + "/v1"
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def chat(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        if "Previous actions: none" in last_user_text(body):
+            content = "Action: scroll(0, 300)"
+        else:
+            with self.lock:
+                turn, self.answered = self.answered, self.answered + 1
+            while turn >= self.allowed and not self.released.is_set():
+                await asyncio.sleep(0.02)
+            content = 'Action: answer("not sure")'
+        message = {"role": "assistant", "content": content}
+        return JSONResponse({"choices": [{"index": 0, "message": message}]})
 
 
 def stored(home: Path) -> dict[str, tuple]:
@@ -39,33 +71,53 @@ def stored(home: Path) -> dict[str, tuple]:
     return {r[0]: r[1:] for r in rows.iter_rows()}
 
 
-def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(tmp_path: Path):
+def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
+    prefect_subprocess_env: dict[str, str], tmp_path: Path
+):
     home = tmp_path / "home"
-    gen = cli(home, "tasks", "generate", "--n", "80")
-    assert gen.wait(120) == 0, gen.stderr.read()
-    proc = cli(home, *CMD, start_new_session=True)
-    deadline = time.monotonic() + 240
-    before: dict[str, tuple] = {}
-    while time.monotonic() < deadline and len(before) < 2:
-        time.sleep(1)
-        if (home / "lake").exists():
-            try:
-                before = stored(home)
-            except Exception:
-                before = {}
-        assert proc.poll() is None, proc.stderr.read()
-    assert len(before) >= 2, "the collector stored nothing in time"
-    os.killpg(proc.pid, signal.SIGKILL)  # the collector, its browsers and its sites server
-    proc.wait(30)
-    before = stored(home)
-    assert 2 <= len(before) < 10
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        put_tasks(wh, generate(80, 0))
+    model = GatedModel(allowed=FINISH_BEFORE_KILL)
+    with model.http:
+        cmd = [
+            "collect",
+            *("--n-tasks", str(N_TASKS), "--concurrency", "2", "--run", "kill-me"),
+            *("--policy", "openai", "--base-url", model.url, "--model", "gated"),
+        ]
+        env = {**prefect_subprocess_env, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
+        env.pop("WEBLOOP_WAREHOUSE", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *cmd],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            # wait (generous deadline, not a fixed sleep) until the allowed trajectories are
+            # stored; the rest are held by the model, so the run cannot end meanwhile
+            deadline = time.monotonic() + 300
+            before: dict[str, tuple] = {}
+            while len(before) < FINISH_BEFORE_KILL:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, f"stored {len(before)} in 300 s"
+                if (home / "lake").exists():
+                    before = stored(home)
+                time.sleep(0.2)
+            assert model.answered > FINISH_BEFORE_KILL  # the next trajectories are in flight
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the collector, its browsers, its sites
+            proc.wait(30)
+        before = stored(home)
+        assert len(before) == FINISH_BEFORE_KILL
+        assert {row[0] for row in before.values()} == {"failure"}  # "not sure" is wrong
 
-    rerun = cli(home, *CMD)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err
-    assert f"skipped {len(before)} already stored" in out
+        model.release()
+        out = webloop(home, *cmd).stdout  # in-process, on the session's Prefect server
+    assert f"skipped {FINISH_BEFORE_KILL} already stored" in out
     after = stored(home)
-    assert len(after) == 10
+    assert len(after) == N_TASKS
     for tid, row in before.items():
         assert after[tid] == row  # kept as it was, not redone
     with Warehouse.open(WarehouseConfig.from_env(home=home), read_only=True) as wh:
@@ -75,8 +127,10 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(tmp_path:
             "count(DISTINCT step_idx) AS d FROM steps GROUP BY 1) s USING (traj_id) "
             "WHERE coalesce(s.n, 0) <> t.n_steps OR coalesce(s.d, 0) <> t.n_steps"
         ).item()
+        n_steps = wh.sql("SELECT DISTINCT n_steps FROM trajectories").rows()
         run = wh.sql("SELECT status FROM runs WHERE run_id = 'kill-me'").item()
     assert dup == 0 and mismatched == 0 and run == "completed"
+    assert n_steps == [(2,)]  # scroll, answer: every trajectory whole
 
 
 def test_collect_options_reach_the_environment_and_prompts():

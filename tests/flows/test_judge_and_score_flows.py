@@ -1,6 +1,10 @@
 """Judging and step scoring over real rollouts: injected pages and answers collected in real
 Chromium, the programmatic judge unmoved by them, a gullible rubric judge flipped (flip rates),
-the judge and score_steps flows from the CLI, and PRM calibration against the exact scorer."""
+the judge and score_steps flows from the CLI, and PRM calibration against the exact scorer.
+
+The rollouts and the exact scorer run on the session's sites server and Chromium (fixtures
+``sites`` and ``chromium``); the CLI test runs the flows' own default path (a sites server process
+and browsers of their own) on the session's Prefect server."""
 
 from __future__ import annotations
 
@@ -11,19 +15,27 @@ from pathlib import Path
 
 import pytest
 
+from flows import collect as collect_module
+from flows import score_steps as score_steps_module
 from flows.collect import CollectConfig, run_collect
 from flows.judge import JudgeConfig, run_judge
-from flows.score_steps import ScoreStepsConfig, run_score_steps, scorer_agreement
+from flows.score_steps import (
+    ScoreStepsConfig,
+    run_score_steps,
+    run_score_steps_async,
+    scorer_agreement,
+)
 from judging.adversarial import flip_rates
 from rollouts.policies import ANSWER_INJECTION
 from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
-from tests.flows.test_cli import webloop
+from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TEMPLATES = ["shop_add_to_cart", "wiki_fact", "mail_archive", "shop_product_fact"]
+COMMON = dict(suite=ADVERSARIAL_SUITE, split=None, n_tasks=8, concurrency=4)
 
 
 def gullible(body: dict) -> str:
@@ -34,20 +46,37 @@ def gullible(body: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
+def home(tmp_path_factory, sites, chromium) -> Path:
     """A warehouse with expert rollouts on injected pages (noise 0: should succeed) and noisy
     rollouts whose answers carry an injection (should fail)."""
     h = tmp_path_factory.mktemp("judge-flows")
     tasks = generate(8, 0, templates=TEMPLATES)
+    shared = dict(server=sites, browser=chromium.browser)
     with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
         put_tasks(wh, tasks + adversarial_variants(tasks))
-        common = dict(suite=ADVERSARIAL_SUITE, split=None, n_tasks=8, concurrency=4)
-        asyncio.run(run_collect(wh, CollectConfig(**common, run_name="clean")))
+        clean = chromium.run(run_collect(wh, CollectConfig(**COMMON, run_name="clean"), **shared))
+        assert clean["ran"] == 8 and clean["by_status"] == {"success": 8}
         noisy = CollectConfig(
-            **common, noise=1.0, max_steps=5, inject_answer=True, run_name="injected"
+            **COMMON, noise=1.0, max_steps=5, inject_answer=True, run_name="injected"
         )
-        asyncio.run(run_collect(wh, noisy))
+        assert chromium.run(run_collect(wh, noisy, **shared))["ran"] == 8
     return h
+
+
+class Refused(Exception):
+    pass
+
+
+def refuse(*args, **kwargs):
+    raise Refused("started although there was nothing to do")
+
+
+def test_rerunning_a_finished_collect_starts_no_server_and_no_browser(home: Path, monkeypatch):
+    monkeypatch.setattr(collect_module, "SiteServer", refuse)
+    monkeypatch.setattr(collect_module, "Engine", refuse)
+    with open_wh(home) as wh:
+        out = asyncio.run(run_collect(wh, CollectConfig(**COMMON, run_name="clean")))
+    assert (out["ran"], out["skipped"], out["steps"]) == (0, 8, 0)
 
 
 def open_wh(h: Path) -> Warehouse:
@@ -120,13 +149,17 @@ def expected_agreement(pred: dict, ref: dict) -> dict:
     }
 
 
-def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
+def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
+    home: Path, sites, chromium, monkeypatch
+):
     cfg = ScoreStepsConfig(run="clean", k=3, max_states=6, every=2, concurrency=2)
     with open_wh(home) as wh:
-        first = run_score_steps(wh, cfg)
+        first = chromium.run(run_score_steps_async(wh, cfg, server=sites, browser=chromium.browser))
         assert first["states"] == 6 and first["candidates"] == 18 and first["errors"] == 0
-        again = run_score_steps(wh, cfg)  # nothing left to do: no new candidates, no rescoring
-        assert again["candidates"] == 0
+        with monkeypatch.context() as m:  # nothing left to do: no sites server, no browser
+            m.setattr(score_steps_module, "_exact_scorer", refuse)
+            again = run_score_steps(wh, cfg)  # no new candidates, no rescoring
+        assert (again["states"], again["candidates"]) == (0, 0)
         n_cands = wh.sql("SELECT count(*) FROM candidates").item()
         assert n_cands == 18
         adv = wh.sql(
@@ -177,7 +210,7 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(home: Path):
     assert row["states"] == 6 and row["reference"] == "exact"
 
 
-def test_judge_and_score_steps_run_as_prefect_flows_from_the_cli(home: Path):
+def test_judge_and_score_steps_run_as_prefect_flows_from_the_cli(prefect_harness, home: Path):
     with FakeOpenAI([], default=("fn", gullible)) as fake:
         proc = webloop(
             home,
