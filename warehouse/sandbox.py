@@ -1,0 +1,51 @@
+"""The warehouse for SQL written by people: ``webloop sql`` and a dashboard's SQL page.
+
+::
+
+    with open_sandboxed() as wh:                     # read-only: creates and migrates nothing
+        result, n = run_user_sql(wh.con, "SELECT count(*) FROM steps")
+        frame = result.pl()
+
+The connection is sandboxed (:func:`warehouse.connection.sandbox`): it reads the lake's tables
+and cannot open other files, reach the network, attach databases or load extensions.
+:func:`run_user_sql` runs only the statement types the mode allows and refuses functions that
+escape the sandbox (the sqlite/postgres scanners, SQL-from-text functions).
+"""
+
+from __future__ import annotations
+
+from warehouse import migrations
+from warehouse.config import WarehouseConfig
+from warehouse.connection import (
+    NoWarehouseError,
+    SqlRefusedError,
+    check_user_sql,
+    connect,
+    run_user_sql,
+)
+from warehouse.store import Warehouse
+
+__all__ = [
+    "NoWarehouseError",
+    "SqlRefusedError",
+    "check_user_sql",
+    "open_sandboxed",
+    "run_user_sql",
+]
+
+
+def open_sandboxed(cfg: WarehouseConfig | None = None, *, write: bool = False) -> Warehouse:
+    """A sandboxed warehouse. Read-only (the default) creates, migrates and writes nothing and
+    raises :class:`NoWarehouseError` when there is no warehouse yet; ``write=True`` opens (and
+    creates or upgrades) it for data changes, still inside the sandbox."""
+    cfg = cfg or WarehouseConfig.from_env()
+    con = connect(cfg, read_only=not write, sandboxed=True)
+    try:
+        if write:
+            migrations.migrate(con)
+        else:
+            migrations.check_not_newer(con)
+    except BaseException:
+        con.close()
+        raise
+    return Warehouse(cfg, con)
