@@ -337,3 +337,21 @@ def test_import_of_a_mixed_folder_set_keeps_trajectories_and_stores_only_images(
     assert "trajectory" in malformed["linked_shots"] and "leaves" in malformed["linked_shots"]
     assert "leaves the import folder" in malformed["linked_folder"]
     assert "stolen" not in {t.task_id for t in wh.records(Trajectory)}
+
+
+@pytest.mark.parametrize(
+    ("website", "kept"),
+    [
+        ("https://www.example.com/", True),
+        ("file:///etc/passwd", False),
+        ("javascript:alert(1)", False),
+        ("http://", False),
+        (["not", "a", "string"], False),
+    ],
+)
+def test_only_web_urls_become_start_urls(wh: Warehouse, tmp_path: Path, website, kept: bool):
+    make_task(tmp_path / "src", "t1", n_shots=1, n_actions=1, website=website)
+    om2w.import_om2w(wh, tmp_path / "src", run_name="urls")
+    task = wh.records(Task)[0]
+    assert (task.start_url == website) is kept and (task.site == website) is kept
+    assert kept or task.start_url == ""

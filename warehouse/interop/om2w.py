@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from warehouse import images
 from warehouse.connection import WarehouseError
@@ -144,11 +145,23 @@ def parse_folder(folder: Path, root: Path | None = None) -> ParsedFolder:
     sample_idx = meta.get("sample_idx", 0)
     if isinstance(sample_idx, bool) or not isinstance(sample_idx, int) or sample_idx < 0:
         raise MalformedFolder("result.json: 'webloop.sample_idx' must be a non-negative integer")
-    website = result.get("website") if isinstance(result.get("website"), str) else None
+    website = _web_url(result.get("website"))
     shots = [_screenshot(base, p) for p in files]
     return ParsedFolder(
         folder, task_id, task, answer, actions, thoughts, shots, website, sample_idx
     )
+
+
+def _web_url(value: Any) -> str | None:
+    """An http(s) URL with a host, else None: a task's start URL is opened by a browser, and a
+    ``file:`` or ``javascript:`` URL from a result.json must not be."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parts = urlsplit(value.strip())
+    except ValueError:
+        return None
+    return value.strip() if parts.scheme in ("http", "https") and parts.hostname else None
 
 
 def _screenshot(base: Path, path: Path) -> Screenshot:
