@@ -249,3 +249,26 @@ def test_cli_import_reports_rejected_screenshots_per_folder(tmp_path: Path):
         ).stdout
     )[0]
     assert out == {"empty": 7, "n": 14, "acted": 14}
+
+
+def test_the_sandbox_over_a_postgresql_catalog(pg_cfg: WarehouseConfig):
+    with Warehouse.open(pg_cfg) as wh:
+        sample.load(wh, sample.generate(seed=2, n_tasks=2, samples=1))
+    with open_sandboxed(pg_cfg) as wh:
+        assert run_user_sql(wh.con, "SELECT count(*) FROM tasks")[0].fetchone()[0] == 2
+        assert run_user_sql(wh.con, "SELECT count(*) FROM steps")[0].fetchone()[0] > 0
+        for q in (
+            "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')",
+            "SELECT * FROM postgres_scan('host=evil.example dbname=x', 'public', 't')",
+        ):
+            with pytest.raises(SqlRefusedError, match="postgres_"):
+                run_user_sql(wh.con, q)
+        with pytest.raises(SqlRefusedError, match="outside the warehouse"):
+            run_user_sql(wh.con, "SELECT * FROM read_text('/etc/passwd')")
+
+
+def test_a_read_only_open_of_an_empty_postgresql_catalog(pg_url: str, tmp_path: Path):
+    cfg = WarehouseConfig.from_env(home=tmp_path / "home", warehouse=pg_url)
+    with pytest.raises(NoWarehouseError, match="no warehouse"):
+        open_sandboxed(cfg)
+    assert not (tmp_path / "home").exists()
