@@ -3,6 +3,8 @@ state-changing tasks."""
 
 from __future__ import annotations
 
+import datetime as dt
+import random
 import re
 from typing import Any
 
@@ -11,7 +13,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from sites.common import SiteContext, make_app
-from sites.content import Content, Message
+from sites.content import FIRST, LAST, Content, Message
+from sites.taskspec import ACCEPT_COOKIES, TaskSpec, click, template, type_
 
 FOLDERS = ("inbox", "archive", "sent", "trash")
 ME = "sam.agent@example.org"
@@ -176,4 +179,123 @@ def build(ctx: SiteContext):
             Route("/compose", compose, methods=["GET", "POST"]),
             Route("/settings", settings, methods=["GET", "POST"]),
         ],
+    )
+
+
+# -- tasks: this site's templates, registered for sites.tasks.generate -----------------------------
+
+
+_PHRASES = [
+    "I can join on Thursday",
+    "Please send the slides",
+    "Count me in",
+    "Let's move it to Monday",
+    "Thanks, approved",
+    "I will review it tomorrow",
+    "Can we discuss this at 3pm",
+    "Looks good to me",
+    "I need one more day",
+    "Please add Grace to the thread",
+]
+
+
+def _open_message(mid: str) -> str:
+    return click(f"a.message-link[href='/message/{mid}']")
+
+
+@template("mail_reply")
+def mail_reply(c: Content, rng: random.Random) -> TaskSpec:
+    m = rng.choice(c.messages)
+    phrase = rng.choice(_PHRASES)
+    return TaskSpec(
+        "mail_reply",
+        "mail",
+        f'Reply to the email "{m.subject}" from {m.sender_name} with the message: {phrase}',
+        "/",
+        [f'A reply to "{m.subject}" was sent to {m.sender}', f'The reply says "{phrase}"'],
+        {"kind": "mail.sent", "to": m.sender, "reply_to": m.mid, "body_contains": phrase},
+        [
+            ACCEPT_COOKIES,
+            _open_message(m.mid),
+            click("#reply"),
+            type_("#body", phrase),
+            click("#send"),
+        ],
+        {"mid": m.mid, "phrase": phrase},
+    )
+
+
+@template("mail_compose")
+def mail_compose(c: Content, rng: random.Random) -> TaskSpec:
+    first, last = rng.choice(FIRST), rng.choice(LAST)
+    to = f"{first.lower()}.{last.lower()}@example.org"
+    subject = (
+        f"{rng.choice(['Notes on', 'Question about', 'Update:', 'Follow-up:'])} "
+        f"{rng.choice(['the roadmap', 'the budget', 'the offsite', 'the launch'])}"
+    )
+    phrase = rng.choice(_PHRASES)
+    return TaskSpec(
+        "mail_compose",
+        "mail",
+        f'Send a new email to {to} with the subject "{subject}" that says: {phrase}',
+        "/",
+        [f"An email was sent to {to}", f'Its subject is "{subject}"', f'It says "{phrase}"'],
+        {"kind": "mail.sent", "to": to, "subject_contains": subject, "body_contains": phrase},
+        [
+            ACCEPT_COOKIES,
+            click("#compose-link"),
+            type_("#to", to),
+            type_("#subject", subject),
+            type_("#body", phrase),
+            click("#send"),
+        ],
+        {"to": to, "subject": subject},
+    )
+
+
+@template("mail_archive")
+def mail_archive(c: Content, rng: random.Random) -> TaskSpec:
+    m = rng.choice(c.messages)
+    return TaskSpec(
+        "mail_archive",
+        "mail",
+        f'Archive the email "{m.subject}" from {m.sender_name}.',
+        "/",
+        [f'"{m.subject}" is in the Archive folder'],
+        {"kind": "mail.moved", "mid": m.mid, "folder": "archive"},
+        [ACCEPT_COOKIES, _open_message(m.mid), click("#archive")],
+        {"mid": m.mid},
+    )
+
+
+@template("mail_settings")
+def mail_settings(c: Content, rng: random.Random) -> TaskSpec:
+    first, last = rng.choice(FIRST), rng.choice(LAST)
+    sig = f"{first} {last} · {rng.choice(['Platform team', 'Research', 'Operations'])}"
+    back = (c.today + dt.timedelta(days=rng.randint(3, 30))).isoformat()
+    msg = f"I am away until {back}."
+    return TaskSpec(
+        "mail_settings",
+        "mail",
+        f'Set your email signature to "{sig}" and turn on the vacation responder with the '
+        f'message "{msg}"',
+        "/",
+        [
+            f'The signature is "{sig}"',
+            "The vacation responder is on",
+            f'The vacation message is "{msg}"',
+        ],
+        {
+            "kind": "mail.settings",
+            "settings": {"signature": sig, "vacation": True, "vacation_message": msg},
+        },
+        [
+            ACCEPT_COOKIES,
+            click("#settings-link"),
+            type_("#signature", sig),
+            click("#vacation"),
+            type_("#vacation_message", msg),
+            click("#save-settings"),
+        ],
+        {"signature": sig},
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 import re
 from functools import lru_cache
 from typing import Any
@@ -19,11 +20,11 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from sites.common import SiteContext, make_app
-from sites.content import CATEGORIES, Content, Product
+from sites.content import CATEGORIES, COUNTRIES, FIRST, LAST, Content, Product
+from sites.taskspec import ACCEPT_COOKIES, TaskSpec, answer, click, select, template, type_
 from warehouse.ids import stable_hash
 
 PAGE_SIZE = 12
-COUNTRIES = ["Norland", "Estavia", "Marivel", "Kordania", "Solmere", "Veyland"]
 SORTS = {"relevance": None, "price_asc": "price", "price_desc": "-price", "rating": "-rating"}
 
 
@@ -259,8 +260,6 @@ def _address_errors(form: dict[str, str]) -> dict[str, str]:
 
 
 def _reviews(c: Content, p: Product) -> list[dict[str, Any]]:
-    import random
-
     rng = random.Random(stable_hash(c.seed, p.pid, "reviews"))
     words = ["sturdy", "pretty", "light", "solid", "cheap-feeling", "great", "useful", "nice"]
     return [
@@ -271,3 +270,145 @@ def _reviews(c: Content, p: Product) -> list[dict[str, Any]]:
         }
         for _ in range(p.n_reviews)
     ]
+
+
+# -- tasks: this site's templates, registered for sites.tasks.generate -----------------------------
+
+
+def _pick_variant(p: Product, rng: random.Random) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "name": p.name,
+        "color": rng.choice(p.colors) if p.colors else "",
+        "size": rng.choice(p.sizes) if p.sizes else "",
+        "qty": rng.randint(1, 3),
+    }
+
+
+def _describe(item: dict[str, Any]) -> str:
+    bits = [f"{item['qty']} × the {item['name']}"]
+    if item["color"]:
+        bits.append(f"in {item['color']}")
+    if item["size"]:
+        bits.append(f"size {item['size']}")
+    return " ".join(bits)
+
+
+def _add_item_steps(item: dict[str, Any]) -> list[str]:
+    steps = [
+        type_("#search-input", item["name"]),
+        click("#search-button"),
+        click(f".result[data-pid='{item['pid']}'] a"),
+    ]
+    if item["color"]:
+        steps.append(select("#color", item["color"]))
+    if item["size"]:
+        steps.append(select("#size", item["size"]))
+    if item["qty"] != 1:
+        steps.append(type_("#qty", str(item["qty"])))
+    return [*steps, click("#add-to-cart")]
+
+
+def _item_rubric(item: dict[str, Any]) -> str:
+    return f"{_describe(item)} is in the cart/order".replace("× the", "×")
+
+
+@template("shop_add_to_cart")
+def shop_add_to_cart(c: Content, rng: random.Random) -> TaskSpec:
+    item = _pick_variant(rng.choice(c.products), rng)
+    return TaskSpec(
+        "shop_add_to_cart",
+        "shop",
+        f"Add {_describe(item)} to your shopping cart.",
+        "/",
+        [_item_rubric(item), "Nothing else needs to be bought"],
+        {"kind": "shop.cart", "items": [item]},
+        [ACCEPT_COOKIES, click("#close-modal"), *_add_item_steps(item)],
+        item,
+    )
+
+
+@template("shop_buy")
+def shop_buy(c: Content, rng: random.Random) -> TaskSpec:
+    products = rng.sample(c.products, rng.randint(1, 2))
+    items = [_pick_variant(p, rng) for p in products]
+    who = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+    address = {
+        "name": who,
+        "street": f"{rng.randint(1, 99)} {rng.choice(LAST)} Street",
+        "city": rng.choice(c.cities).name,
+        "zip": f"{rng.randint(10000, 99999)}",
+        "country": rng.choice(COUNTRIES),
+    }
+    where = (
+        f"{address['name']}, {address['street']}, {address['zip']} {address['city']}, "
+        f"{address['country']}"
+    )
+    steps = [ACCEPT_COOKIES, click("#close-modal")]
+    for item in items:
+        steps += _add_item_steps(item)
+    steps += [
+        click("#checkout"),
+        *(type_(f"#{k}", address[k]) for k in ("name", "street", "city", "zip")),
+        select("#country", address["country"]),
+        click("#place-order"),
+    ]
+    return TaskSpec(
+        "shop_buy",
+        "shop",
+        f"Buy {' and '.join(_describe(i) for i in items)}, shipped to {where}.",
+        "/",
+        [*(_item_rubric(i) for i in items), f"The order ships to {where}", "The order was placed"],
+        {"kind": "shop.order", "items": items, "address": address},
+        steps,
+        {"items": items, "address": address},
+    )
+
+
+@template("shop_cheapest")
+def shop_cheapest(c: Content, rng: random.Random) -> TaskSpec | None:
+    cat, brand = rng.choice(CATEGORIES), rng.choice(sorted({p.brand for p in c.products}))
+    hits = search(c, {"category": cat, "brand": brand, "sort": "price_asc"})
+    if len(hits) < 2 or hits[0].price == hits[1].price:
+        return None
+    price = f"${hits[0].price:.2f}"
+    return TaskSpec(
+        "shop_cheapest",
+        "shop",
+        f"What is the price of the cheapest {cat} product from {brand} on Shoply?",
+        "/search",
+        [f"The {cat} products of {brand} were compared by price", f"The answer is {price}"],
+        {"kind": "answer", "type": "number", "expected": hits[0].price},
+        [
+            ACCEPT_COOKIES,
+            select("#filter-category", cat),
+            select("#filter-brand", brand),
+            select("#sort", "price asc"),
+            click("#apply-filters"),
+            answer(price),
+        ],
+        {"category": cat, "brand": brand},
+    )
+
+
+@template("shop_product_fact")
+def shop_product_fact(c: Content, rng: random.Random) -> TaskSpec:
+    p = rng.choice(c.products)
+    field_, value, kind = rng.choice(
+        [
+            ("customer rating", p.rating, "number"),
+            ("brand", p.brand, "text"),
+            ("price", p.price, "number"),
+        ]
+    )
+    shown = f"${value:.2f}" if field_ == "price" else str(value)
+    return TaskSpec(
+        "shop_product_fact",
+        "shop",
+        f"What is the {field_} of this product?",
+        f"/product/{p.pid}",
+        [f"The answer states the {field_}: {shown}"],
+        {"kind": "answer", "type": kind, "expected": value},
+        [answer(shown)],
+        {"pid": p.pid, "field": field_},
+    )

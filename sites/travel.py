@@ -4,6 +4,8 @@ filters (served slowly, like a real fare search), and a validated booking form."
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import random
 import re
 from typing import Any
 
@@ -12,7 +14,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from sites.common import SiteContext, make_app
-from sites.content import AIRLINES, City, Content, Flight
+from sites.content import AIRLINES, FIRST, LAST, City, Content, Flight
+from sites.taskspec import ACCEPT_COOKIES, TaskSpec, answer, click, select, template, type_
 
 SORTS = ("price", "duration", "depart")
 
@@ -151,3 +154,91 @@ def _booking_errors(form: dict[str, str]) -> dict[str, str]:
     if form.get("seats") not in ("1", "2", "3", "4"):
         errors["seats"] = "Choose 1 to 4 seats."
     return errors
+
+
+# -- tasks: this site's templates, registered for sites.tasks.generate -----------------------------
+
+
+def _route(c: Content, rng: random.Random) -> tuple[Any, Any, str]:
+    o, d = rng.sample(c.cities, 2)
+    date = (c.today + dt.timedelta(days=rng.randint(5, 60))).isoformat()
+    return o, d, date
+
+
+def _search_steps(o: Any, d: Any, date: str) -> list[str]:
+    return [
+        ACCEPT_COOKIES,
+        type_("#from", o.name[:3]),
+        click(f"#from-suggestions .suggestion[data-code='{o.code}']"),
+        type_("#to", d.name[:3]),
+        click(f"#to-suggestions .suggestion[data-code='{d.code}']"),
+        type_("#date", date),
+        click("#search-flights"),
+    ]
+
+
+@template("travel_book_cheapest")
+def travel_book_cheapest(c: Content, rng: random.Random) -> TaskSpec | None:
+    o, d, date = _route(c, rng)
+    nonstop = rng.random() < 0.5
+    params = {"from": o.code, "to": d.code, "date": date, "stops": "0" if nonstop else "any"}
+    flights = find_flights(c, params)
+    if not flights:
+        return None
+    f = flights[0]
+    first, last = rng.choice(FIRST), rng.choice(LAST)
+    email = f"{first.lower()}.{last.lower()}@example.net"
+    seats = rng.randint(1, 3)
+    steps = _search_steps(o, d, date)
+    if nonstop:
+        steps += [select("#stops", "Nonstop only"), click("#apply-filters")]
+    steps += [
+        click("#select-1"),
+        type_("#first_name", first),
+        type_("#last_name", last),
+        type_("#email", email),
+        select("#seats", str(seats)),
+        click("#confirm-booking"),
+    ]
+    kind = "nonstop flight" if nonstop else "flight"
+    return TaskSpec(
+        "travel_book_cheapest",
+        "travel",
+        f"Book the cheapest {kind} from {o.name} to {d.name} on {date} for {first} {last} "
+        f"({email}), {seats} seat{'s' if seats > 1 else ''}.",
+        "/",
+        [
+            f"A {kind} {o.name} → {d.name} on {date} was booked",
+            f"It is the cheapest such flight (${f.price})",
+            f"Passenger {first} {last}, {email}, {seats} seat(s)",
+        ],
+        {
+            "kind": "travel.booking",
+            "fid": f.fid,
+            "first_name": first,
+            "last_name": last,
+            "email": email,
+            "seats": seats,
+        },
+        steps,
+        params,
+    )
+
+
+@template("travel_cheapest_price")
+def travel_cheapest_price(c: Content, rng: random.Random) -> TaskSpec | None:
+    o, d, date = _route(c, rng)
+    flights = find_flights(c, {"from": o.code, "to": d.code, "date": date})
+    if not flights:
+        return None
+    price = flights[0].price
+    return TaskSpec(
+        "travel_cheapest_price",
+        "travel",
+        f"How much is the cheapest flight from {o.name} to {d.name} on {date}?",
+        "/",
+        [f"Flights {o.name} → {d.name} on {date} were searched", f"The answer is ${price}"],
+        {"kind": "answer", "type": "number", "expected": price},
+        [*_search_steps(o, d, date), answer(f"${price}")],
+        {"from": o.code, "to": d.code, "date": date},
+    )

@@ -3,6 +3,7 @@ information-seeking tasks answered in text."""
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
@@ -13,6 +14,7 @@ from starlette.routing import Route
 
 from sites.common import SiteContext, make_app
 from sites.content import Article, Content
+from sites.taskspec import TaskSpec, answer, click, template, type_
 
 
 def new_state() -> dict[str, Any]:
@@ -75,4 +77,87 @@ def build(ctx: SiteContext):
             Route("/wiki/{slug}", article),
             Route("/search", search),
         ],
+    )
+
+
+# -- tasks: this site's templates, registered for sites.tasks.generate -----------------------------
+
+
+_WIKI_FIELDS = [
+    ("population", "number"),
+    ("founding year", "number"),
+    ("mayor", "text"),
+    ("country", "text"),
+    ("river", "text"),
+]
+
+
+def _wiki_value(a: Any, field_: str) -> Any:
+    return {
+        "population": a.population,
+        "founding year": a.founded,
+        "mayor": a.mayor,
+        "country": a.country,
+        "river": a.river,
+    }[field_]
+
+
+def _shown(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and value > 9999 else str(value)
+
+
+@template("wiki_fact")
+def wiki_fact(c: Content, rng: random.Random) -> TaskSpec:
+    a = rng.choice(c.articles)
+    field_, kind = rng.choice(_WIKI_FIELDS)
+    value = _wiki_value(a, field_)
+    return TaskSpec(
+        "wiki_fact",
+        "wiki",
+        f"According to Openpedia, what is the {field_} of {a.title}?",
+        "/",
+        [f"The {a.title} article was consulted", f"The answer is {_shown(value)}"],
+        {"kind": "answer", "type": kind, "expected": value},
+        [type_("#search-input", a.title), click("#search-button"), answer(_shown(value))],
+        {"slug": a.slug, "field": field_},
+    )
+
+
+@template("wiki_on_page")
+def wiki_on_page(c: Content, rng: random.Random) -> TaskSpec:
+    a = rng.choice(c.articles)
+    field_, kind = rng.choice(_WIKI_FIELDS)
+    value = _wiki_value(a, field_)
+    return TaskSpec(
+        "wiki_on_page",
+        "wiki",
+        f"What is the {field_} of the city described on this page?",
+        f"/wiki/{a.slug}",
+        [f"The answer is {_shown(value)}"],
+        {"kind": "answer", "type": kind, "expected": value},
+        [answer(_shown(value))],
+        {"slug": a.slug, "field": field_},
+    )
+
+
+@template("wiki_twin_city")
+def wiki_twin_city(c: Content, rng: random.Random) -> TaskSpec:
+    a = rng.choice(c.articles)
+    twin = c.article_by_slug[a.twin]
+    field_, kind = rng.choice(_WIKI_FIELDS[:3])
+    value = _wiki_value(twin, field_)
+    return TaskSpec(
+        "wiki_twin_city",
+        "wiki",
+        f"On Openpedia, find the twin city of {a.title}. What is that city's {field_}?",
+        "/",
+        [f"The twin city of {a.title} is {twin.title}", f"The answer is {_shown(value)}"],
+        {"kind": "answer", "type": kind, "expected": value},
+        [
+            type_("#search-input", a.title),
+            click("#search-button"),
+            click("#twin-link"),
+            answer(_shown(value)),
+        ],
+        {"slug": a.slug, "field": field_},
     )

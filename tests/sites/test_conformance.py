@@ -22,7 +22,8 @@ from sites import shop as shop_site
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.server import SITES, SiteServer
-from sites.tasks import TEMPLATES, click, generate, select, task_from_spec
+from sites.tasks import TEMPLATES, generate, task_from_spec
+from sites.taskspec import click, select
 
 pytestmark = pytest.mark.browser
 

@@ -1,0 +1,27 @@
+"""Task generation is pinned: the same seed gives byte-identical tasks across code moves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sites import mail, shop, travel, wiki
+from sites.tasks import TEMPLATES, generate
+
+# sha256 of (task_id, instruction, reference) of generate(130, 0), recorded when the templates
+# moved from sites/tasks.py into their site modules. A deliberate template change updates it
+# (and changes task ids: stored tasks get new versions, never silent overwrites).
+PINNED = "8a0596a6282c6ff0cc36b6182989499613f73abccc54cecc1c70480c4e25ead9"
+
+
+def test_the_same_seed_gives_the_pinned_tasks():
+    tasks = generate(130, 0)
+    rows = [(t.task_id, t.instruction, t.reference) for t in tasks]
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest() == PINNED
+
+
+def test_each_site_module_holds_its_own_templates():
+    for site, module in {"shop": shop, "travel": travel, "wiki": wiki, "mail": mail}.items():
+        names = [n for n, fn in TEMPLATES.items() if fn.__module__ == module.__name__]
+        assert names and all(n.startswith(f"{site}_") for n in names), (site, names)
+    assert all(fn.__module__ != "sites.tasks" for fn in TEMPLATES.values())
