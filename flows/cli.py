@@ -81,10 +81,7 @@ def _policies() -> list[str]:
 
 
 def _judges() -> list[str]:
-    import judging.ensemble  # (importing registers the judges)
-    import judging.programmatic
-    import judging.rubric_vlm  # noqa: F401
-    from judging.base import JUDGES
+    from judging.base import JUDGES  # importing the package registers every judge
 
     return JUDGES.names()
 
