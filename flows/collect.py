@@ -25,7 +25,7 @@ from flows.runs import recorded_run  # noqa: E402
 from rollouts.browser import SharedSlot  # noqa: E402
 from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
 from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
-from rollouts.policies import make_policy  # noqa: E402
+from rollouts.policies import expert_action_space, make_policy  # noqa: E402
 from rollouts.prompts import PromptConfig  # noqa: E402
 from rollouts.writer import BatchWriter, WriterStats  # noqa: E402
 from sites.grading import grade_session  # noqa: E402
@@ -97,7 +97,13 @@ def prompt_config(cfg: CollectConfig) -> PromptConfig:
 
 def make_policy_for(cfg: CollectConfig) -> Any:
     if cfg.policy == "expert":
-        return make_policy("expert", noise=cfg.noise, inject_answer=cfg.inject_answer)
+        return make_policy(
+            "expert",
+            noise=cfg.noise,
+            inject_answer=cfg.inject_answer,
+            action_space=expert_action_space(cfg.prompt_mode, cfg.set_of_marks),
+            coords=cfg.coords,
+        )
     if cfg.policy == "openai":
         if not cfg.base_url or not cfg.model:
             raise WarehouseError("--policy openai needs --base-url and --model")

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from judging.alignment import Probe, ReferencePaths, align, replay_states
 from judging.base import TrajectoryView, untrusted
 from rollouts.actions import Answer, ParseError, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
@@ -40,6 +41,7 @@ class State:
 
     traj: TrajectoryView
     step_idx: int
+    aligned: int | None = None  # the cursor found by page-state alignment, when known
 
     @property
     def prefix(self) -> list[Step]:
@@ -65,7 +67,11 @@ class State:
         return out
 
     def cursor(self) -> int:
-        """How many reference steps the prefix has done (greedy in-order match of actions)."""
+        """How many reference steps the prefix has done: the page-state alignment when it was
+        made (:meth:`ExactScorer.locate`, :mod:`judging.alignment`), else a greedy in-order match
+        of action texts (which only counts actions written like the reference's)."""
+        if self.aligned is not None:
+            return self.aligned
         ref, j = list(self.traj.task.reference or []), 0
         for s in self.prefix:
             if j < len(ref) and s.action_text and _same(s.action_text, ref[j]):
@@ -272,14 +278,23 @@ def _fraction(criteria: list[dict[str, Any]]) -> float:
 @register("exact")
 class ExactScorer:
     """Ground truth on the bundled sites: replay, take the candidate, finish with the reference,
-    check. ``envs`` is a pool of browser environments (one replay per environment at a time)."""
+    check. ``envs`` is a pool of browser environments (one replay per environment at a time).
 
-    name, version = "exact", "1"
+    Where the prefix stands on the reference (which reference step the candidate replaces) is
+    found by page state (:mod:`judging.alignment`): the reference path's states are recorded once
+    per task, and the state the replayed prefix reached is matched against them; ``probe``
+    (env, task → the site's server-side state) makes server-only changes count."""
 
-    def __init__(self, envs: Sequence[Any], resolve: Resolve, grade: Grade) -> None:
+    name, version = "exact", "2"
+
+    def __init__(
+        self, envs: Sequence[Any], resolve: Resolve, grade: Grade, probe: Probe | None = None
+    ) -> None:
         if not envs:
             raise ValueError("the exact scorer needs at least one browser environment")
         self.resolve, self.grade = resolve, grade
+        self.paths = ReferencePaths(resolve, probe)
+        self.probe = probe
         self.pool: asyncio.Queue = asyncio.Queue()
         for env in envs:
             self.pool.put_nowait(env)
@@ -301,16 +316,32 @@ class ExactScorer:
             await env.close()
             self.pool.put_nowait(env)
 
+    async def locate(self, state: State) -> State:
+        """``state`` with its page-state-aligned cursor (for proposing candidates from it)."""
+        env = await self.pool.get()
+        try:
+            return State(state.traj, state.step_idx, await self._aligned(env, state))
+        finally:
+            await env.close()
+            self.pool.put_nowait(env)
+
+    async def _aligned(self, env: Any, state: State) -> int:
+        """Replay the prefix in ``env`` (left at the state it reached) and align it."""
+        task = state.traj.task
+        path = await self.paths.path(env, task)
+        actions = [s.action_text for s in state.prefix]
+        reached, ended = await replay_states(env, task, actions, self.resolve, self.probe)
+        if ended:
+            raise PrefixEnded(f"the prefix ended with an answer before step {state.step_idx}")
+        return align(reached, path)
+
     async def replay(self, env: Any, state: State, candidate: str | None) -> ScoreResult:
         task = state.traj.task
-        url, allowed = self.resolve(task)
-        await env.reset(url, allowed_origins=allowed, max_steps=10_000)
-        for s in state.prefix:
-            if s.action_text:
-                _, done, _, _ = await env.step(_parsed(s.action_text))
-                if done:
-                    return ScoreResult(None, error=f"the prefix ended at step {s.step_idx}")
-        ref, j = list(task.reference or []), state.cursor()
+        try:
+            j = await self._aligned(env, state)
+        except PrefixEnded as exc:
+            return ScoreResult(None, error=str(exc))
+        ref = list(task.reference or [])
         answer, detail = None, {"cursor": j, "candidate": candidate}
         if candidate is not None:
             _, done, _, info = await env.step(_parsed(candidate))
@@ -334,6 +365,10 @@ class ExactScorer:
         criteria = await self.grade(env, task, answer)
         detail.update(continued=continued, criteria=criteria)
         return ScoreResult(_fraction(criteria), detail)
+
+
+class PrefixEnded(ValueError):
+    """A stored prefix ends with an answer: there is no state after it to score."""
 
 
 def _parsed(text: str):

@@ -110,7 +110,7 @@ async def execute(
 
     try:
         return await _execute(page, action, coords, timeout_ms)
-    except PlaywrightError as exc:
+    except (PlaywrightError, ActionError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return ExecResult(error=first[:300])
 
@@ -166,23 +166,30 @@ async def _apply(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecRe
         case Type(text=text, target=None):
             await page.keyboard.type(text)
         case Type(text=text, target=t) if t.x is not None:
-            x, y = _point(page, t, coords)
+            x, y = _point(page, t, coords)  # click into the field, replace its value
             await page.mouse.click(x, y)
-            await page.keyboard.type(text)
+            focused = page.locator("*:focus").first
+            if await focused.count() and await focused.evaluate(_FILLABLE_JS):
+                await focused.fill(text, timeout=timeout_ms)  # like a ref or mark target
+            else:
+                await page.keyboard.type(text)
         case Type(text=text, target=t):
             await _locator(page, t).fill(text, timeout=timeout_ms)
         case Press(key=key):
             await page.keyboard.press(key)
         case Scroll(dx=dx, dy=dy, target=None):
             await page.mouse.wheel(dx, dy)
+            await _scroll_settled(page)
         case Scroll(dx=dx, dy=dy, target=t):
             if t.x is not None:
                 await page.mouse.move(*_point(page, t, coords))
             else:
                 await _locator(page, t).hover(timeout=timeout_ms)
             await page.mouse.wheel(dx, dy)
+            await _scroll_settled(page)
         case Select(target=t, value=value):
-            loc = _locator(page, t)
+            loc = await _select_at(page, _point(page, t, coords)) if t.x is not None else None
+            loc = loc or _locator(page, t)
             try:
                 await loc.select_option(label=value, timeout=timeout_ms)
             except Exception:
@@ -204,3 +211,50 @@ async def _settle(page: Any, timeout_ms: float) -> None:
     # A slow page is observed as it is; the next action may wait again.
     with contextlib.suppress(Exception):
         await page.wait_for_load_state("load", timeout=timeout_ms)
+
+
+_FILLABLE_JS = (
+    'e => e.matches(\'textarea, [contenteditable=""], [contenteditable=true], '
+    "input:not([type=checkbox]):not([type=radio]):not([type=button]):not([type=submit])')"
+)
+
+_SELECT_AT_JS = """
+([x, y]) => {
+  const hit = document.elementFromPoint(x, y);
+  const el = hit && (hit.closest('select') || (hit.control && hit.control.tagName === 'SELECT'
+    ? hit.control : null));
+  if (!el) return false;
+  document.querySelectorAll('[data-webloop-select-at]').forEach(
+    e => e.removeAttribute('data-webloop-select-at'));
+  el.setAttribute('data-webloop-select-at', '1');
+  return true;
+}
+"""
+
+
+async def _select_at(page: Any, point: tuple[float, float]) -> Any:
+    """The ``<select>`` at a point (``select(x, y, "Red")``); an action error when there is
+    none."""
+    if not await page.evaluate(_SELECT_AT_JS, list(point)):
+        raise ActionError(f"no <select> at ({point[0]:g}, {point[1]:g})")
+    return page.locator("[data-webloop-select-at]").first
+
+
+_SCROLL_SETTLED_JS = """
+async () => {
+  let last = null, same = 0;
+  for (let i = 0; i < 40 && same < 3; i++) {
+    await new Promise(r => requestAnimationFrame(r));
+    const now = scrollX + ',' + scrollY;
+    same = now === last ? same + 1 : 0;
+    last = now;
+  }
+}
+"""
+
+
+async def _scroll_settled(page: Any) -> None:
+    """Wait until a wheel scroll has come to rest (Playwright's wheel returns before it did), so
+    the next observation shows where the page ended up."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(page.evaluate(_SCROLL_SETTLED_JS), 2.0)

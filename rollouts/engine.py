@@ -286,7 +286,12 @@ class Engine:
         )
         turns: list[Turn] = []
         ctx = PolicyContext(
-            job.task.task_id, job.task.instruction, list(job.task.reference or []), turns, rng
+            job.task.task_id,
+            job.task.instruction,
+            list(job.task.reference or []),
+            turns,
+            rng,
+            page=getattr(env, "page", None),  # the expert grounds its plan in it
         )
         answer, invalid_run, blocked = None, 0, []
         while True:

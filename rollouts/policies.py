@@ -41,6 +41,9 @@ class PolicyContext:
     turns: list[Turn]
     rng: random.Random
     memory: dict[str, Any] = field(default_factory=dict)
+    # The live page, for scripted policies that ground their plan in it (the expert); never part
+    # of a model's prompt. None where no page is open (candidates proposed at stored states).
+    page: Any = None
 
 
 @dataclass(frozen=True)
@@ -90,15 +93,35 @@ ANSWER_INJECTION = (
 class ExpertPolicy:
     """Follows the reference solution; with probability ``noise`` per step makes a mistake.
 
+    The reference names elements by CSS selector; the expert emits (and the engine executes)
+    what a model would emit instead, in ``action_space`` (:mod:`rollouts.grounding`): ``ref``
+    (accessibility-snapshot refs, ``click(e12)``), ``coords`` (a point in the element's box,
+    ``click(640, 212)``, pixels or ``norm1000`` per ``coords``; an element out of view is first
+    scrolled to, as a step of its own), ``marks`` (set-of-marks ids, ``click([7])``) or ``css``
+    (the plan verbatim: tests, humans). Without a live page (``ctx.page`` None: candidates
+    proposed at stored states) the plan's own actions are emitted.
+
     ``inject_answer`` appends :data:`ANSWER_INJECTION` to every answer: adversarial answers for
     measuring whether judges can be talked into a success verdict."""
 
     name = "expert"
+    max_scrolls = 4  # preparatory scrolls for one planned step before acting anyway
 
-    def __init__(self, noise: float = 0.0, inject_answer: bool = False) -> None:
+    def __init__(
+        self,
+        noise: float = 0.0,
+        inject_answer: bool = False,
+        action_space: str = "ref",
+        coords: str = "pixels",
+    ) -> None:
+        from rollouts.grounding import SPACES
+
         if not 0.0 <= noise <= 1.0:
             raise ValueError("noise is a probability in [0, 1]")
+        if action_space not in SPACES:
+            raise ValueError(f"action_space is one of {SPACES}")
         self.noise, self.inject_answer = noise, inject_answer
+        self.action_space, self.coords = action_space, coords
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         out = await self._act(ctx)
@@ -124,12 +147,47 @@ class ExpertPolicy:
                 text = 'Thought: I think I am done.\nAction: answer("I could not find it")'
                 return PolicyOutput(text, parse_action(text))
             elif _refs(ctx.turns[-1]):
-                wrong = ctx.rng.choice(_refs(ctx.turns[-1]))
-                text = f"Thought: this looks right.\nAction: click({wrong})"
+                wrong = await self._wrong_click(ctx, ctx.rng.choice(_refs(ctx.turns[-1])))
+                text = f"Thought: this looks right.\nAction: {wrong}"
                 return PolicyOutput(text, parse_action(text))
-        ctx.memory["cursor"] = ctx.memory["cursor"] + 1
-        text = f"Thought: step {ctx.memory['cursor']} of the plan.\nAction: {planned}"
+        step = ctx.memory["cursor"] + 1
+        action = await self._grounded(ctx, planned)
+        if action is None:  # a preparatory scroll; the planned step comes next
+            text = f"Thought: step {step} of the plan is out of view.\nAction: {ctx.memory['prep']}"
+            return PolicyOutput(text, parse_action(text))
+        ctx.memory["cursor"] = step
+        text = f"Thought: step {step} of the plan.\nAction: {action}"
         return PolicyOutput(text, parse_action(text))
+
+    async def _grounded(self, ctx: PolicyContext, planned: str) -> str | None:
+        """The planned action in the action space (None: emit ``ctx.memory["prep"]`` first)."""
+        from rollouts.grounding import GroundingError, ground
+
+        action = parse_action(planned)
+        if ctx.page is None or self.action_space == "css" or isinstance(action, ParseError):
+            return planned
+        try:
+            g = await ground(ctx.page, action, self.action_space, coords=self.coords)
+        except GroundingError as exc:
+            ctx.memory["grounding_error"] = str(exc)
+            return planned  # the plan's own action: it fails the same way on the page
+        scrolls = ctx.memory.get("scrolls", 0)
+        if not g.done and scrolls < self.max_scrolls:
+            ctx.memory["scrolls"], ctx.memory["prep"] = scrolls + 1, format_action(g.action)
+            return None
+        ctx.memory["scrolls"] = 0
+        return format_action(g.action)
+
+    async def _wrong_click(self, ctx: PolicyContext, ref: str) -> str:
+        """A click on a random element of the observation, in the action space."""
+        from rollouts.grounding import ref_point
+
+        if ctx.page is not None and self.action_space in ("coords", "marks"):
+            target = await ref_point(ctx.page, ref, self.coords)
+            if target is not None:
+                return f"click({target.render()})"
+            return "scroll(down)"
+        return f"click({ref})"
 
 
 # -- random -------------------------------------------------------------------------------------
@@ -218,3 +276,12 @@ def _logprob(choice: dict[str, Any]) -> float | None:
     return (
         float(sum(values)) if values and all(isinstance(v, int | float) for v in values) else None
     )
+
+
+def expert_action_space(prompt_mode: str, set_of_marks: bool = False) -> str:
+    """The action space a model of this prompt mode emits, for the expert to record in:
+    set-of-marks ids when the page is marked, coordinates when the model sees only screenshots,
+    else accessibility-snapshot refs."""
+    if set_of_marks:
+        return "marks"
+    return "coords" if prompt_mode == "screenshot" else "ref"
