@@ -109,10 +109,12 @@ def run_main(home: Path, *args: str) -> tuple[int, str, str]:
 def test_a_runtime_failure_is_one_line_exit_1_with_the_traceback_in_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    def broken_io(**kwargs):
+    import warehouse.sandbox
+
+    def broken_io(*args, **kwargs):
         raise duckdb.IOException("IO Error: Could not read file 'data/x.parquet'")
 
-    monkeypatch.setattr(cli, "_open", broken_io)
+    monkeypatch.setattr(warehouse.sandbox, "open_sandboxed", broken_io)  # what `sql` opens
     home = tmp_path / "home"
     code, _, err = run_main(home, "sql", "SELECT 1")
     log = home / "logs" / "webloop.log"
