@@ -4,7 +4,6 @@ where its reached page state is on the reference path, and the exact scorer uses
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 import httpx
@@ -16,6 +15,7 @@ from judging.prm import ExactScorer, Proposal, State
 from rollouts.actions import format_action, parse_action
 from rollouts.browser import SharedSlot
 from rollouts.env import BrowserEnv, origin_of
+from rollouts.grounding import ground
 from rollouts.policies import ExpertPolicy, PolicyContext
 from rollouts.prompts import Turn
 from sites.client import fetch_state, session_of
@@ -67,9 +67,8 @@ async def _model_facing_prefix(browser, server, task, n: int, space: str) -> lis
             texts.append(format_action(out.action))
             obs, _, _, info = await env.step(out.action)
             assert info["error"] is None, texts
-        cart = re.search(r'link "Cart" \[ref=(e\d+)\]', obs.a11y or "")
-        assert cart is not None
-        return [*texts, f"click({cart.group(1)})"]  # the last one leaves the path
+        cart = await ground(env.page, parse_action('click(css="#cart-link")'), space)
+        return [*texts, format_action(cart.action)]  # the last one leaves the path
     finally:
         await env.close()
 
