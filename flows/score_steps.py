@@ -40,6 +40,7 @@ from judging.prm import (  # noqa: E402
 from rollouts.browser import SharedSlot  # noqa: E402
 from rollouts.env import BrowserEnv, BrowserSlot, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
+from sites.client import fetch_state, session_of  # noqa: E402
 from sites.grading import grade_session  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
@@ -160,6 +161,18 @@ def bundled_grade(server: SiteServer, client: httpx.AsyncClient):
     return grade
 
 
+def bundled_probe(server: SiteServer, client: httpx.AsyncClient):
+    """The exact scorer's probe: the replayed session's server-side state, so that page-state
+    alignment sees changes the page does not show (a cart, a sent mail)."""
+
+    async def probe(env: BrowserEnv, task: Any) -> Any:
+        origin = server.url(task.site or "")
+        sid = session_of(await env.cookies(origin))
+        return await fetch_state(client, origin, server.secret, sid) if sid else {}
+
+    return probe
+
+
 async def _score(
     wh: Warehouse,
     cfg: ScoreStepsConfig,
@@ -247,7 +260,13 @@ async def _exact_scorer(
         url = resolve_start_url(t.start_url, server.urls)
         return url, [origin_of(url)]
 
-    return make_scorer("exact", envs=envs, resolve=resolve, grade=bundled_grade(server, client))
+    return make_scorer(
+        "exact",
+        envs=envs,
+        resolve=resolve,
+        grade=bundled_grade(server, client),
+        probe=bundled_probe(server, client),
+    )
 
 
 async def run_score_steps_async(
