@@ -14,13 +14,11 @@ escape the sandbox (the sqlite/postgres scanners, SQL-from-text functions).
 
 from __future__ import annotations
 
-from warehouse import migrations
 from warehouse.config import WarehouseConfig
 from warehouse.connection import (
     NoWarehouseError,
     SqlRefusedError,
     check_user_sql,
-    connect,
     run_user_sql,
 )
 from warehouse.store import Warehouse
@@ -39,13 +37,4 @@ def open_sandboxed(cfg: WarehouseConfig | None = None, *, write: bool = False) -
     raises :class:`NoWarehouseError` when there is no warehouse yet; ``write=True`` opens (and
     creates or upgrades) it for data changes, still inside the sandbox."""
     cfg = cfg or WarehouseConfig.from_env()
-    con = connect(cfg, read_only=not write, sandboxed=True)
-    try:
-        if write:
-            migrations.migrate(con)
-        else:
-            migrations.check_not_newer(con)
-    except BaseException:
-        con.close()
-        raise
-    return Warehouse(cfg, con)
+    return Warehouse.open(cfg, migrate=write, read_only=not write, sandboxed=True)

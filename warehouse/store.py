@@ -71,10 +71,11 @@ class Warehouse:
         *,
         migrate: bool = True,
         read_only: bool = False,
+        sandboxed: bool = False,
     ) -> Warehouse:
         """Open (and by default create or upgrade) the warehouse described by ``cfg``/the env."""
         cfg = cfg or WarehouseConfig.from_env()
-        con = connect(cfg, read_only=read_only)
+        con = connect(cfg, read_only=read_only, sandboxed=sandboxed)
         try:
             if migrate and not read_only:
                 migrations.migrate(con)
