@@ -19,14 +19,11 @@ import asyncio
 import io
 import json
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import uvicorn
 from PIL import Image
 from starlette.applications import Starlette
@@ -36,6 +33,7 @@ from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from bench.childserver import ChildServer
 from judging.base import backlog, judge_all, make_judge
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.records import Step, Task, Trajectory
@@ -87,35 +85,15 @@ class FixedLatencyJudgeModel:
         )
 
 
-class ModelProcess:
+class ModelProcess(ChildServer):
     """The fixed-latency model server in a child process; ``counts()`` reads its counters."""
 
     def __init__(self, latency: float) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.url = self.base + "/v1"
-        cmd = [sys.executable, __file__, "--serve", str(self.port), "--latency", str(latency)]
-        self.proc = subprocess.Popen(cmd)
-
-    def __enter__(self) -> ModelProcess:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.base + "/stats", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("the model server did not start")
+        super().__init__(__file__, "--latency", str(latency))
 
     def counts(self) -> tuple[int, int]:
-        body = httpx.get(self.base + "/stats", timeout=10).json()
+        body = self.stats()
         return body["requests"], body["images"]
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def png(i: int) -> bytes:

@@ -31,9 +31,7 @@ import math
 import os
 import random
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from bench.childserver import ChildServer
 from rollouts.actions import ParseError, format_action, parse_action
 from rollouts.engine import Engine, EngineConfig, Finished, Job, Outcome, make_jobs
 from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of
@@ -240,41 +239,28 @@ def serve(port: int, tasks_json: str, median: float, sigma: float, cap: float, s
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-class ModelProcess:
+class ModelProcess(ChildServer):
     """The expert model server in a child process (like a real model server, not sharing the
     benchmark's interpreter); ``requests()`` reads its request counter."""
 
     def __init__(self, tasks, median: float, sigma: float, cap: float, seed: int = 0) -> None:
-        self.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
-        json.dump({t.instruction: t.reference for t in tasks}, self.tmp)
-        self.tmp.close()
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.url = self.base + "/v1"
-        cmd = [sys.executable, __file__, "--serve", str(self.port), "--tasks-json", self.tmp.name]
-        cmd += ["--latency-median", str(median), "--latency-sigma", str(sigma)]
-        cmd += ["--latency-cap", str(cap), "--latency-seed", str(seed)]
-        self.proc = subprocess.Popen(cmd)
-
-    def __enter__(self) -> ModelProcess:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.base + "/stats", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("the model server did not start")
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
+        json.dump({t.instruction: t.reference for t in tasks}, tmp)
+        tmp.close()
+        self.tasks_json = Path(tmp.name)
+        super().__init__(
+            __file__,
+            *("--tasks-json", tmp.name, "--latency-median", str(median)),
+            *("--latency-sigma", str(sigma), "--latency-cap", str(cap)),
+            *("--latency-seed", str(seed)),
+        )
 
     def requests(self) -> int:
-        return httpx.get(self.base + "/stats", timeout=10).json()["requests"]
+        return self.stats()["requests"]
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        Path(self.tmp.name).unlink(missing_ok=True)
+        super().__exit__(*exc)
+        self.tasks_json.unlink(missing_ok=True)
 
 
 # -- the lock-step baseline -----------------------------------------------------------------------
