@@ -127,7 +127,11 @@ class KillBrowserOnce(ExpertPolicy):
             slot = next(s for tid, s in self.engine.active.items() if self.jobs[tid] == self.target)
             self.killed = await slot.pid()
             os.kill(self.killed, signal.SIGKILL)
-            await asyncio.sleep(0.5)
+            for _ in range(600):  # act only once Playwright has seen the browser go (≤ 60 s)
+                if not slot.browser.is_connected():
+                    break
+                await asyncio.sleep(0.1)
+            assert not slot.browser.is_connected(), "the killed browser still looks connected"
         return await super().act(ctx)
 
 
