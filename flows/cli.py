@@ -970,6 +970,13 @@ def _one_line(exc: BaseException) -> str:
     return first if len(text.splitlines()) == 1 else first + " …"
 
 
+# Commands defined in their own modules (they import the helpers above).
+from flows import cli_curation, cli_interventions  # noqa: E402
+
+cli_curation.register(app)
+cli_interventions.register(app)
+
+
 def main() -> None:
     """Console entry point. A failure prints one line and exits 2 (usage, bad input) or 1
     (runtime failure); the full traceback goes to the log file the line names."""

@@ -249,6 +249,25 @@ class Intervention(Record):
     replay_traj_id: str | None = None
     run_id: str | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
+    reference: str | None = None  # "task" (the task's reference solution) or a successful traj_id
+    detail: dict[str, Any] | None = None  # teacher's error description, verifier's replay/verdict
+
+
+@dataclass(frozen=True)
+class Rationale(Record):
+    """A teacher's reasoning for one step (ERA), kept apart from the trajectory's own thought."""
+
+    TABLE: ClassVar[str] = "rationales"
+    KEY: ClassVar[tuple[str, ...]] = ("traj_id", "step_idx", "teacher")
+
+    traj_id: str
+    step_idx: int
+    teacher: str
+    thought: str
+    model: str | None = None
+    prompt_hash: str | None = None
+    run_id: str | None = None
+    created_at: dt.datetime = field(default_factory=utcnow)
 
 
 @dataclass(frozen=True)
@@ -283,6 +302,8 @@ class Dataset(Record):
     export_path: str | None = None
     data_card: str | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
+    recipe_hash: str | None = None
+    code_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -430,6 +451,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Candidate,
     StepScore,
     Intervention,
+    Rationale,
     HumanLabel,
     Dataset,
     DatasetMember,
