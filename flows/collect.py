@@ -69,6 +69,10 @@ class CollectConfig:
             d.pop(volatile)
         if not d["inject_answer"]:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
+        if self.policy == "expert":
+            # the expert's actions are written in the model-facing space these options choose
+            # (rollouts.grounding); a change of that space is another run, not a resume
+            d["action_space"] = expert_action_space(self.prompt_mode, self.set_of_marks)
         return d
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,7 @@ from flows.runs import recorded_run  # noqa: E402
 from judging.base import load_views  # noqa: E402
 from judging.prm import (  # noqa: E402
     ExactScorer,
+    PrefixEnded,
     Proposal,
     ScoreSummary,
     State,
@@ -113,10 +114,25 @@ def stored_candidates(wh: Warehouse, states: list[State]) -> dict[tuple[str, int
     return out
 
 
+def missing_candidates(wh: Warehouse, cfg: ScoreStepsConfig, states: list[State]) -> list[State]:
+    """The states with fewer than ``cfg.k`` stored candidates."""
+    have = stored_candidates(wh, states)
+    return [s for s in states if len(have.get((s.traj.traj_id, s.step_idx), [])) < cfg.k]
+
+
+Locate = Callable[[State], Awaitable[State]]
+
+
 async def ensure_candidates(
-    wh: Warehouse, cfg: ScoreStepsConfig, states: list[State], run_id: str
+    wh: Warehouse,
+    cfg: ScoreStepsConfig,
+    states: list[State],
+    run_id: str,
+    locate: Locate | None = None,
 ) -> dict[tuple[str, int], list[Proposal]]:
-    """K candidates per state: the stored ones, or freshly sampled and stored."""
+    """K candidates per state: the stored ones, or freshly sampled and stored. ``locate`` gives
+    a state its page-state-aligned reference cursor before the policy proposes from it (the
+    expert proposes the reference's next action, wherever a model's actions led)."""
     have = stored_candidates(wh, states)
     missing = [s for s in states if len(have.get((s.traj.traj_id, s.step_idx), [])) < cfg.k]
     if missing:
@@ -124,7 +140,8 @@ async def ensure_candidates(
         try:
             rows = []
             for st in missing:
-                props = await propose(policy, st, cfg.k, cfg.seed)
+                at = await _located(locate, st)
+                props = await propose(policy, at, cfg.k, cfg.seed)
                 have[(st.traj.traj_id, st.step_idx)] = props
                 rows += candidate_rows(st, props, policy.name, run_id)
                 if len(rows) >= 512:
@@ -135,6 +152,17 @@ async def ensure_candidates(
             if hasattr(policy, "aclose"):
                 await policy.aclose()
     return {k: v[: cfg.k] for k, v in have.items()}
+
+
+async def _located(locate: Locate | None, state: State) -> State:
+    """``state`` aligned by ``locate``; unaligned when its prefix already answered (the scorer
+    reports that state as an error)."""
+    if locate is None:
+        return state
+    try:
+        return await locate(state)
+    except PrefixEnded:
+        return state
 
 
 def done_states(wh: Warehouse, scorer: Any, states: list[State], k: int) -> set[tuple[str, int]]:
@@ -177,21 +205,25 @@ async def _score(
     wh: Warehouse,
     cfg: ScoreStepsConfig,
     states: list[State],
-    cands: dict,
     run_id: str,
     progress: Callable[[ScoreSummary], None] | None,
     server: SiteServer | None = None,
     browser: Any = None,
 ) -> ScoreSummary:
+    """Candidates for every state, then scores for the states that lack them. Servers and
+    browsers start only when something is left to do."""
     async with AsyncExitStack() as stack:
         if cfg.scorer == "exact":
             seed = exact_site_seed(states)
-            # what is left, before any sites server or browser starts
             done = done_states(wh, ExactScorer, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
-            if not todo:
+            # the expert proposes from the aligned cursor, which needs the scorer's browsers
+            aligning = cfg.policy == "expert" and bool(missing_candidates(wh, cfg, states))
+            if not todo and not aligning:
+                await ensure_candidates(wh, cfg, states, run_id)
                 return ScoreSummary()
             scorer = await _exact_scorer(stack, cfg, seed, server, browser)
+            locate = scorer.locate if aligning else None
         elif cfg.scorer == "vlm":
             if not cfg.scorer_base_url or not cfg.scorer_model:
                 raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
@@ -199,8 +231,12 @@ async def _score(
             stack.push_async_callback(scorer.aclose)
             done = done_states(wh, scorer, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
+            locate = None
         else:
             raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
+        cands = await ensure_candidates(wh, cfg, states, run_id, locate)
+        if not todo:
+            return ScoreSummary()
         return await score_states(
             todo,
             cands,
@@ -289,8 +325,7 @@ async def run_score_steps_async(
     if not states:
         raise WarehouseError("no finished trajectories with steps to score (check --run)")
     with recorded_run(wh, run_id, "score_steps", dataclasses.asdict(cfg)):
-        cands = await ensure_candidates(wh, cfg, states, run_id)
-        summary = await _score(wh, cfg, states, cands, run_id, progress, server, browser)
+        summary = await _score(wh, cfg, states, run_id, progress, server, browser)
     return {"run_id": run_id, "selected": len(states), **dataclasses.asdict(summary)}
 
 
