@@ -3,8 +3,130 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Annotated, Any
+
 import typer
+
+
+class TeacherName(StrEnum):
+    expert = "expert"
+    openai = "openai"
+
+
+def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None) -> None:
+    from flows.cli import UserError
+
+    if teacher is TeacherName.openai and not (base_url and model):
+        raise UserError("--teacher openai needs --base-url and --model")
+
+
+def intervene(
+    teacher: Annotated[
+        TeacherName, typer.Option(help="expert (bundled sites) or openai (any compatible model).")
+    ] = TeacherName.expert,
+    run: Annotated[str | None, typer.Option(help="Only failed trajectories of this run.")] = None,
+    base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
+    max_trajectories: Annotated[
+        int | None, typer.Option(help="At most this many trajectories now.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Replays (browser contexts) at once.")] = 2,
+    name: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
+) -> None:
+    """Find the first error of failed trajectories, propose one correction with a teacher and
+    verify it by replay in Chromium (the `intervene` Prefect flow); resumable."""
+    from flows.cli import UserError, console
+
+    _check_teacher(teacher, base_url, model)
+    if concurrency < 1:
+        raise UserError("--concurrency must be at least 1")
+    if max_trajectories is not None and max_trajectories < 1:
+        raise UserError("--max-trajectories must be at least 1")
+    from flows.intervene import InterveneConfig
+    from flows.intervene import intervene as run_flow
+
+    cfg = InterveneConfig(
+        teacher=teacher.value,
+        run=run,
+        base_url=base_url,
+        model=model,
+        max_trajectories=max_trajectories,
+        concurrency=concurrency,
+        run_name=name,
+    )
+
+    def progress(summary: dict[str, Any]) -> None:
+        console.print(
+            f"  … {summary['verified']} verified, {summary['not_verified']} not verified, "
+            f"{summary['no_error_found']} without an error, {summary['errors']} errors"
+        )
+
+    out = run_flow(cfg, None, progress)
+    console.print(
+        f"intervene ({cfg.teacher_name}): {out['selected']} failed trajectories selected; "
+        f"{out['verified']} corrections verified, {out['not_verified']} not verified, "
+        f"{out['no_error_found']} without an error against the reference, "
+        f"{out['errors']} errors (re-run to retry); run {out['run_id']}"
+    )
+    for line in out["skipped"][:5]:
+        console.print(f"  skipped {line}")
+    for example in out["error_examples"]:
+        console.print(f"  error: {example}")
+
+
+def rationales(
+    teacher: Annotated[
+        TeacherName, typer.Option(help="expert (template) or openai (any compatible model).")
+    ] = TeacherName.expert,
+    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="At most this many steps now.")] = None,
+    k_images: Annotated[int, typer.Option(help="openai: screenshots of the last k steps.")] = 3,
+    concurrency: Annotated[int, typer.Option(help="Model requests at once.")] = 4,
+) -> None:
+    """Write a teacher's thought for each step of successful expert trajectories (stored apart
+    from the trajectory; a recipe's include.rationales adds them); resumable."""
+    from flows.cli import UserError, console
+
+    _check_teacher(teacher, base_url, model)
+    if concurrency < 1:
+        raise UserError("--concurrency must be at least 1")
+    if max_steps is not None and max_steps < 1:
+        raise UserError("--max-steps must be at least 1")
+    from curation.rationales import RationalesConfig
+    from flows.intervene import rationales as run_flow
+
+    cfg = RationalesConfig(
+        teacher=teacher.value,
+        run=run,
+        base_url=base_url,
+        model=model,
+        max_steps=max_steps,
+        k_images=k_images,
+        concurrency=concurrency,
+    )
+    if run is not None:
+        from flows.cli import _open
+
+        with _open(read_only=True) as wh:
+            if wh.sql("SELECT 1 FROM runs WHERE run_id = ?", [run]).is_empty():
+                raise UserError(f"--run: no run {run!r} in the warehouse")
+
+    def progress(summary: Any) -> None:
+        console.print(f"  … {summary.written} written, {summary.errors} errors")
+
+    out = run_flow(cfg, None, progress)
+    console.print(
+        f"rationales ({out['teacher']}): {out['selected']} steps selected, {out['written']} "
+        f"written, {out['errors']} per-step errors (re-run to retry); run {out['run_id']}"
+    )
+    for example in out["error_examples"]:
+        console.print(f"  error: {example}")
 
 
 def register(app: typer.Typer) -> None:
     """Add the intervention and rationale commands to the ``webloop`` app."""
+    app.command("intervene")(intervene)
+    app.command("rationales")(rationales)
