@@ -2,8 +2,188 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add the curation commands to the ``webloop`` app."""
+    from flows.cli import Format, UserError, _open, console, print_frame
+
+    datasets_app = typer.Typer(help="Versioned datasets: list, show, diff.")
+    app.add_typer(datasets_app, name="datasets")
+
+    @app.command()
+    def curate(
+        recipe: Annotated[Path, typer.Option("--recipe", help="Recipe YAML file.")],
+        out: Annotated[
+            Path | None, typer.Option(help="Export folder (default $WEBLOOP_HOME/datasets).")
+        ] = None,
+        snapshot: Annotated[
+            int | None,
+            typer.Option(help="Warehouse snapshot to build from (default: the current one)."),
+        ] = None,
+    ) -> None:
+        """Build, gate, export and register the dataset of a recipe (the curate flow)."""
+        from curation.build import CurationError
+        from curation.gates import GateError
+        from curation.recipe import RecipeError, load_recipe
+
+        try:
+            load_recipe(recipe)  # fail fast, before the flow starts
+        except RecipeError as exc:
+            raise UserError(str(exc)) from None
+        from flows.curate import curate as curate_flow
+
+        try:
+            res = curate_flow(recipe, out, snapshot, on_progress=lambda line: console.print(line))
+        except (RecipeError, CurationError, GateError) as exc:
+            raise UserError(str(exc)) from None
+        counts = ", ".join(f"{k} {v}" for k, v in res["counts"].items())
+        console.print(
+            f"dataset {res['name']} {res['dataset_id']} (snapshot {res['snapshot_id']}): "
+            f"{counts}\n  {res['export_path']}",
+            soft_wrap=True,
+        )
+
+    @datasets_app.command("list")
+    def datasets_list(fmt: Annotated[Format, typer.Option("--format")] = Format.table) -> None:
+        """Registered datasets, newest first."""
+        with _open(read_only=True) as wh:
+            df = wh.sql(
+                "SELECT dataset_id, name, snapshot_id, counts, export_path, code_version, "
+                "created_at FROM datasets ORDER BY created_at DESC, dataset_id"
+            )
+        print_frame(df, fmt)
+
+    @datasets_app.command("show")
+    def datasets_show(
+        ref: Annotated[str, typer.Argument(help="Dataset id or name (a name: its newest).")],
+        fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    ) -> None:
+        """One dataset: ids, snapshot, counts, members, export folder, recipe."""
+        import polars as pl
+
+        with _open(read_only=True) as wh:
+            row = _find(wh, ref, UserError)
+            members = wh.sql(
+                "SELECT count(*) FILTER (WHERE step_idx IS NULL) AS trajectories, "
+                "count(*) FILTER (WHERE step_idx IS NOT NULL) AS steps "
+                "FROM dataset_members WHERE dataset_id = ?",
+                [row["dataset_id"]],
+            ).row(0, named=True)
+        fields = {
+            "dataset_id": row["dataset_id"],
+            "name": row["name"],
+            "snapshot_id": row["snapshot_id"],
+            "recipe_hash": row["recipe_hash"],
+            "code_version": row["code_version"],
+            "counts": row["counts"],
+            "member trajectories": members["trajectories"],
+            "member steps": members["steps"],
+            "export_path": row["export_path"],
+            "created_at": row["created_at"],
+        }
+        df = pl.DataFrame({"field": list(fields), "value": [str(v) for v in fields.values()]})
+        print_frame(df, fmt, title=f"dataset {row['name']}")
+        if fmt is Format.table and row["recipe"]:
+            console.print(json.dumps(json.loads(row["recipe"]), indent=2), soft_wrap=True)
+
+    @datasets_app.command("diff")
+    def datasets_diff(
+        a: Annotated[str, typer.Argument(help="Dataset id or name.")],
+        b: Annotated[str, typer.Argument(help="Dataset id or name.")],
+        fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    ) -> None:
+        """Members added and removed from A to B, counts and recipe differences."""
+        import polars as pl
+
+        with _open(read_only=True) as wh:
+            ra, rb = _find(wh, a, UserError), _find(wh, b, UserError)
+            diff = wh.sql(
+                """
+                WITH a AS (SELECT traj_id, step_idx FROM dataset_members WHERE dataset_id = $a),
+                     b AS (SELECT traj_id, step_idx FROM dataset_members WHERE dataset_id = $b)
+                SELECT 'added' AS change, * FROM (SELECT * FROM b EXCEPT SELECT * FROM a)
+                UNION ALL
+                SELECT 'removed' AS change, * FROM (SELECT * FROM a EXCEPT SELECT * FROM b)
+                ORDER BY change, traj_id, step_idx NULLS FIRST
+                """,
+                {"a": ra["dataset_id"], "b": rb["dataset_id"]},
+            )
+        summary = member_summary(diff)
+        rows = [
+            {"what": f"{kind} {change}", "a": None, "b": None, "n": str(n)}
+            for (change, kind), n in sorted(summary.items())
+        ]
+        ca, cb = _json(ra["counts"]), _json(rb["counts"])
+        rows += [
+            {"what": f"count {k}", "a": str(ca.get(k)), "b": str(cb.get(k)), "n": None}
+            for k in sorted(set(ca) | set(cb))
+            if ca.get(k) != cb.get(k)
+        ]
+        rows += [
+            {"what": f"recipe {k}", "a": json.dumps(va), "b": json.dumps(vb), "n": None}
+            for k, va, vb in recipe_diff(_json(ra["recipe"]), _json(rb["recipe"]))
+        ]
+        rows.append(
+            {
+                "what": "snapshot",
+                "a": str(ra["snapshot_id"]),
+                "b": str(rb["snapshot_id"]),
+                "n": None,
+            }
+        )
+        schema = {"what": pl.Utf8, "a": pl.Utf8, "b": pl.Utf8, "n": pl.Utf8}
+        print_frame(pl.DataFrame(rows, schema=schema), fmt, title=f"{a} → {b}")
+        if fmt is Format.table and diff.height:
+            print_frame(diff.head(50), fmt, title="members (first 50)")
+
+
+def _json(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+def _find(wh: Any, ref: str, error: type[Exception]) -> dict[str, Any]:
+    """The dataset with id ``ref``, else the newest named ``ref``."""
+    df = wh.sql(
+        "SELECT * FROM datasets WHERE dataset_id = $r OR name = $r "
+        "ORDER BY dataset_id = $r DESC, created_at DESC, dataset_id LIMIT 1",
+        {"r": ref},
+    )
+    if df.is_empty():
+        known = wh.sql("SELECT DISTINCT name FROM datasets ORDER BY name")["name"].to_list()
+        raise error(
+            f"no dataset with id or name {ref!r} (known names: {', '.join(known) or 'none'})"
+        )
+    return df.row(0, named=True)
+
+
+def member_summary(diff: Any) -> dict[tuple[str, str], int]:
+    """(added|removed, trajectories|steps) → count, from a members diff frame."""
+    out: dict[tuple[str, str], int] = {}
+    for change, step in diff.select("change", "step_idx").iter_rows():
+        key = (change, "trajectories" if step is None else "steps")
+        out[key] = out.get(key, 0) + 1
+    for change in ("added", "removed"):
+        for kind in ("trajectories", "steps"):
+            out.setdefault((change, kind), 0)
+    return out
+
+
+def recipe_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[tuple]:
+    """(dotted path, value in a, value in b) for every differing leaf of two recipes."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += recipe_diff(va, vb, path + ".")
+        elif va != vb:
+            out.append((path, va, vb))
+    return out

@@ -1,0 +1,75 @@
+"""The ``curate`` flow: build a versioned dataset from a recipe (thin: the work is in
+``curation.build.build_dataset``).
+
+Re-running the same recipe over the same snapshot rebuilds the same dataset (same id, the same
+bytes) in place; a failing quality gate registers nothing and leaves no export folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flows import prefect_env
+
+prefect_env.configure()
+
+from prefect import flow, task  # noqa: E402
+
+from curation.build import build_dataset  # noqa: E402
+from curation.recipe import load_recipe  # noqa: E402
+from flows.runs import code_version  # noqa: E402
+from warehouse import Warehouse, WarehouseConfig  # noqa: E402
+
+
+def default_out(home: str | None = None) -> Path:
+    """``$WEBLOOP_HOME/datasets`` (the CLI's default export folder)."""
+    return WarehouseConfig.from_env(home=home).home / "datasets"
+
+
+@task(name="build-dataset")
+def build(
+    recipe_path: str, out_dir: str, snapshot: int | None, home: str | None = None
+) -> dict[str, Any]:
+    """Build, gate, export and register the dataset; its ``datasets`` row as a dict."""
+    recipe = load_recipe(Path(recipe_path))
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        record = build_dataset(
+            wh,
+            recipe,
+            out_dir=Path(out_dir),
+            snapshot_id=snapshot,
+            blobs=wh.blobs,
+            progress=prefect_env.progress_of("curate"),
+            code_version=code_version(),
+        )
+    return {
+        "dataset_id": record.dataset_id,
+        "name": record.name,
+        "snapshot_id": record.snapshot_id,
+        "counts": record.counts,
+        "export_path": record.export_path,
+        "recipe_hash": record.recipe_hash,
+    }
+
+
+@flow(name="curate")
+def curate_flow(
+    recipe_path: str, out_dir: str, snapshot: int | None = None, home: str | None = None
+) -> dict[str, Any]:
+    """Build the dataset of a recipe file."""
+    return build(recipe_path, out_dir, snapshot, home)
+
+
+def curate(
+    recipe_path: Path,
+    out_dir: Path | None = None,
+    snapshot: int | None = None,
+    home: str | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the curate flow; ``on_progress`` gets one line per stage."""
+    out = out_dir if out_dir is not None else default_out(home)
+    with prefect_env.progress_to("curate", on_progress):
+        return curate_flow(str(recipe_path), str(out), snapshot, home)

@@ -1,0 +1,308 @@
+"""SFT / RL / preference examples rendered from stored trajectories.
+
+The warehouses here are written by the real rollout engine (``rollouts.engine.Engine`` +
+``BatchWriter``) with an OpenAI-compatible model server (a local HTTP server, the protocol of a
+remote provider) scripting the replies, so every step stores the exact prompt the policy saw
+(``steps.prompt_hash``). The browser test does the same through ``flows.collect.run_collect`` in
+real Chromium over the bundled sites."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import polars as pl
+import pytest
+
+from curation import examples as ex_mod
+from curation.examples import (
+    group_advantages,
+    proposed_action_text,
+    render_examples,
+    reply,
+    sft_messages,
+    summaries,
+)
+from curation.recipe import parse_recipe
+from curation.select import select
+from rollouts.engine import Engine, EngineConfig, Outcome, make_jobs
+from rollouts.policies import OpenAIPolicy
+from rollouts.prompts import PromptConfig, render
+from rollouts.simenv import SimEnv
+from rollouts.writer import BatchWriter
+from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from warehouse import Warehouse
+from warehouse.ids import traj_id_for
+from warehouse.records import Intervention, Run, Task
+from warehouse.tasks import put_tasks
+from warehouse.versions import current_snapshot
+
+RUN = "run-engine"
+TASKS = [
+    # task_id, split, instruction, replies of sample 0, replies of sample 1 (None: one sample)
+    ("shop-kettle", "train", "Add the blue kettle to the cart"),
+    ("travel-oslo", "train", "Find the cheapest flight from Berlin to Oslo"),
+    ("mail-alice", "test", "Open the newest email from Alice and report its subject"),
+]
+# What the scripted model replies: per task, per sample, the replies in order. Sample 0 of the
+# kettle succeeds; sample 1 shares the first action and then goes wrong (a preference pair).
+SCRIPT = {
+    "Add the blue kettle": [
+        [
+            "Thought: the search box.\nSummary: looking for kettles\nAction: click(e2)",
+            'Action: type(e2, "blue kettle")',
+            'Thought: found it.\nAction: answer("added")',
+        ],
+        [
+            "Thought: the search box.\nAction: click(e2)",
+            "Thought: maybe next.\nAction: click(e4)",
+            'Action: answer("could not")',
+        ],
+    ],
+    "Find the cheapest flight": [
+        ["Action: click(e3)", "Action: nonsense without a call", 'Action: answer("EUR 89")']
+    ],
+    "Open the newest email": [["Action: click(e1)", 'Action: answer("Hello")']],
+    "Open Alice's newest email": [["Action: click(e1)", 'Action: answer("Hello")']],
+    "Open the newest email from Bob": [["Action: click(e1)", 'Action: answer("Hi")']],
+}
+REWORDED = ("mail-reworded", "train", "Open Alice's newest email and report its subject")
+OTHER = ("mail-bob", "train", "Open the newest email from Bob and report its subject")
+FAILED = traj_id_for(RUN, "shop-kettle", 1)
+OUTCOME = {("shop-kettle", 0): "success", ("shop-kettle", 1): "failure"}
+
+
+class ScriptedModel:
+    """Replies from :data:`SCRIPT`: the sample is the number of episodes of that task seen so
+    far (the engine runs one trajectory at a time here), the turn the number of earlier
+    actions in the prompt."""
+
+    def __init__(self) -> None:
+        self.episodes: dict[str, int] = {}
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        text = last_user_text(body)
+        key = max((k for k in SCRIPT if k in text), key=len)
+        if "Previous actions: none" in text:
+            self.episodes[key] = self.episodes.get(key, 0) + 1
+        sample = self.episodes[key] - 1
+        turn = sum(1 for line in text.splitlines() if line[:1].isdigit() and ". " in line)
+        replies = SCRIPT[key][min(sample, len(SCRIPT[key]) - 1)]
+        return replies[min(turn, len(replies) - 1)]
+
+
+def engine_warehouse(
+    wh: Warehouse, *, k_images: int = 2, samples: int = 2, extra: tuple = ()
+) -> None:
+    """Tasks, a collect run (its prompt config in runs.config) and its trajectories, written
+    by the real engine and batch writer over a simulated browser."""
+    tasks = [
+        Task(
+            task_id=tid,
+            suite="bundled",
+            site=tid.split("-")[0],
+            split=split,
+            instruction=text,
+            start_url=f"bundled://{tid.split('-')[0]}/",
+            difficulty=2,
+        )
+        for tid, split, text in [*TASKS, *extra]
+    ]
+    put_tasks(wh, tasks)
+    prompt = PromptConfig(mode="both", k_images=k_images, self_summary=True)
+    config = {"policy": "openai", "prompt_mode": "both", "k_images": k_images, "self_summary": True}
+    wh.write([Run(run_id=RUN, kind="collect", config=config, status="completed")])
+    model = ScriptedModel()
+
+    async def grade(env: Any, job: Any, answer: str | None) -> Outcome:
+        return Outcome(OUTCOME.get((job.task.task_id, job.sample_idx), "success"))
+
+    async def go() -> None:
+        with FakeOpenAI([], default=("fn", model)) as server:
+            policy = OpenAIPolicy(server.url, "scripted", prompt=prompt, retries=0)
+            writer = BatchWriter(wh).start()
+            zero = lambda _rng: 0.0  # noqa: E731
+            engine = Engine(
+                RUN,
+                policy,
+                grade,
+                writer.put,
+                config=EngineConfig(concurrency=1, samples=1, max_steps=5, schedule="fifo"),
+                env_factory=lambda: SimEnv(step_s=zero, reset_s=zero),
+            )
+            resolve = lambda t: (t.start_url, [])  # noqa: E731
+            jobs = make_jobs(RUN, tasks, 1, resolve)
+            if samples > 1:  # a second kettle sample, after the first (fifo, one at a time)
+                jobs += make_jobs(RUN, tasks[:1], samples, resolve)[1:]
+            await engine.run(jobs)
+            await writer.close()
+            await policy.aclose()
+
+    asyncio.run(go())
+
+
+RECIPE = """
+name: demo-set
+sources: {{splits: [{splits}]}}
+filters: {filters}
+output: {{sft: true, rl_groups: true, preferences: true, k_images: {k}}}
+"""
+
+
+def recipe(k: int = 2, splits: str = "train", extra: str = "", filters: str = "[]") -> Any:
+    text = RECIPE.format(k=k, splits=splits, filters=filters) + extra
+    return parse_recipe(text, "test.yaml")
+
+
+def read_spool(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    with pa.ipc.open_stream(pa.OSFile(str(path))) as reader:
+        return reader.read_all().to_pylist()
+
+
+@pytest.fixture
+def engine_wh(wh: Warehouse) -> Warehouse:
+    engine_warehouse(wh)
+    return wh
+
+
+def test_sft_rows_render_back_to_the_exact_stored_prompt_bytes(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    sel = select(wh, recipe(), snapshot_id=current_snapshot(wh))
+    ex = render_examples(wh, sel, recipe(), wh.blobs, tmp_path / "spool")
+    rows = read_spool(ex.spool["sft"])
+    # train tasks only: kettle (2 samples x 3 steps) + oslo (3 steps) = 9 steps
+    assert len(rows) == 9 == ex.counts["sft"]
+    for row in rows:
+        stored = wh.blobs.get(row["prompt_hash"])
+        assert row["prompt"].encode() == stored
+        assert render(sft_messages(row)[:-1]).encode() == stored
+    # step 2 of a kettle trajectory: k_images=2 screenshots, two earlier actions, the summary
+    third = next(r for r in rows if r["task_id"] == "shop-kettle" and r["step_idx"] == 2)
+    assert len(third["images"]) == 2
+    user = sft_messages(third)[1]["content"]
+    assert [p["type"] for p in user] == ["text", "image_url", "image_url"]
+    assert user[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert "1. click(e2)" in user[0]["text"]
+    assert "looking for kettles" in user[0]["text"]  # the running self-summary
+
+
+def test_targets_are_model_replies_and_invalid_steps_stay_visible(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    sel = select(wh, recipe(), snapshot_id=current_snapshot(wh))
+    ex = render_examples(wh, sel, recipe(), wh.blobs, tmp_path / "spool")
+    rows = {
+        (r["task_id"], r["traj_id"] == FAILED, r["step_idx"]): r
+        for r in read_spool(ex.spool["sft"])
+    }
+    assert rows[("shop-kettle", False, 1)]["completion"] == 'Action: type(e2, "blue kettle")'
+    # the unparseable reply is the stored target; the next prompt shows it as invalid
+    assert rows[("travel-oslo", False, 1)]["completion"] == "Action: nonsense without a call"
+    assert (
+        "2. (invalid action)  (failed: no action found" in rows[("travel-oslo", False, 2)]["prompt"]
+    )
+    checks = ex.target_checks.filter(~pl.col("parses"))
+    assert checks.get_column("completion").to_list() == ["Action: nonsense without a call"]
+
+
+def test_recipe_k_images_changes_the_rendering(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    r1 = recipe(k=1)
+    sel = select(wh, r1, snapshot_id=current_snapshot(wh))
+    rows = read_spool(render_examples(wh, sel, r1, wh.blobs, tmp_path / "s").spool["sft"])
+    assert {len(r["images"]) for r in rows} == {1}
+    later = [r for r in rows if r["step_idx"] > 0]
+    assert later and all(r["prompt"].encode() != wh.blobs.get(r["prompt_hash"]) for r in later)
+
+
+def test_rl_groups_carry_group_relative_advantages(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    sel = select(wh, recipe(), snapshot_id=current_snapshot(wh))
+    rows = read_spool(render_examples(wh, sel, recipe(), wh.blobs, tmp_path / "s").spool["rl"])
+    by = {(r["task_id"], r["status"]): r for r in rows}
+    # kettle group: rewards 1, 0 -> mean 0.5, std 0.5 -> advantages +1, -1
+    assert by[("shop-kettle", "success")]["advantage"] == 1.0
+    assert by[("shop-kettle", "failure")]["advantage"] == -1.0
+    # a group of one: advantage 0
+    assert by[("travel-oslo", "success")]["advantage"] == 0.0
+    assert by[("shop-kettle", "success")]["actions"] == [
+        "click(e2)",
+        'type(e2, "blue kettle")',
+        'answer("added")',
+    ]
+
+
+def test_outcome_preference_pair_at_the_first_differing_step(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    sel = select(wh, recipe(), snapshot_id=current_snapshot(wh))
+    ex = render_examples(wh, sel, recipe(), wh.blobs, tmp_path / "s")
+    rows = read_spool(ex.spool["preferences"])
+    assert len(rows) == 1
+    pair = rows[0]
+    assert (pair["source"], pair["task_id"], pair["step_idx"]) == ("outcome", "shop-kettle", 1)
+    assert pair["chosen"] == 'Action: type(e2, "blue kettle")'
+    assert pair["rejected"] == "Thought: maybe next.\nAction: click(e4)"
+    assert pair["rejected_ref"] == FAILED
+
+
+def test_interventions_become_prefix_plus_correction(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    failed = FAILED
+    wh.write(
+        [
+            Intervention(
+                intervention_id="iv-1",
+                traj_id=failed,
+                first_error_step=1,
+                proposed_action={"type": "type", "text": 'type(e2, "blue kettle")'},
+                rationale="the kettle must be searched for",
+                verified=True,
+                verified_outcome="success",
+            )
+        ]
+    )
+    r = recipe(extra="include: {interventions: true}\n")
+    sel = select(wh, r, snapshot_id=current_snapshot(wh))
+    rows = read_spool(render_examples(wh, sel, r, wh.blobs, tmp_path / "s").spool["sft"])
+    iv = [x for x in rows if x["kind"] == "intervention"]
+    assert len(iv) == 1
+    assert iv[0]["completion"] == (
+        'Thought: the kettle must be searched for\nAction: type(e2, "blue kettle")'
+    )
+    assert iv[0]["step_idx"] == 1 and iv[0]["traj_id"] == failed
+    # the prefix: what the failed trajectory's policy saw at its first error
+    assert iv[0]["prompt"].encode() == wh.blobs.get(iv[0]["prompt_hash"])
+
+
+def test_helpers():
+    # rewards 1,0,0,0: mean 0.25, population std sqrt(0.1875) = 0.433
+    assert group_advantages([1.0, 0.0, 0.0, 0.0]) == pytest.approx(
+        [3**0.5, -(3**-0.5), -(3**-0.5), -(3**-0.5)]
+    )
+    assert group_advantages([1.0, 1.0]) == [0.0, 0.0]
+    assert reply("click(e1)", "why") == "Thought: why\nAction: click(e1)"
+    assert reply("click(e1)") == "Action: click(e1)"
+    assert summaries(["a\nSummary: one", "b", "Summary: two", "c"]) == [None, "one", "one", "two"]
+    assert proposed_action_text({"type": "click", "target": {"ref": "e7"}}) == "click(e7)"
+    assert (
+        proposed_action_text(json.dumps({"type": "scroll", "dx": 0, "dy": 600})) == "scroll(down)"
+    )
+    assert proposed_action_text("press('Enter')") == 'press("Enter")'
+    assert proposed_action_text({"type": "fly"}) is None
+    assert ex_mod.expert_policy("expert") and not ex_mod.expert_policy("openai")
+
+
+def test_exported_image_bytes_are_the_screenshot_blob(engine_wh: Warehouse, tmp_path):
+    wh = engine_wh
+    sel = select(wh, recipe(), snapshot_id=current_snapshot(wh))
+    rows = read_spool(render_examples(wh, sel, recipe(), wh.blobs, tmp_path / "s").spool["sft"])
+    row = rows[0]
+    assert [wh.blobs.get(h) for h in row["image_hashes"]] == [i["bytes"] for i in row["images"]]
+    url = sft_messages(row)[1]["content"][1]["image_url"]["url"]
+    assert base64.b64decode(url.split(",", 1)[1]) == row["images"][0]["bytes"]
+    assert datasets.Image().decode_example(row["images"][0]).size == (160, 100)
