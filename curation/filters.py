@@ -90,7 +90,9 @@ class Frames:
     def keep_trajectories(self, mask: pl.Expr | pl.Series) -> Frames:
         """Frames with only the trajectories where ``mask`` holds (steps follow)."""
         trajs = self.trajectories.filter(mask)
-        kept = self.kept & self.steps.get_column("traj_id").is_in(trajs.get_column("traj_id"))
+        kept = self.kept & self.steps.get_column("traj_id").is_in(
+            trajs.get_column("traj_id").implode()
+        )
         return dataclasses.replace(self, trajectories=trajs, kept=kept)
 
     def drop_steps(self, drop: pl.Series) -> Frames:
@@ -197,7 +199,7 @@ def verdict(frames: Frames, p: VerdictParams) -> Frames:
     )
     need = p.min_agreement * len(judges) - 1e-9
     passing = agree.filter(pl.col("n_agree") >= need).get_column("traj_id")
-    return frames.keep_trajectories(pl.col("traj_id").is_in(passing))
+    return frames.keep_trajectories(pl.col("traj_id").is_in(passing.implode()))
 
 
 class LengthParams(FilterParams):
@@ -231,7 +233,7 @@ def dedup_trajectories(frames: Frames, p: DedupTrajectoriesParams) -> Frames:
     and the same sequence of (screenshot_hash, action_text) over ALL its stored steps."""
     live = frames.trajectories.select("traj_id", "task_id")
     seq = (
-        frames.steps.filter(pl.col("traj_id").is_in(live.get_column("traj_id")))
+        frames.steps.filter(pl.col("traj_id").is_in(live.get_column("traj_id").implode()))
         .group_by("traj_id", maintain_order=True)
         .agg(
             pl.concat_str(
@@ -249,7 +251,7 @@ def dedup_trajectories(frames: Frames, p: DedupTrajectoriesParams) -> Frames:
     firsts = (
         keyed.sort("traj_id").unique(subset=["task_id", "seq"], keep="first").get_column("traj_id")
     )
-    return frames.keep_trajectories(pl.col("traj_id").is_in(firsts))
+    return frames.keep_trajectories(pl.col("traj_id").is_in(firsts.implode()))
 
 
 class DedupTasksParams(FilterParams):

@@ -273,9 +273,9 @@ def _applied(
     out: Frames = fn(frames)
     stored = frames.steps.get_column("traj_id")
     ids = stored.unique()
-    emptied = ids.filter(~ids.is_in(stored.filter(out.kept).unique()))
+    emptied = ids.filter(~ids.is_in(stored.filter(out.kept).unique().implode()))
     if emptied.len():
-        out = out.keep_trajectories(~pl.col("traj_id").is_in(emptied))
+        out = out.keep_trajectories(~pl.col("traj_id").is_in(emptied.implode()))
     report.append(
         FilterReport(name, params, t0 - out.trajectories.height, s0 - int(out.kept.sum()))
     )

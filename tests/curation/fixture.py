@@ -68,9 +68,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
+from curation.recipe import Recipe, parse_recipe
+from curation.select import Selection, select
 from warehouse.blobs import BlobStore
 from warehouse.ids import make_id
 from warehouse.records import (
@@ -379,3 +382,31 @@ def build_fixture_warehouse(wh, blobs: BlobStore | None = None) -> Fixture:
         ]
     )
     return Fixture(snapshot_id=current_snapshot(wh), screens=screens)
+
+
+# -- helpers for the tests ---------------------------------------------------------------
+
+
+def recipe_of(body: str, source: str = "recipe.yaml") -> Recipe:
+    """A recipe from YAML text (``name`` added when missing)."""
+    text = body if body.lstrip().startswith("name:") else "name: test\n" + body
+    return parse_recipe(text, source)
+
+
+def run(shared: tuple[Any, Fixture], body: str) -> Selection:
+    """Select with the recipe ``body`` at the fixture's snapshot."""
+    wh, fx = shared
+    return select(wh, recipe_of(body), snapshot_id=fx.snapshot_id)
+
+
+def kept_steps(sel: Selection) -> dict[str, list[int]]:
+    """traj_id → the kept step indices."""
+    out: dict[str, list[int]] = {}
+    for tid, idx in sel.steps.iter_rows():
+        out.setdefault(tid, []).append(idx)
+    return out
+
+
+def report_of(sel: Selection) -> list[tuple[str, int, int]]:
+    """(name, trajectories removed, steps removed) per filter applied."""
+    return [(r.name, r.trajectories_removed, r.steps_removed) for r in sel.report]
