@@ -150,7 +150,7 @@ def test_a_failing_gate_registers_nothing_and_leaves_no_export(leaky_wh: Warehou
 
 def test_reworded_copy_of_a_test_task_is_caught_in_train_data(leaky_wh: Warehouse, tmp_path):
     wh = leaky_wh
-    r = recipe(filters="[{drop_invalid_steps: {}}]")
+    r = recipe(filters="[{drop_invalid_steps: {noop: false}}]")
     with pytest.raises(GateError) as err:
         build_dataset(wh, r, out_dir=tmp_path, blobs=wh.blobs, progress=None)
     assert [f.split(":")[0] for f in err.value.failed] == ["leakage near-duplicate"]
