@@ -11,11 +11,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from warehouse import Warehouse, WarehouseConfig
+from flows.cli_common import (
+    Format,
+    UserError,
+    _judges,
+    _open,
+    _policies,
+    _registered,
+    _scorers,
+    console,
+    err,
+    print_frame,
+)
+from warehouse import WarehouseConfig
 from warehouse.config import ConfigError
 
 app = typer.Typer(
@@ -36,15 +46,6 @@ tasks_import_app = typer.Typer(help="Import tasks from other benchmarks' formats
 app.add_typer(sites_app, name="sites")
 app.add_typer(tasks_app, name="tasks")
 tasks_app.add_typer(tasks_import_app, name="import")
-
-console = Console()
-err = Console(stderr=True)
-
-
-class Format(StrEnum):
-    table = "table"
-    csv = "csv"
-    json = "json"
 
 
 class Coords(StrEnum):
@@ -69,49 +70,6 @@ class Rule(StrEnum):
     threshold = "threshold"
 
 
-class UserError(Exception):
-    """An error caused by input; printed without a traceback."""
-
-
-def _policies() -> list[str]:
-    import rollouts.hf  # noqa: F401  (registers 'hf'; transformers loads only when used)
-    from rollouts.policies import POLICIES
-
-    return POLICIES.names()
-
-
-def _judges() -> list[str]:
-    from judging.base import JUDGES  # importing the package registers every judge
-
-    return JUDGES.names()
-
-
-def _scorers() -> list[str]:
-    from judging.prm import SCORERS
-
-    return SCORERS.names()
-
-
-def _registered(kind: str, names: Any, *, many: bool = False) -> Any:
-    """An option callback: the value must be a registered name (``many``: a comma-separated
-    list of them). Runs while the command line is parsed, before any flow starts; an unknown
-    name is a usage error (exit 2) that lists the known ones."""
-
-    def check(value: str | None) -> str | None:
-        if value is None:
-            return value
-        known = names()
-        given = [v.strip() for v in value.split(",")] if many else [value]
-        unknown = [v for v in given if v not in known]
-        if unknown:
-            raise typer.BadParameter(
-                f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}"
-            )
-        return value
-
-    return check
-
-
 @app.callback()
 def _root(
     home: Annotated[
@@ -120,25 +78,6 @@ def _root(
 ) -> None:
     if home is not None:
         os.environ["WEBLOOP_HOME"] = str(home)
-
-
-def _open(*, read_only: bool = False) -> Warehouse:
-    return Warehouse.open(WarehouseConfig.from_env(), read_only=read_only)
-
-
-def print_frame(df: Any, fmt: Format = Format.table, title: str | None = None) -> None:
-    """Print a polars frame as a rich table, CSV or JSON rows."""
-    if fmt is Format.csv:
-        sys.stdout.write(df.write_csv())
-    elif fmt is Format.json:
-        sys.stdout.write(df.write_json() + "\n")
-    else:
-        table = Table(title=title, show_lines=False)
-        for name in df.columns:
-            table.add_column(name, overflow="fold")
-        for row in df.iter_rows():
-            table.add_row(*("" if v is None else str(v) for v in row))
-        console.print(table)
 
 
 # -- sql --------------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
+from flows.cli_common import Format, UserError, _open, console, print_frame
+
 
 def register(app: typer.Typer) -> None:
     """Add the curation commands to the ``webloop`` app."""
-    from flows.cli import Format, UserError, _open, console, print_frame
-
     datasets_app = typer.Typer(help="Versioned datasets: list, show, diff.")
     app.add_typer(datasets_app, name="datasets")
 

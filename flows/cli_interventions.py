@@ -15,7 +15,7 @@ class TeacherName(StrEnum):
 
 
 def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None) -> None:
-    from flows.cli import UserError
+    from flows.cli_common import UserError
 
     if teacher is TeacherName.openai and not (base_url and model):
         raise UserError("--teacher openai needs --base-url and --model")
@@ -36,7 +36,7 @@ def intervene(
 ) -> None:
     """Find the first error of failed trajectories, propose one correction with a teacher and
     verify it by replay in Chromium (the `intervene` Prefect flow); resumable."""
-    from flows.cli import UserError, console
+    from flows.cli_common import UserError, console
 
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:
@@ -88,7 +88,7 @@ def rationales(
 ) -> None:
     """Write a teacher's thought for each step of successful expert trajectories (stored apart
     from the trajectory; a recipe's include.rationales adds them); resumable."""
-    from flows.cli import UserError, console
+    from flows.cli_common import UserError, console
 
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:
@@ -108,7 +108,7 @@ def rationales(
         concurrency=concurrency,
     )
     if run is not None:
-        from flows.cli import _open
+        from flows.cli_common import _open
 
         with _open(read_only=True) as wh:
             if wh.sql("SELECT 1 FROM runs WHERE run_id = ?", [run]).is_empty():

@@ -1,0 +1,86 @@
+"""What every ``webloop`` command module shares: consoles, output formats, the input-error type,
+registry-name validation and opening the warehouse. (Command modules import this, never
+``flows.cli``, which imports them.)"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from warehouse import Warehouse, WarehouseConfig
+
+console = Console()
+err = Console(stderr=True)
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+class UserError(Exception):
+    """An error caused by input; printed without a traceback."""
+
+
+def _policies() -> list[str]:
+    import rollouts.hf  # noqa: F401  (registers 'hf'; transformers loads only when used)
+    from rollouts.policies import POLICIES
+
+    return POLICIES.names()
+
+
+def _judges() -> list[str]:
+    from judging.base import JUDGES  # importing the package registers every judge
+
+    return JUDGES.names()
+
+
+def _scorers() -> list[str]:
+    from judging.prm import SCORERS
+
+    return SCORERS.names()
+
+
+def _registered(kind: str, names: Any, *, many: bool = False) -> Any:
+    """An option callback: the value must be a registered name (``many``: a comma-separated
+    list of them). Runs while the command line is parsed, before any flow starts; an unknown
+    name is a usage error (exit 2) that lists the known ones."""
+
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return value
+        known = names()
+        given = [v.strip() for v in value.split(",")] if many else [value]
+        unknown = [v for v in given if v not in known]
+        if unknown:
+            raise typer.BadParameter(
+                f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}"
+            )
+        return value
+
+    return check
+
+
+def _open(*, read_only: bool = False) -> Warehouse:
+    return Warehouse.open(WarehouseConfig.from_env(), read_only=read_only)
+
+
+def print_frame(df: Any, fmt: Format = Format.table, title: str | None = None) -> None:
+    """Print a polars frame as a rich table, CSV or JSON rows."""
+    if fmt is Format.csv:
+        sys.stdout.write(df.write_csv())
+    elif fmt is Format.json:
+        sys.stdout.write(df.write_json() + "\n")
+    else:
+        table = Table(title=title, show_lines=False)
+        for name in df.columns:
+            table.add_column(name, overflow="fold")
+        for row in df.iter_rows():
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
