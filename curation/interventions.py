@@ -452,6 +452,7 @@ class InterventionPolicy:
     path: list[Hashable]
     state: StateFn
     continuation: Policy
+    watch: Callable[[Any], None] | None = None  # called with the page at the first step
     correction: Correction | None = None
     cursor_after: int | None = None
     prefix: list[tuple[str, str]] = field(default_factory=list)
@@ -467,6 +468,8 @@ class InterventionPolicy:
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         i = ctx.memory.get("replay_step", 0)
         ctx.memory["replay_step"] = i + 1
+        if i == 0 and self.watch is not None and ctx.page is not None:
+            self.watch(ctx.page)
         if i < len(self.prefix):
             text, action_text = self.prefix[i]
             return PolicyOutput(text, parse_action(action_text))

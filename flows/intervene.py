@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import weakref
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -176,6 +177,31 @@ def site_seed(items: list[Item]) -> int:
     return seeds.pop() if seeds else 0
 
 
+class Inflight:
+    """Requests in flight per page (watched from the episode's first state on)."""
+
+    def __init__(self) -> None:
+        self.pending: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
+
+    def watch(self, page: Any) -> None:
+        if page in self.pending:
+            return
+        pending: set = set()
+        self.pending[page] = pending
+        page.on("request", pending.add)
+        page.on("requestfinished", pending.discard)
+        page.on("requestfailed", pending.discard)
+
+    async def settled(self, page: Any, timeout_s: float = 5.0) -> None:
+        """Wait until no request of ``page`` is in flight (then a moment for the DOM)."""
+        self.watch(page)
+        pending = self.pending[page]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+
+
 class Verifier:
     """Replays in Chromium on the bundled sites: first errors, then teacher + verification."""
 
@@ -194,8 +220,13 @@ class Verifier:
         probe = bundled_probe(server, client)
 
         async def state(env: Any, t: Any, a11y: str | None) -> Any:
-            return await page_state(env, t, probe, a11y)
+            """The page state once the page's own requests ended: a snapshot taken while an
+            autocomplete's fetch is in flight would differ from run to run (so the
+            observation's snapshot, ``a11y``, is not used: a fresh one is taken)."""
+            await self.inflight.settled(env.page)
+            return await page_state(env, t, probe, None)
 
+        self.inflight = Inflight()
         self.state = state
         self.paths: dict[tuple, asyncio.Task] = {}
 
@@ -253,6 +284,7 @@ class Verifier:
         policy = InterventionPolicy(
             teacher, v.task, item.reference, error, v.steps, v.answer, path, self.state,
             ExpertPolicy(action_space=item.action_space, coords=item.env.coords),
+            watch=self.inflight.watch,
         )  # fmt: skip
         replay_id = replay_traj_id(self.run_id, v.traj_id, teacher.name)
         url, allowed = self.start(v.task)
@@ -284,6 +316,8 @@ class Verifier:
         detail = {
             "why": why,
             "prefix_steps": len(policy.prefix),
+            # the replay's step that holds the correction (its observation and prompt)
+            "replay_correction_step": len(policy.prefix),
             "cursor_after": policy.cursor_after,
             "replay_status": traj.status,
             "replay_error": traj.error,

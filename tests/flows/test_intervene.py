@@ -1,5 +1,7 @@
 """Interventions on constructed failures in real Chromium, on each bundled site.
 
+The CLI tests run the flows from ``webloop`` on the session's Prefect server.
+
 Each site's task is run by the expert in model-facing (ref) actions with its plan changed: a
 wrong element clicked at step m, step m skipped, or an early answer at step m (the first two
 then give up with a wrong answer). The intervene flow must find the first error at step m,
@@ -23,12 +25,12 @@ from rollouts.env import BrowserEnv, origin_of
 from rollouts.policies import ExpertPolicy
 from rollouts.writer import BatchWriter
 from sites.tasks import generate, resolve_start_url
+from tests.curation.test_rationales import _warehouse
+from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.records import Intervention, Task, Trajectory, from_frame
 from warehouse.tasks import put_tasks
-
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # site → (template, {kind: step m}, the wrong element clicked at m)
 SITES = {
@@ -85,6 +87,8 @@ def open_wh(home: Path) -> Warehouse:
     return Warehouse.open(WarehouseConfig.from_env(home=home))
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 @pytest.mark.parametrize("site", sorted(SITES))
 def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chromium, site):
     template = SITES[site][0]
@@ -168,3 +172,33 @@ def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chr
             ocfg = dataclasses.replace(ocfg, base_url=fake.url)
             retry = chromium.run(run_intervene_async(wh, ocfg, **shared))
         assert retry["selected"] == 1 and len(fake.requests) == 1, retry
+
+
+def test_cli_refuses_bad_options_in_one_line_before_any_work(tmp_path, prefect_harness):
+    home = tmp_path / "home"
+    bad = webloop(home, "intervene", "--teacher", "openai", ok=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --teacher openai needs --base-url and --model"
+    with open_wh(home) as wh:
+        before = wh.sql("SELECT count(*) FROM runs").item()
+    missing = webloop(home, "intervene", "--run", "nope", ok=False)
+    assert missing.returncode == 2 and "--run: no run 'nope' in the warehouse" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    with open_wh(home) as wh:
+        assert wh.sql("SELECT count(*) FROM runs").item() == before  # no run was started
+    zero = webloop(home, "rationales", "--max-steps", "0", ok=False)
+    assert zero.returncode == 2 and "--max-steps must be at least 1" in zero.stderr
+
+
+def test_cli_rationales_runs_the_flow_and_resumes(tmp_path, prefect_harness):
+    home = tmp_path / "home"
+    with open_wh(home) as wh:
+        _warehouse(wh)
+    out = webloop(home, "rationales", "--teacher", "expert")
+    assert "rationales (expert): 3 steps selected, 3 written, 0 per-step errors" in out.stdout
+    with open_wh(home) as wh:
+        rows = wh.sql("SELECT teacher, count(*) FROM rationales GROUP BY 1").rows()
+        kinds = wh.sql("SELECT kind, status FROM runs").rows()
+    assert rows == [("expert", 3)] and kinds == [("rationales", "completed")]
+    again = webloop(home, "rationales", "--teacher", "expert")
+    assert "0 steps selected, 0 written" in again.stdout
