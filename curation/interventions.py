@@ -5,9 +5,11 @@ A failed trajectory is compared with a *reference* (the task's reference solutio
 successful trajectory of the same task: :func:`reference_for`) by page state: the reference is
 replayed once and the state after each of its steps recorded (:func:`record_path`); the failed
 trajectory's actions are replayed the same way (:func:`replay_reached`). Its **first error**
-(:func:`first_error`) is the first step after which the reached state leaves the reference path,
-an answer given before the reference's final state, or a wrong answer at it (and, for a
-trajectory that never leaves the path, the step where it stopped making progress).
+(:func:`first_error`) is the first step after which the reached state leaves the reference path
+or goes back to an earlier state of it (progress undone), an answer given before the reference's
+final state, or a wrong answer at it (and, for a trajectory that never does any of that, the
+step where it stopped making progress). A step that changes nothing (a scroll, a failed or
+invalid action) is not an error by itself.
 
 What a page state is, is the caller's (``state``: env, task, accessibility snapshot → any
 comparable value; ``flows`` passes :func:`judging.alignment.page_state` with the sites' probe):
@@ -51,7 +53,7 @@ from warehouse.records import Intervention, Step, Task
 # (env with .page/.context/.cookies, task, accessibility snapshot or None) → a page state
 StateFn = Callable[[Any, Any, str | None], Awaitable[Hashable]]
 
-ERROR_KINDS = ("left_path", "early_answer", "wrong_answer", "no_answer", "stalled")
+ERROR_KINDS = ("left_path", "went_back", "early_answer", "wrong_answer", "no_answer", "stalled")
 # verified_outcome values besides the replay's status (success / failure / infra_error / timeout)
 NO_ERROR_FOUND, TEACHER_ERROR = "no_error_found", "teacher_error"
 RETRIED_OUTCOMES = (TEACHER_ERROR, "infra_error", "timeout")  # a re-run tries these again
@@ -203,6 +205,9 @@ def first_error(
         if k is None:
             why = f"the page left the reference path after {j} reference step(s)"
             return FirstError(i, j, "left_path", why)
+        if k < j:
+            why = f"the page went back from reference step {j} to step {k}"
+            return FirstError(i, j, "went_back", why)
         if k > j:
             last_progress = i
         j = k
@@ -259,6 +264,7 @@ class Teacher(Protocol):
 
 _KIND_WORDS = {
     "left_path": "left the way to the goal",
+    "went_back": "undid progress toward the goal",
     "early_answer": "answered before the task was done",
     "wrong_answer": "gave a wrong answer",
     "no_answer": "stopped without answering",

@@ -188,9 +188,16 @@ class Inflight:
             return
         pending: set = set()
         self.pending[page] = pending
-        page.on("request", pending.add)
-        page.on("requestfinished", pending.discard)
-        page.on("requestfailed", pending.discard)
+
+        def started(request: Any) -> None:
+            pending.add(request)
+
+        def ended(request: Any) -> None:
+            pending.discard(request)
+
+        page.on("request", started)
+        page.on("requestfinished", ended)
+        page.on("requestfailed", ended)
 
     async def settled(self, page: Any, timeout_s: float = 5.0) -> None:
         """Wait until no request of ``page`` is in flight (then a moment for the DOM)."""

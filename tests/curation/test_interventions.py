@@ -58,14 +58,18 @@ def test_early_and_wrong_answers():
     assert (wrong.step_idx, wrong.cursor, wrong.kind) == (3, 3, "wrong_answer")
 
 
-def test_no_ops_invalid_steps_and_going_back_are_not_errors_but_stalling_is():
-    # s1, a scroll (same state), an invalid step, back to s0, s1 again, s2: then nothing more
-    err = first_error(
-        reached("s1", "s1", None, "s0", "s1", "s2", "s2"), PATH, answer_expected=False
-    )
-    assert (err.step_idx, err.cursor, err.kind) == (6, 2, "stalled")  # after the last progress
+def test_no_ops_and_invalid_steps_are_not_errors_but_stalling_is():
+    # s1, a scroll (same state), an invalid step, s2, then the same state again: nothing more
+    err = first_error(reached("s1", "s1", None, "s2", "s2"), PATH, answer_expected=False)
+    assert (err.step_idx, err.cursor, err.kind) == (4, 2, "stalled")  # after the last progress
     ended = first_error(reached("s1", "s2"), PATH, answer_expected=False)
     assert (ended.step_idx, ended.cursor, ended.kind) == (2, 2, "stalled")  # a step is missing
+
+
+def test_going_back_to_an_earlier_reference_state_undoes_progress():
+    # a click on the site's logo from the filled-in form reloads the empty form (path state 1)
+    err = first_error(reached("s1", "s2", "s1", "s2", "s3"), PATH, answer_expected=False)
+    assert (err.step_idx, err.cursor, err.kind) == (2, 2, "went_back")
 
 
 def test_at_the_final_state_only_a_missing_answer_is_an_error():
