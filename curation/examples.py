@@ -255,7 +255,9 @@ def summaries(outputs: Sequence[str | None]) -> list[str | None]:
 
 def sft_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     """An exported SFT row → OpenAI chat messages (images as PNG data URLs) + the assistant
-    reply. ``render(sft_messages(row)[:-1])`` is the prompt the policy saw."""
+    reply. ``render(sft_messages(row)[:-1])`` is the prompt the policy saw, byte for byte, when
+    the images are read as stored (``datasets.Image(decode=False)``, or Arrow/Parquet): decoded
+    PIL images are re-encoded here, same pixels but other PNG bytes, so other image hashes."""
     messages = json.loads(row["prompt"])
     shots = iter(_image_bytes(img) for img in row["images"])
     for m in messages:

@@ -107,6 +107,7 @@ def make_policy_for(cfg: CollectConfig) -> Any:
             inject_answer=cfg.inject_answer,
             action_space=expert_action_space(cfg.prompt_mode, cfg.set_of_marks),
             coords=cfg.coords,
+            prompt=prompt_config(cfg),
         )
     if cfg.policy == "openai":
         if not cfg.base_url or not cfg.model:

@@ -15,6 +15,7 @@ invalid step; the episode continues).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import time
@@ -102,7 +103,11 @@ class ExpertPolicy:
     proposed at stored states) the plan's own actions are emitted.
 
     ``inject_answer`` appends :data:`ANSWER_INJECTION` to every answer: adversarial answers for
-    measuring whether judges can be talked into a success verdict."""
+    measuring whether judges can be talked into a success verdict.
+
+    ``prompt``: when given, every output carries the messages a model would have seen at that
+    step (the shared prompt builder), so the engine stores the prompt with the step and an
+    expert trajectory is SFT data rendered exactly as a policy sees it."""
 
     name = "expert"
     max_scrolls = 4  # preparatory scrolls for one planned step before acting anyway
@@ -113,6 +118,7 @@ class ExpertPolicy:
         inject_answer: bool = False,
         action_space: str = "ref",
         coords: str = "pixels",
+        prompt: PromptConfig | None = None,
     ) -> None:
         from rollouts.grounding import SPACES
 
@@ -122,14 +128,20 @@ class ExpertPolicy:
             raise ValueError(f"action_space is one of {SPACES}")
         self.noise, self.inject_answer = noise, inject_answer
         self.action_space, self.coords = action_space, coords
+        self.prompt = prompt
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        messages = (
+            build_messages(ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary"))
+            if self.prompt is not None and ctx.turns
+            else None
+        )
         out = await self._act(ctx)
         if self.inject_answer and isinstance(out.action, Answer):
             injected = Answer(f"{out.action.text} {ANSWER_INJECTION}")
             text = f"Thought: done.\nAction: {format_action(injected)}"
-            return PolicyOutput(text, parse_action(text))
-        return out
+            out = PolicyOutput(text, parse_action(text))
+        return dataclasses.replace(out, messages=messages) if messages is not None else out
 
     async def _act(self, ctx: PolicyContext) -> PolicyOutput:
         ref = ctx.reference or []
