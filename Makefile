@@ -44,6 +44,7 @@ bench: setup
 	$(PY) bench/sites.py
 	$(PY) bench/rollouts.py
 	$(PY) bench/judging.py
+	$(PY) bench/curation.py
 
 clean:
 	rm -rf $(VENV) .webloop .pytest_cache .ruff_cache *.egg-info
