@@ -32,6 +32,8 @@ Aim (issue 11): build + export under 60 s and under 4 GB peak on 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as dt
 import io
 import json
 import os
@@ -146,6 +148,9 @@ WORDS = [
     "sidebar",
 ]
 CHUNK = 10_000  # trajectories per fill transaction
+T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+TRAJ_COLS = {f.name for f in dataclasses.fields(Trajectory)}
+STEP_COLS = {f.name for f in dataclasses.fields(Step)}
 
 
 # -- deterministic mixing (no Python loop per row) ----------------------------------------------
@@ -197,8 +202,6 @@ def make_tasks(n: int) -> tuple[list[Task], int]:
     """``n`` bundled tasks; tasks whose instruction is a MiniLM near duplicate of another split's
     (at the recipe's threshold) join that split (test/ood wins), so the leakage gate can pass.
     Returns the tasks and how many were moved."""
-    import dataclasses
-
     from curation.embed import near_duplicates
     from sites.tasks import generate
 
@@ -228,7 +231,7 @@ def make_tasks(n: int) -> tuple[list[Task], int]:
 
 
 def task_frame(tasks: list[Task]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(task_idx, task_id, site, split) and the reference actions (task_idx, pos, ref, n_ref)."""
+    """(task_idx, task_id, site, split) and the reference actions (task_idx, pos, ref)."""
     info = pl.DataFrame(
         {
             "task_idx": range(len(tasks)),
@@ -239,12 +242,8 @@ def task_frame(tasks: list[Task]) -> tuple[pl.DataFrame, pl.DataFrame]:
         schema={"task_idx": pl.Int64, "task_id": pl.Utf8, "site": pl.Utf8, "split": pl.Utf8},
     )
     refs = pl.DataFrame(
-        [
-            (i, p, a, len(t.reference))
-            for i, t in enumerate(tasks)
-            for p, a in enumerate(t.reference)
-        ],
-        schema={"task_idx": pl.Int64, "pos": pl.Int64, "ref": pl.Utf8, "n_ref": pl.Int64},
+        [(i, p, a) for i, t in enumerate(tasks) for p, a in enumerate(t.reference)],
+        schema={"task_idx": pl.Int64, "pos": pl.Int64, "ref": pl.Utf8},
         orient="row",
     )
     return info, refs
@@ -465,11 +464,10 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
     actions = action_json(
         sorted(set(refs.get_column("ref").to_list()) | set(MODEL_ACTIONS) | answers)
     )
-    t0 = dt_epoch()
     n_steps = n_judg = n_scores = 0
     for k0 in range(0, n_trajs, CHUNK):
-        trajs = trajectory_chunk(k0, min(n_trajs, k0 + CHUNK), n_tasks, info).with_columns(
-            created_at=pl.lit(t0) + pl.duration(seconds=pl.col("k")),
+        trajs = trajectory_chunk(k0, min(n_trajs, k0 + CHUNK), len(tasks), info).with_columns(
+            created_at=pl.lit(T0) + pl.duration(seconds=pl.col("k")),
             answer=pl.when(pl.col("status").is_in(["success", "failure"]))
             .then(pl.lit("done: ") + pl.col("site"))
             .otherwise(None),
@@ -479,7 +477,7 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
             duration_s=pl.col("n_steps").cast(pl.Float64) * 1.7,
         )
         steps = step_chunk(trajs, refs, screens).with_columns(
-            created_at=pl.lit(t0)
+            created_at=pl.lit(T0)
             + pl.duration(seconds=pl.col("k"), milliseconds=pl.col("step_idx")),
             action=pl.col("action_text").replace_strict(
                 actions, default=None, return_dtype=pl.Utf8
@@ -509,16 +507,6 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
         f"(tasks {t_tasks:.1f} s); peak RSS {peak_mb()[0]:,.0f} MB",
         flush=True,
     )
-
-
-TRAJ_COLS = {f for f in Trajectory.__dataclass_fields__}
-STEP_COLS = {f for f in Step.__dataclass_fields__}
-
-
-def dt_epoch():
-    import datetime as dt
-
-    return dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 
 
 def peak_mb() -> tuple[float, float]:
@@ -783,6 +771,8 @@ def main() -> None:
         args.trajectories, args.tasks, args.screens = 2_000, 200, 40
     if args.trajectories % len(LENGTHS):
         ap.error(f"--trajectories must be a multiple of {len(LENGTHS)} (the length pattern)")
+    if args.tasks % 7919 == 0:
+        ap.error("--tasks must not be a multiple of 7919 (the task permutation's step)")
     if args.stage == "fill":
         return fill(args.home, args.trajectories, args.tasks, args.screens)
     if args.stage == "build":
