@@ -11,11 +11,15 @@
 6. summarize success by suite / site / split / policy through the warehouse's SQL.
 
 Later stages (curate → train → evaluate) extend it as they land.
+
+By default the collect and score stages start a sites server and browsers of their own, only when
+they have work; a caller that already runs both (the test suite) lends them with :class:`Lent`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from flows import prefect_env
@@ -23,13 +27,43 @@ from flows import prefect_env
 prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from flows.collect import CollectConfig, run_collect  # noqa: E402
 from flows.judge import JudgeConfig, run_judge  # noqa: E402
-from flows.score_steps import ScoreStepsConfig, run_score_steps  # noqa: E402
+from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
 from sites.tasks import generate as generate_tasks  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, migrations  # noqa: E402
 from warehouse.tasks import put_tasks  # noqa: E402
+
+
+class Lent:
+    """A running bundled-sites server and a launched Playwright Chromium that the caller owns and
+    lends to the demo (they stay running after it). The server serves site seed 0 (the bundled
+    suite's; the collect and score stages check it).
+
+    ``run(coro)`` runs a coroutine on the browser's event loop and returns its result (a Playwright
+    browser belongs to the loop that launched it; tests/conftest.py ``SharedChromium.run``).
+
+    Opaque to Prefect on purpose (``__slots__``, no pickling): as a flow parameter it is stored as
+    a placeholder, never serialized (the server's secret stays in this process), and the tasks
+    that take it skip Prefect's input-hash cache (idempotency comes from the warehouse)."""
+
+    __slots__ = ("browser", "run", "server")
+
+    def __init__(self, server: Any, browser: Any, run: Callable[[Coroutine], Any]) -> None:
+        self.server, self.browser, self.run = server, browser, run
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Lent server and browser are live objects of this process")
+
+
+def _run(lent: Lent | None, coro_fn: Callable[..., Coroutine]) -> Any:
+    """``coro_fn(server=…, browser=…)`` on the lent server and browser (on the browser's loop), or
+    ``coro_fn()`` in a fresh event loop (it starts what it needs)."""
+    if lent is None:
+        return asyncio.run(coro_fn())
+    return lent.run(coro_fn(server=lent.server, browser=lent.browser))
 
 
 @task(retries=2, retry_delay_seconds=1)
@@ -52,11 +86,13 @@ def generate_bundled_tasks(home: str | None, n: int, seed: int) -> dict[str, int
     return {"generated": len(tasks), "new": len(rep.new), **by_split}
 
 
-@task(retries=1, retry_delay_seconds=2)
-def collect_expert_rollouts(home: str | None, cfg: CollectConfig) -> dict[str, Any]:
+@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def collect_expert_rollouts(
+    home: str | None, cfg: CollectConfig, lent: Lent | None = None
+) -> dict[str, Any]:
     """Expert rollouts with mistakes, in real Chromium; a retry resumes the same run."""
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return asyncio.run(run_collect(wh, cfg))
+        return _run(lent, lambda **kw: run_collect(wh, cfg, **kw))
 
 
 @task(retries=1, retry_delay_seconds=2)
@@ -66,11 +102,13 @@ def judge_rollouts(home: str | None, run_id: str) -> dict[str, Any]:
         return run_judge(wh, JudgeConfig(judge="programmatic", run=run_id))
 
 
-@task(retries=1, retry_delay_seconds=2)
-def score_steps_exact(home: str | None, cfg: ScoreStepsConfig) -> dict[str, Any]:
+@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def score_steps_exact(
+    home: str | None, cfg: ScoreStepsConfig, lent: Lent | None = None
+) -> dict[str, Any]:
     """Exact PRM scores of K candidates at sampled states (resumes: scored states are kept)."""
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return run_score_steps(wh, cfg)
+        return _run(lent, lambda **kw: run_score_steps_async(wh, cfg, **kw))
 
 
 @task
@@ -91,9 +129,11 @@ def demo_flow(
     concurrency: int = 4,
     prm_states: int = 12,
     prm_k: int = 3,
+    lent: Lent | None = None,
 ) -> dict[str, Any]:
     """Warehouse → bundled tasks → expert rollouts (with mistakes) → programmatic judgments →
-    exact PRM scores at sampled states → SQL summary."""
+    exact PRM scores at sampled states → SQL summary. ``lent``: a sites server and a Chromium to
+    use instead of starting them (:class:`Lent`)."""
     where = prepare_warehouse(home)
     suite = generate_bundled_tasks(home, bundled_tasks, seed)
     cfg = CollectConfig(
@@ -107,7 +147,7 @@ def demo_flow(
         concurrency=concurrency,
         run_name=f"demo-expert-seed{seed}",
     )
-    collected = collect_expert_rollouts(home, cfg)
+    collected = collect_expert_rollouts(home, cfg, lent)
     judged = judge_rollouts(home, collected["run_id"])
     scored = None
     if prm_states:
@@ -119,7 +159,7 @@ def demo_flow(
             seed=seed,
             concurrency=concurrency,
         )
-        scored = score_steps_exact(home, prm)
+        scored = score_steps_exact(home, prm, lent)
     return {
         "warehouse": where,
         "bundled": suite,

@@ -1,4 +1,7 @@
-"""The demo flow, through a real (temporary) Prefect server, real Chromium and the sites."""
+"""The demo flow, through a real (temporary) Prefect server, real Chromium and the sites.
+
+The flow runs once on the session's sites server and Chromium (lent to it); the re-run gets
+nothing lent and must not need anything: every stage finds its work stored."""
 
 from __future__ import annotations
 
@@ -6,14 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from flows import collect as collect_module
+from flows import score_steps as score_steps_module
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.migrations import latest_version
 
 pytestmark = pytest.mark.browser
 
 
-def test_demo_flow_collects_real_rollouts_and_is_idempotent(prefect_harness, tmp_path: Path):
-    from flows.demo import demo_flow
+def refuse(*args, **kwargs):
+    raise AssertionError("started a sites server or browsers although nothing was left to do")
+
+
+def test_demo_flow_collects_real_rollouts_and_is_idempotent(
+    prefect_harness, sites, chromium, tmp_path: Path, monkeypatch
+):
+    from flows.demo import Lent, demo_flow
 
     home = str(tmp_path / "home")
     kw = {
@@ -26,7 +37,8 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(prefect_harness, tmp
         "prm_states": 3,
         "prm_k": 2,
     }
-    state = demo_flow(**kw, return_state=True)
+    lent = Lent(sites, chromium.browser, chromium.run)
+    state = demo_flow(**kw, lent=lent, return_state=True)
     assert state.is_completed()
     out = state.result()
     assert out["bundled"]["generated"] == 60 and out["bundled"]["new"] == 60
@@ -45,6 +57,10 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(prefect_harness, tmp
         assert verdicts == 8 == out["judged"]["judged"]
         assert out["scored"]["states"] == 3 and out["scored"]["errors"] == 0
         assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() == 6
+    # the re-run: nothing lent, and starting a server, the engine or the exact scorer fails it
+    monkeypatch.setattr(collect_module, "SiteServer", refuse)
+    monkeypatch.setattr(collect_module, "Engine", refuse)
+    monkeypatch.setattr(score_steps_module, "_exact_scorer", refuse)
     again = demo_flow(**kw)
     assert again["collected"]["ran"] == 0 and again["collected"]["skipped"] == 8
     assert again["judged"]["judged"] == 0 and again["scored"]["states"] == 0  # nothing redone
