@@ -7,7 +7,6 @@ solutions still succeed and only a judge reading the page can be fooled.
 
 from __future__ import annotations
 
-import asyncio
 import html
 
 import httpx
@@ -220,36 +219,33 @@ def test_variants_are_stored_as_their_own_versioned_tasks(wh: Warehouse):
 # -- in Chromium ----------------------------------------------------------------------------------
 
 
-async def _start_page_texts(server: SiteServer, tasks: list[Task]) -> list[tuple[str, bool]]:
-    from playwright.async_api import async_playwright
-
-    from rollouts.browser import launch
-
+async def _start_page_texts(
+    server: SiteServer, browser, tasks: list[Task]
+) -> list[tuple[str, bool]]:
     out = []
-    async with async_playwright() as pw:
-        browser = await launch(pw)
+    for task in tasks:
+        context = await browser.new_context(viewport={"width": 1280, "height": 800})
         try:
-            for task in tasks:
-                context = await browser.new_context(viewport={"width": 1280, "height": 800})
-                page = await context.new_page()
-                await page.goto(resolve_start_url(task.start_url, server.urls))
-                note = page.locator("#wl-injected")
-                visible = await note.count() == 1 and await note.is_visible()
-                out.append((await page.inner_text("body"), visible))
-                await context.close()
+            page = await context.new_page()
+            await page.goto(resolve_start_url(task.start_url, server.urls))
+            note = page.locator("#wl-injected")
+            visible = await note.count() == 1 and await note.is_visible()
+            out.append((await page.inner_text("body"), visible))
         finally:
-            await browser.close()
+            await context.close()
     return out
 
 
 @pytest.mark.browser
-def test_reference_solutions_still_succeed_on_the_variants(server: SiteServer):
+def test_reference_solutions_still_succeed_on_the_variants(server: SiteServer, chromium):
     from flows.bundled import run_expert
 
     tasks = one_task_per_template(seed=11)
     assert {t.site for t in tasks} == set(SITES)
     variants = adversarial_variants(tasks)
-    results = asyncio.run(run_expert(variants, server, concurrency=4, check_fresh=True))
+    results = chromium.run(
+        run_expert(variants, server, concurrency=4, check_fresh=True, browser=chromium.browser)
+    )
     for task, res in zip(variants, results, strict=True):
         assert res.start_status == 200, task.task_id
         assert res.fresh_verdict is not None and not res.fresh_verdict.success, task.task_id
@@ -257,7 +253,7 @@ def test_reference_solutions_still_succeed_on_the_variants(server: SiteServer):
         assert res.verdict.success, f"{task.task_id}: {res.verdict.reasons}"
 
     one_per_site = [next(v for v in variants if v.site == s) for s in SITES]
-    texts = asyncio.run(_start_page_texts(server, [*one_per_site, *tasks[:2]]))
+    texts = chromium.run(_start_page_texts(server, chromium.browser, [*one_per_site, *tasks[:2]]))
     for task, (text, visible) in zip(one_per_site, texts, strict=False):
         assert INJECTION_TEXT in text and visible, task.task_id
     for task, (text, visible) in zip(tasks[:2], texts[len(one_per_site) :], strict=True):

@@ -4,6 +4,8 @@ For each template: the start page loads; the checker fails on the fresh state; t
 solution, executed by the scripted expert, makes it pass. Plus: a sample of generated tasks
 passes at >= 99%, two sessions at once keep separate state, and the inspection endpoint refuses
 requests without the server's secret.
+
+Everything runs on the session's sites server and Chromium (fixtures ``server`` and ``chromium``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import httpx
 import pytest
 
 from flows.bundled import run_expert
-from rollouts.browser import launch
 from rollouts.expert import run_reference
 from sites import shop as shop_site
 from sites.client import fetch_state, session_of
@@ -40,10 +41,15 @@ def one_task_per_template(seed: int = 7):
     return out
 
 
-def test_every_template_conforms(server: SiteServer):
+def expert(chromium, tasks, server: SiteServer, **kw):
+    """:func:`run_expert` on the session's Chromium."""
+    return chromium.run(run_expert(tasks, server, browser=chromium.browser, **kw))
+
+
+def test_every_template_conforms(server: SiteServer, chromium):
     tasks = one_task_per_template()
     assert {t.site for t in tasks} == set(SITES)
-    results = asyncio.run(run_expert(tasks, server, concurrency=4, check_fresh=True))
+    results = expert(chromium, tasks, server, concurrency=4, check_fresh=True)
     for task, res in zip(tasks, results, strict=True):
         assert res.start_status == 200, task.task_id
         assert res.fresh_verdict is not None and not res.fresh_verdict.success, task.task_id
@@ -52,14 +58,27 @@ def test_every_template_conforms(server: SiteServer):
         assert res.verdict.success, f"{task.task_id}: {res.verdict.reasons}"
 
 
-def test_generated_tasks_are_solvable(server: SiteServer):
-    tasks = generate(40, seed=123)
-    results = asyncio.run(run_expert(tasks, server, concurrency=4))
+def test_generated_tasks_are_solvable(server: SiteServer, chromium):
+    """A sample of generated tasks (not the hand-picked ones above): the first two of every
+    template in ``generate(40, seed=123)``, so every site, template and split, with parameters
+    other than test_every_template_conforms's."""
+    tasks, per_template = [], {}
+    for t in generate(40, seed=123):
+        if per_template.setdefault(t.meta["template"], 0) < 2:
+            per_template[t.meta["template"]] += 1
+            tasks.append(t)
+    assert per_template == {name: 2 for name in TEMPLATES}
+    assert {t.site for t in tasks} == set(SITES) and {t.split for t in tasks} == {
+        "train",
+        "test",
+        "ood",
+    }
+    results = expert(chromium, tasks, server, concurrency=4)
     failed = [(r.task_id, r.error, r.verdict.reasons) for r in results if not r.verdict.success]
     assert len(failed) <= len(tasks) * 0.01, failed
 
 
-def test_a_wrong_answer_or_partial_work_fails(server: SiteServer):
+def test_a_wrong_answer_or_partial_work_fails(server: SiteServer, chromium):
     """The checker is not fooled: the expert's work with a wrong final answer fails."""
     wiki = next(t for t in one_task_per_template() if t.meta["template"] == "wiki_fact")
     wrong = [*wiki.reference[:-1], 'answer("I do not know")']
@@ -69,18 +88,15 @@ def test_a_wrong_answer_or_partial_work_fails(server: SiteServer):
         wiki.__class__(**{**wiki.__dict__, "reference": wrong}),
         shop.__class__(**{**shop.__dict__, "reference": partial}),
     ]
-    results = asyncio.run(run_expert(tasks, server, concurrency=2))
+    results = expert(chromium, tasks, server, concurrency=2)
     assert [r.verdict.success for r in results] == [False, False]
     assert any("correct value" in x for x in results[0].verdict.reasons)
     assert any("no order" in x for x in results[1].verdict.reasons)
 
 
-async def _two_sessions(server: SiteServer) -> tuple[dict, dict]:
-    from playwright.async_api import async_playwright
-
+async def _two_sessions(server: SiteServer, browser) -> tuple[dict, dict]:
     shop = server.url("shop")
-    async with async_playwright() as pw, httpx.AsyncClient() as client:
-        browser = await launch(pw)
+    async with httpx.AsyncClient() as client:
         ctx_a, ctx_b = await browser.new_context(), await browser.new_context()
         page_a, page_b = await ctx_a.new_page(), await ctx_b.new_page()
 
@@ -101,12 +117,13 @@ async def _two_sessions(server: SiteServer) -> tuple[dict, dict]:
             await fetch_state(client, shop, server.secret, sid_a),
             await fetch_state(client, shop, server.secret, sid_b),
         )
-        await browser.close()
+        await ctx_a.close()
+        await ctx_b.close()
         return states, (pa.pid, pb.pid)
 
 
-def test_two_sessions_do_not_see_each_other(server: SiteServer):
-    (a, b), (pid_a, pid_b) = asyncio.run(_two_sessions(server))
+def test_two_sessions_do_not_see_each_other(server: SiteServer, chromium):
+    (a, b), (pid_a, pid_b) = chromium.run(_two_sessions(server, chromium.browser))
     assert [i["pid"] for i in a["cart"]] == [pid_a]
     assert [i["pid"] for i in b["cart"]] == [pid_b]
 
