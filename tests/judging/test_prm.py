@@ -100,45 +100,57 @@ def _view(task, upto: int) -> TrajectoryView:
     return TrajectoryView(record, task, steps)
 
 
-async def _score_exact(server, state: State, texts: list[str | None]):
-    from playwright.async_api import async_playwright
-
+async def _score_exact(server, browser, jobs: list[tuple[State, list[str | None]]]):
+    """The exact scorer (one instance, so the task's reference path is recorded once) with three
+    environments on ``browser`` (contexts of the shared Chromium): each state's candidates, all
+    states at once. Candidates that leave the reference's page make its next action wait for
+    an element that is not there: a 5 s action timeout (not 10) bounds that wait."""
     from flows.score_steps import bundled_grade
-    from rollouts.env import BrowserEnv, BrowserSlot, origin_of
+    from rollouts.browser import SharedSlot
+    from rollouts.env import BrowserEnv, EnvConfig, origin_of
     from sites.tasks import resolve_start_url
 
-    async with async_playwright() as pw, httpx.AsyncClient() as client:
-        slots = [BrowserSlot(pw) for _ in range(2)]
+    async with httpx.AsyncClient() as client:
+        slot = SharedSlot(browser)
 
         def resolve(t):
             url = resolve_start_url(t.start_url, server.urls)
             return url, [origin_of(url)]
 
+        envs = [BrowserEnv(slot, EnvConfig(action_timeout_s=5)) for _ in range(3)]
         scorer = make_scorer(
-            "exact",
-            envs=[BrowserEnv(s) for s in slots],
-            resolve=resolve,
-            grade=bundled_grade(server, client),
+            "exact", envs=envs, resolve=resolve, grade=bundled_grade(server, client)
         )
         try:
-            cands = [Proposal(i, t or "garbage", t) for i, t in enumerate(texts)]
-            return await scorer.score(state, cands)
+            return await asyncio.gather(
+                *(
+                    scorer.score(state, [Proposal(i, t or "garbage", t) for i, t in enumerate(ts)])
+                    for state, ts in jobs
+                )
+            )
         finally:
-            for s in slots:
-                await s.close()
+            for env in envs:
+                await env.close()
 
 
 @pytest.mark.browser
-def test_exact_scorer_progress_beats_no_progress_on_real_pages(server):
+def test_exact_scorer_progress_beats_no_progress_on_real_pages(server, chromium):
     task = _task("shop_add_to_cart")
     ref = task.reference
     # state: the product page, about to choose the colour (step 5 of 8)
     state = State(_view(task, 5), 5)
     assert state.cursor() == 5
     right = format_action(parse_action(ref[5]))
-    results = asyncio.run(
+    # and the last step: adding to the cart is progress the checker sees right away
+    last = State(_view(task, 7), 7)
+    results, res = chromium.run(
         _score_exact(
-            server, state, [right, "scroll(down)", 'answer("done")', None, right, "back()"]
+            server,
+            chromium.browser,
+            [
+                (state, [right, "scroll(down)", 'answer("done")', None, right, "back()"]),
+                (last, [format_action(parse_action(ref[7])), "wait()"]),
+            ],
         )
     )
     scores = [r.score for r in results]
@@ -147,9 +159,6 @@ def test_exact_scorer_progress_beats_no_progress_on_real_pages(server):
     assert max(scores[1], scores[2], scores[3], scores[5]) < scores[0]
     assert results[0].detail["cursor"] == 5 and results[0].detail["continued"] == 2
     assert results[3].detail["candidate"] is None  # unparseable = a no-op
-    # the last step: adding to the cart is progress you can see in the checker right away
-    last = State(_view(task, 7), 7)
-    res = asyncio.run(_score_exact(server, last, [format_action(parse_action(ref[7])), "wait()"]))
     assert res[0].score == 1.0 and res[0].detail["immediate"] == 1.0
     assert res[1].score < 1.0 and res[1].detail["immediate"] < 1.0
 

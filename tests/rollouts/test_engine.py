@@ -1,4 +1,7 @@
-"""The rollout engine in real Chromium against the bundled sites."""
+"""The rollout engine in real Chromium against the bundled sites.
+
+Episodes run as contexts of the session's Chromium (fixture ``chromium``), except the crash test:
+it kills a browser, so the engine launches its own there (its default browser slots)."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import httpx
 import pytest
 
 from flows.collect import bundled_grader
+from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
-from rollouts.env import EnvConfig, origin_of
+from rollouts.env import BrowserEnv, EnvConfig, origin_of
 from rollouts.policies import ExpertPolicy, PolicyContext
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
@@ -37,8 +41,19 @@ def tasks_of(template: str, n: int, seed: int = 0):
 
 
 def run_engine(
-    server, tasks, policy, *, grader=None, samples=1, concurrency=3, engine_hook=None, **cfg
+    server,
+    tasks,
+    policy,
+    *,
+    chromium=None,
+    grader=None,
+    samples=1,
+    concurrency=3,
+    engine_hook=None,
+    **cfg,
 ):
+    """The engine over ``tasks``: on contexts of ``chromium`` (the session's shared Chromium), or
+    on browsers the engine launches itself (``chromium=None``)."""
     results: list[Finished] = []
 
     async def sink(done: Finished) -> None:
@@ -48,6 +63,12 @@ def run_engine(
         url = resolve_start_url(t.start_url, server.urls)
         return url, [origin_of(url)]
 
+    env_cfg = EnvConfig(action_timeout_s=8)
+    factory = None
+    if chromium is not None:
+        shared = SharedSlot(chromium.browser)
+        factory = lambda: BrowserEnv(shared, env_cfg)  # noqa: E731
+
     async def main():
         async with httpx.AsyncClient() as client:
             engine = Engine(
@@ -56,20 +77,21 @@ def run_engine(
                 grader or bundled_grader(server, client),
                 sink,
                 config=EngineConfig(concurrency=concurrency, samples=samples, **cfg),
-                env_config=EnvConfig(action_timeout_s=8),
+                env_config=env_cfg,
+                env_factory=factory,
             )
             if engine_hook:
                 engine_hook(engine)
             stats = await engine.run(make_jobs("test-run", tasks, samples, resolve))
             return stats, engine
 
-    stats, engine = asyncio.run(main())
+    stats, engine = chromium.run(main()) if chromium is not None else asyncio.run(main())
     return {d.trajectory.traj_id: d for d in results}, stats, engine
 
 
-def test_expert_rollouts_succeed_with_groups_and_full_step_records(server):
+def test_expert_rollouts_succeed_with_groups_and_full_step_records(server, chromium):
     tasks = tasks_of("shop_add_to_cart", 2) + tasks_of("wiki_twin_city", 1)
-    done, stats, _ = run_engine(server, tasks, ExpertPolicy(), samples=2)
+    done, stats, _ = run_engine(server, tasks, ExpertPolicy(), chromium=chromium, samples=2)
     assert len(done) == 6 and stats.by_status == {"success": 6}
     groups = {}
     for d in done.values():
@@ -84,7 +106,7 @@ def test_expert_rollouts_succeed_with_groups_and_full_step_records(server):
     assert [s.step_idx for s in d.steps] == list(range(len(d.steps)))
 
 
-def test_concurrent_rollouts_keep_their_state_apart(server):
+def test_concurrent_rollouts_keep_their_state_apart(server, chromium):
     tasks = tasks_of("shop_add_to_cart", 4, seed=3)
     carts = {}
 
@@ -95,18 +117,18 @@ def test_concurrent_rollouts_keep_their_state_apart(server):
             carts[job.task.task_id] = (sid, await fetch_state(client, origin, server.secret, sid))
         return Outcome("finished")
 
-    run_engine(server, tasks, ExpertPolicy(), grader=grader, concurrency=4)
+    run_engine(server, tasks, ExpertPolicy(), chromium=chromium, grader=grader, concurrency=4)
     assert len({sid for sid, _ in carts.values()}) == 4  # four sessions
     for t in tasks:
         cart = carts[t.task_id][1]["cart"]
         assert [i["pid"] for i in cart] == [t.checker["items"][0]["pid"]]  # only its own item
 
 
-def test_the_allowlist_blocks_other_origins(server):
+def test_the_allowlist_blocks_other_origins(server, chromium):
     task = tasks_of("wiki_on_page", 1)[0]
     other = server.url("mail") + "/folder/inbox"
     task = dataclasses.replace(task, reference=[f'goto("{other}")', *task.reference])
-    done, _, _ = run_engine(server, [task], ExpertPolicy())
+    done, _, _ = run_engine(server, [task], ExpertPolicy(), chromium=chromium)
     d = next(iter(done.values()))
     assert d.trajectory.status == "success", d.trajectory.error  # the episode went on
     assert other in d.trajectory.meta["blocked_requests"]
@@ -167,12 +189,13 @@ class SlowOnOne(ExpertPolicy):
         return await super().act(ctx)
 
 
-def test_stragglers_are_cut_off_once_most_trajectories_finished(server):
+def test_stragglers_are_cut_off_once_most_trajectories_finished(server, chromium):
     tasks = tasks_of("wiki_on_page", 4, seed=9)
     done, _stats, _ = run_engine(
         server,
         tasks,
         SlowOnOne(tasks[0].task_id),
+        chromium=chromium,
         concurrency=4,
         straggler_fraction=0.75,
         straggler_grace_s=0.5,
@@ -183,38 +206,33 @@ def test_stragglers_are_cut_off_once_most_trajectories_finished(server):
     assert all(by_task[t.task_id].status == "success" for t in tasks[1:])
 
 
-def test_set_of_marks_and_normalized_coordinates(server):
+def test_set_of_marks_and_normalized_coordinates(server, chromium):
     """A model-style episode: click by mark id, then by 0-1000 coordinates, then answer."""
     from rollouts.actions import parse_action
-    from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig
 
     async def main():
-        from playwright.async_api import async_playwright
+        slot = SharedSlot(chromium.browser)
+        env = BrowserEnv(slot, EnvConfig(set_of_marks=True, coords="norm1000"))
+        wiki = server.url("wiki")
+        obs = await env.reset(wiki + "/", max_steps=5)
+        assert obs.marks > 5
+        mark = await env.page.evaluate(
+            "() => document.querySelector('a[href^=\"/wiki/\"]').getAttribute('data-webloop-mark')"
+        )
+        obs, _, _, info = await env.step(parse_action(f"click([{mark}])"))
+        assert info["error"] is None and "/wiki/" in obs.url
+        box = await env.page.locator("#twin-link").bounding_box()
+        x = (box["x"] + box["width"] / 2) / 1280 * 1000
+        y = (box["y"] + box["height"] / 2) / 800 * 1000
+        before = obs.url
+        obs, _, _, info = await env.step(parse_action(f"click({x:.0f}, {y:.0f})"))
+        assert obs.url != before and "/wiki/" in obs.url
+        obs, term, _, info = await env.step(parse_action('answer("x")'))
+        assert term and info["answer"] == "x"
+        await env.close()
+        await slot.close()
 
-        async with async_playwright() as pw:
-            slot = BrowserSlot(pw)
-            env = BrowserEnv(slot, EnvConfig(set_of_marks=True, coords="norm1000"))
-            wiki = server.url("wiki")
-            obs = await env.reset(wiki + "/", max_steps=5)
-            assert obs.marks > 5
-            mark = await env.page.evaluate(
-                "() => document.querySelector('a[href^=\"/wiki/\"]')"
-                ".getAttribute('data-webloop-mark')"
-            )
-            obs, _, _, info = await env.step(parse_action(f"click([{mark}])"))
-            assert info["error"] is None and "/wiki/" in obs.url
-            box = await env.page.locator("#twin-link").bounding_box()
-            x = (box["x"] + box["width"] / 2) / 1280 * 1000
-            y = (box["y"] + box["height"] / 2) / 800 * 1000
-            before = obs.url
-            obs, _, _, info = await env.step(parse_action(f"click({x:.0f}, {y:.0f})"))
-            assert obs.url != before and "/wiki/" in obs.url
-            obs, term, _, info = await env.step(parse_action('answer("x")'))
-            assert term and info["answer"] == "x"
-            await env.close()
-            await slot.close()
-
-    asyncio.run(main())
+    chromium.run(main())
 
 
 # -- scheduling (a simulated environment: no browser needed) ----------------------------------
