@@ -26,7 +26,10 @@ Two child processes, so each one's peak memory is its own:
 Aim (issue 11): build + export under 60 s and under 4 GB peak on 2 cores.
 
     python bench/curation.py [--trajectories 100000] [--tasks 2000] [--screens 300]
-                             [--quick] [--profile FILE] [--keep DIR]
+                             [--per-task 8] [--quick] [--profile FILE] [--keep DIR]
+
+``--per-task 0`` drops the recipe's per-task cap (at the default size 82k examples instead of
+34k), to see how the build scales with its output.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ output:
 gates:
   success_rate: [1.0, 1.0]
 """
-PER_TASK, MAX_STEPS, MIN_SCORE, NEAR_DUP = 8, 30, 0.5, 0.92  # as in RECIPE (the SQL check)
+MAX_STEPS, MIN_SCORE, NEAR_DUP = 30, 0.5, 0.92  # as in RECIPE (for the SQL check)
 
 GROUP = 4  # samples per (run, task) group
 # Trajectory lengths: 20 values, mean exactly 10 (N trajectories -> 10 N steps); 35 > max_steps.
@@ -519,16 +522,29 @@ def peak_mb() -> tuple[float, float]:
 # -- build --------------------------------------------------------------------------------------
 
 
+def rss_mb() -> dict[str, float]:
+    """This process's memory now (Linux ``/proc/self/status``, MB): VmRSS, VmHWM (peak so far),
+    RssAnon (heap) and RssFile (mapped files, e.g. the spool the export memory-maps)."""
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
 class Clock:
-    """Wall and CPU (this process, all threads) seconds of labelled sections."""
+    """Wall and CPU (this process, all threads) seconds of labelled sections, and the resident
+    memory at the end of each."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, float, float]] = []
+        self.rows: list[tuple[str, float, float, dict[str, float]]] = []
         self.mark = (time.perf_counter(), time.process_time())
 
     def lap(self, label: str) -> None:
         now = (time.perf_counter(), time.process_time())
-        self.rows.append((label, now[0] - self.mark[0], now[1] - self.mark[1]))
+        self.rows.append((label, now[0] - self.mark[0], now[1] - self.mark[1], rss_mb()))
         self.mark = now
 
 
@@ -546,7 +562,12 @@ def instrument(module: Any, name: str, label: Callable[..., str], rows: list) ->
     setattr(module, name, timed)
 
 
-def build(home: Path, out: Path, profile: Path | None) -> None:
+def recipe_text(per_task: int) -> str:
+    """:data:`RECIPE` with the per-task cap ``per_task`` (0: no cap)."""
+    return RECIPE.replace("per_task: 8", f"per_task: {per_task or 'null'}")
+
+
+def build(home: Path, out: Path, profile: Path | None, per_task: int) -> None:
     """The real ``build_dataset`` with :data:`RECIPE`; per-stage times, peak RSS, the check."""
     from curation import select as sel_mod
     from curation.build import build_dataset
@@ -560,7 +581,7 @@ def build(home: Path, out: Path, profile: Path | None) -> None:
     instrument(sel_mod, "_interventions", lambda *a: "read interventions", inner)
     wh = Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""))
     wh.con.execute("SET enable_progress_bar = false")
-    recipe = parse_recipe(RECIPE, "bench/curation.py:RECIPE")
+    recipe = parse_recipe(recipe_text(per_task), "bench/curation.py:RECIPE")
     clock = Clock()
 
     def progress(line: str) -> None:
@@ -579,9 +600,10 @@ def build(home: Path, out: Path, profile: Path | None) -> None:
         ds = build_dataset(wh, recipe, out_dir=out, blobs=wh.blobs, progress=progress)
     wall, cpu = time.perf_counter() - start[0], time.process_time() - start[1]
     own, kids = peak_mb()
-    print(f"{'build stage':28s}{'wall s':>9s}{'CPU s':>9s}")
-    for label, w, c in clock.rows:
-        print(f"stage {label:22s}{w:>9.2f}{c:>9.2f}")
+    print(f"{'build stage':28s}{'wall s':>9s}{'CPU s':>9s}   memory at its end (MB)")
+    for label, w, c, m in clock.rows:
+        mem = f"RSS {m['VmRSS']:,.0f} (heap {m['RssAnon']:,.0f}, files {m['RssFile']:,.0f})"
+        print(f"stage {label:22s}{w:>9.2f}{c:>9.2f}   {mem}")
         if label == "select":
             for sub, sw, sc in inner:
                 print(f"  select: {sub:18s}{sw:>9.2f}{sc:>9.2f}")
@@ -596,7 +618,7 @@ def build(home: Path, out: Path, profile: Path | None) -> None:
             f"  removed by {r['name']}: {r['trajectories_removed']:,} trajectories, "
             f"{r['steps_removed']:,} steps"
         )
-    check(wh, ds)
+    check(wh, ds, per_task)
 
 
 # -- the independent count -----------------------------------------------------------------------
@@ -662,7 +684,7 @@ FROM live GROUP BY task_id, seq
 """
 
 
-def expected(wh: Warehouse, snapshot_id: int) -> tuple[int, int]:
+def expected(wh: Warehouse, snapshot_id: int, per_task: int) -> tuple[int, int]:
     """(trajectories, steps) the recipe must select, counted without curation.select: SQL for
     sources, infra exclusion, verdict, PRM, invalid/no-op/loop steps, length and trajectory
     dedup; the near-duplicate task rule (first task id of each cluster stays) and the per-task
@@ -679,18 +701,18 @@ def expected(wh: Warehouse, snapshot_id: int) -> tuple[int, int]:
     for j in range(len(ids)):
         if any(i not in dropped for i in earlier.get(j, [])):
             dropped.add(j)
-    final = live.filter(~pl.col("task_id").is_in([ids[j] for j in dropped])).filter(
-        pl.col("ord").rank("ordinal").over("task_id") <= PER_TASK
-    )
+    final = live.filter(~pl.col("task_id").is_in([ids[j] for j in dropped]))
+    if per_task:
+        final = final.filter(pl.col("ord").rank("ordinal").over("task_id") <= per_task)
     return final.height, int(final.get_column("kept_steps").sum() or 0)
 
 
-def check(wh: Warehouse, ds: Any) -> None:
+def check(wh: Warehouse, ds: Any, per_task: int) -> None:
     """Exit non-zero unless the build, the export and the members match the SQL count."""
     import datasets
     import pyarrow.parquet as pq
 
-    n_trajs, n_steps = expected(wh, ds.snapshot_id)
+    n_trajs, n_steps = expected(wh, ds.snapshot_id, per_task)
     path = Path(ds.export_path)
     members = wh.sql(
         f"SELECT count(*) FILTER (WHERE step_idx IS NULL) AS t, "
@@ -741,6 +763,8 @@ def child(stage: str, args: argparse.Namespace, home: Path, out: Path) -> None:
         str(args.tasks),
         "--screens",
         str(args.screens),
+        "--per-task",
+        str(args.per_task),
     ]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
@@ -760,6 +784,7 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=100_000)
     ap.add_argument("--tasks", type=int, default=2_000)
     ap.add_argument("--screens", type=int, default=300, help="distinct screenshots (and trees)")
+    ap.add_argument("--per-task", type=int, default=8, help="the recipe's cap (0: none)")
     ap.add_argument("--quick", action="store_true", help="2k trajectories, 200 tasks, 40 screens")
     ap.add_argument("--profile", type=Path, help="cProfile the build into this file")
     ap.add_argument("--keep", type=Path, help="work here and keep it; reuse a filled warehouse")
@@ -776,7 +801,7 @@ def main() -> None:
     if args.stage == "fill":
         return fill(args.home, args.trajectories, args.tasks, args.screens)
     if args.stage == "build":
-        return build(args.home, args.out, args.profile)
+        return build(args.home, args.out, args.profile, args.per_task)
     load = os.getloadavg()
     print(
         f"curation bench: {args.trajectories:,} trajectories, {args.trajectories * 10:,} steps, "
