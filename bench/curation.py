@@ -201,36 +201,12 @@ def a11y_tree(seed: int) -> str:
     return "\n".join(lines)
 
 
-def make_tasks(n: int) -> tuple[list[Task], int]:
-    """``n`` bundled tasks; tasks whose instruction is a MiniLM near duplicate of another split's
-    (at the recipe's threshold) join that split (test/ood wins), so the leakage gate can pass.
-    Returns the tasks and how many were moved."""
-    from curation.embed import near_duplicates
+def make_tasks(n: int) -> list[Task]:
+    """``n`` generated bundled tasks, splits as generated (instances of one template with other
+    parameters are distinct tasks: the leakage gate does not confuse them)."""
     from sites.tasks import generate
 
-    tasks = generate(n, seed=0)
-    parent = list(range(len(tasks)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j, _ in near_duplicates([t.instruction for t in tasks], None, NEAR_DUP):
-        parent[root(i)] = root(j)
-    rank = {"train": 0, "test": 1, "ood": 2}
-    split: dict[int, str] = {}
-    for i, t in enumerate(tasks):
-        r = root(i)
-        if rank[t.split or "train"] > rank[split.get(r, "train")]:
-            split[r] = t.split or "train"
-    out, moved = [], 0
-    for i, t in enumerate(tasks):
-        s = split.get(root(i), "train")
-        moved += s != t.split
-        out.append(dataclasses.replace(t, split=s))
-    return out, moved
+    return generate(n, seed=0)
 
 
 def task_frame(tasks: list[Task]) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -434,7 +410,7 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
     """Write the synthetic warehouse (see the module docstring) and check its row counts."""
     start = time.perf_counter()
     wh = Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""))
-    tasks, moved = make_tasks(n_tasks)
+    tasks = make_tasks(n_tasks)
     wh.write(tasks)
     t_tasks = time.perf_counter() - start
     wh.write(
@@ -503,8 +479,8 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
         raise SystemExit(f"fill: warehouse holds {got}, wrote {(n_trajs, n_steps, len(tasks))}")
     split = {s: sum(t.split == s for t in tasks) for s in ("train", "test", "ood")}
     print(
-        f"fill: {len(tasks):,} tasks ({', '.join(f'{s} {n}' for s, n in split.items())}; "
-        f"{moved} moved to a held-out split as near duplicates of one), {len(RUNS)} runs, "
+        f"fill: {len(tasks):,} tasks ({', '.join(f'{s} {n}' for s, n in split.items())}), "
+        f"{len(RUNS)} runs, "
         f"{n_trajs:,} trajectories, {n_steps:,} steps, {len(blobs)} distinct blobs, "
         f"{n_judg:,} judgments, {n_scores:,} step scores in {time.perf_counter() - start:.1f} s "
         f"(tasks {t_tasks:.1f} s); peak RSS {peak_mb()[0]:,.0f} MB",
@@ -687,16 +663,20 @@ FROM live GROUP BY task_id, seq
 def expected(wh: Warehouse, snapshot_id: int, per_task: int) -> tuple[int, int]:
     """(trajectories, steps) the recipe must select, counted without curation.select: SQL for
     sources, infra exclusion, verdict, PRM, invalid/no-op/loop steps, length and trajectory
-    dedup; the near-duplicate task rule (first task id of each cluster stays) and the per-task
+    dedup; the near-duplicate task rule (first task id of each cluster stays; instances of one
+    template with other parameters are not duplicates) and the per-task
     cap (first N by md5(traj_id)) in polars, with MiniLM similarities from curation.embed."""
-    from curation.embed import near_duplicates
+    from curation.embed import distinct_instances, near_duplicates, template_key
 
     live = wh.sql(EXPECTED_SQL, {"v": snapshot_id, "max_steps": MAX_STEPS, "min_score": MIN_SCORE})
     tasks = live.select("task_id", "instruction").unique("task_id").sort("task_id")
     ids, texts = tasks.get_column("task_id").to_list(), tasks.get_column("instruction").to_list()
+    meta = wh.sql(f"SELECT task_id, any_value(meta) AS meta FROM {LAKE}.tasks GROUP BY 1").rows()
+    keys = {tid: template_key(m) for tid, m in meta}
     earlier: dict[int, list[int]] = {}
     for i, j, _ in near_duplicates(texts, None, NEAR_DUP):
-        earlier.setdefault(j, []).append(i)
+        if not distinct_instances(keys.get(ids[i]), keys.get(ids[j])):
+            earlier.setdefault(j, []).append(i)
     dropped: set[int] = set()
     for j in range(len(ids)):
         if any(i not in dropped for i in earlier.get(j, [])):

@@ -155,7 +155,11 @@ def _gate(
 ) -> list[gates_mod.GateResult]:
     training = gates_mod.is_training(recipe)
     held = gates_mod.held_out_tasks(wh, sel.snapshot_id) if training else None
-    frames = gates_mod.gate_frames(ex, sel.trajectories, ex.tasks, held)
+    keys = None
+    if held is not None:
+        ids = [*ex.tasks.get_column("task_id"), *held.get_column("task_id")]
+        keys = gates_mod.task_keys(wh, ids, sel.snapshot_id)
+    frames = gates_mod.gate_frames(ex, sel.trajectories, ex.tasks, held, keys)
     return gates_mod.run_gates(frames, gates_mod.checks(recipe, training), docs)
 
 

@@ -18,15 +18,22 @@ parameters also score high: "How much is the cheapest flight from Ripeel to Lint
 on 2026-07-29?" vs the same from Dorrisel on 2026-07-18: 0.905; two mail-signature
 tasks with other names and dates: 0.83-0.88; the same shop template with another
 product ("Add the red toaster to the cart"): 0.46; unrelated requests < 0.1.
-``DEFAULT_THRESHOLD`` = 0.92 therefore sits above the distinct-parameter tasks of one
-template (so dedup does not collapse a template to one task) and catches close
-rewordings; a looser paraphrase (0.87) needs a lower recipe threshold.
+``DEFAULT_THRESHOLD`` = 0.92 catches close rewordings; a looser paraphrase (0.87) needs a
+lower recipe threshold.
+
+Instructions alone do not name a task: over 2,000 generated bundled tasks, 2,737 train/held-out
+pairs score ≥ 0.92 and every one is two instances of one template with other parameters
+(identical "What is the brand of this product?" on two product pages; mail signatures with
+other names and dates). Those are distinct tasks by construction, not copies, so task-level
+near-duplicate checks (the dedup filter, the leakage gate) skip pairs that
+:func:`distinct_instances` tells apart by their task ``meta``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import json
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -145,3 +152,22 @@ def near_duplicates(
             pairs.append((i, c, float(sims[r, c])))
     pairs.sort(key=lambda p: (p[0], p[1]))
     return pairs
+
+
+def template_key(meta: Any) -> tuple[str, str] | None:
+    """(template, canonical JSON of its params) of a task generated from a template (a task's
+    ``meta`` as dict or JSON text), else None (imported or hand-written tasks)."""
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("template"), str):
+        return None
+    return meta["template"], json.dumps(meta.get("params"), sort_keys=True, default=str)
+
+
+def distinct_instances(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
+    """Two :func:`template_key` values of one template with other parameters: distinct tasks
+    however alike their instructions read."""
+    return a is not None and b is not None and a[0] == b[0] and a[1] != b[1]

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from curation.embed import DEFAULT_THRESHOLD, near_duplicates
+from curation.embed import DEFAULT_THRESHOLD, distinct_instances, near_duplicates, template_key
 from rollouts.registry import Registry
 from warehouse.connection import LAKE
 from warehouse.records import INFRA_ERROR, RUNNING, TIMEOUT, VERDICTS
@@ -263,7 +263,9 @@ class DedupTasksParams(FilterParams):
 @register("dedup_tasks", DedupTasksParams)
 def dedup_tasks(frames: Frames, p: DedupTasksParams) -> Frames:
     """Drop the trajectories of near-duplicate tasks: instructions whose MiniLM cosine
-    similarity is ≥ ``threshold`` (:func:`curation.embed.near_duplicates`). Tasks are taken in
+    similarity is ≥ ``threshold`` (:func:`curation.embed.near_duplicates`), unless both are
+    instances of one template with other parameters (:func:`curation.embed.distinct_instances`:
+    "What is the brand of this product?" on two product pages). Tasks are taken in
     task_id order; a task is dropped when it is a near duplicate of an earlier task that was
     kept, so of each cluster the first task id stays."""
     tasks = (
@@ -273,15 +275,27 @@ def dedup_tasks(frames: Frames, p: DedupTasksParams) -> Frames:
         .with_columns(pl.col("instruction").fill_null(""))
     )
     ids = tasks.get_column("task_id").to_list()
+    keys = task_template_keys(frames.lake, ids)
     earlier: dict[int, list[int]] = {}
     for i, j, _ in near_duplicates(tasks.get_column("instruction").to_list(), None, p.threshold):
-        earlier.setdefault(j, []).append(i)
+        if not distinct_instances(keys.get(ids[i]), keys.get(ids[j])):
+            earlier.setdefault(j, []).append(i)
     dropped: set[int] = set()
     for j in range(len(ids)):
         if any(i not in dropped for i in earlier.get(j, [])):
             dropped.add(j)
     gone = [ids[j] for j in sorted(dropped)]
     return frames.keep_trajectories(~pl.col("task_id").is_in(gone))
+
+
+def task_template_keys(lake: Lake, task_ids: list[str]) -> dict[str, tuple[str, str] | None]:
+    """task_id → :func:`curation.embed.template_key` of its latest version at the snapshot."""
+    df = lake.sql(
+        f"SELECT task_id, meta FROM {Lake.table('tasks')} WHERE task_id IN (SELECT unnest($ids)) "
+        "QUALIFY version = max(version) OVER (PARTITION BY task_id)",
+        {"ids": task_ids},
+    )
+    return {tid: template_key(meta) for tid, meta in df.iter_rows()}
 
 
 # -- step-level --------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ success rate        the selected trajectories' success rate lies in ``recipe.gat
 leakage split       (training datasets) no task of split test/ood
 leakage near-dup    (training datasets) no instruction that is a near duplicate
                     (:func:`curation.embed.near_duplicates`) of a test/ood task's instruction
+                    (instances of one template with other parameters are distinct tasks:
+                    :func:`curation.embed.distinct_instances`)
 ==================  ==========================================================================
 
 A dataset is a training dataset unless its recipe selects test or ood splits on purpose
@@ -84,11 +86,24 @@ def held_out_tasks(wh: Warehouse, snapshot_id: int) -> pl.DataFrame:
     )
 
 
+def task_keys(
+    wh: Warehouse, task_ids: Sequence[str], snapshot_id: int
+) -> dict[str, tuple[str, str] | None]:
+    """task_id → :func:`curation.embed.template_key` of its latest version at the snapshot."""
+    from curation.filters import Lake, task_template_keys
+
+    return task_template_keys(Lake(wh, snapshot_id), sorted(set(task_ids)))
+
+
 def near_test_tasks(
-    tasks: pl.DataFrame, held: pl.DataFrame, threshold: float | None = None
+    tasks: pl.DataFrame,
+    held: pl.DataFrame,
+    threshold: float | None = None,
+    keys: dict[str, tuple[str, str] | None] | None = None,
 ) -> pl.DataFrame:
     """``tasks`` (task_id, instruction) with ``near_test_task``: the held-out task whose
-    instruction is a near duplicate (null: none), ``similarity`` its cosine."""
+    instruction is a near duplicate (null: none), ``similarity`` its cosine. ``keys``
+    (:func:`task_keys`) tells instances of one template with other parameters apart."""
     from curation import embed
 
     thr = embed.DEFAULT_THRESHOLD if threshold is None else threshold
@@ -103,6 +118,8 @@ def near_test_tasks(
         for i, j, s in embed.near_duplicates(ours, theirs, thr):
             if mine[i] == ids[j]:
                 continue  # the task itself: the split gate's business
+            if keys and embed.distinct_instances(keys.get(mine[i]), keys.get(ids[j])):
+                continue  # one template, other parameters: another task, not a copy
             if sim[i] is None or s > sim[i]:
                 near[i], sim[i] = ids[j], float(s)
     return out.with_columns(
@@ -112,9 +129,14 @@ def near_test_tasks(
 
 
 def gate_frames(
-    ex: Examples, trajectories: pl.DataFrame, tasks: pl.DataFrame, held: pl.DataFrame | None
+    ex: Examples,
+    trajectories: pl.DataFrame,
+    tasks: pl.DataFrame,
+    held: pl.DataFrame | None,
+    keys: dict[str, tuple[str, str] | None] | None = None,
 ) -> dict[str, pl.DataFrame]:
-    """The frames the checks run on (``held``: held-out tasks, None = no leakage gates)."""
+    """The frames the checks run on (``held``: held-out tasks, None = no leakage gates;
+    ``keys``: :func:`task_keys` of both, for the near-duplicate gate)."""
     frames = {
         "trajectories": trajectories.select(
             "traj_id",
@@ -141,7 +163,7 @@ def gate_frames(
             .drop("held_split")
             .sort("task_id")
         )
-        frames["near"] = near_test_tasks(tasks, held)
+        frames["near"] = near_test_tasks(tasks, held, keys=keys)
     return frames
 
 
