@@ -201,12 +201,32 @@ def a11y_tree(seed: int) -> str:
     return "\n".join(lines)
 
 
+DUPLICATE_EVERY = 10  # every 10th task is a copy of the one before under its own id
+
+
 def make_tasks(n: int) -> list[Task]:
     """``n`` generated bundled tasks, splits as generated (instances of one template with other
-    parameters are distinct tasks: the leakage gate does not confuse them)."""
+    parameters are distinct tasks: the leakage gate does not confuse them), where every
+    ``DUPLICATE_EVERY``-th task is the previous task registered again under another id (as when
+    one benchmark is imported twice): real work for the near-duplicate task filter."""
     from sites.tasks import generate
 
-    return generate(n, seed=0)
+    tasks = generate(n, seed=0)
+    # a task's trajectories all come from one run (trajectory_chunk); copy a task of the same
+    # run, and only of runs the recipe selects, so that both copies reach the filter
+    inv = pow(7919, -1, n)
+    run_of = [RUN_PATTERN[(t * inv % n) % len(RUN_PATTERN)] for t in range(n)]
+    last: dict[int, int] = {}
+    for i in range(n):
+        if (
+            i % DUPLICATE_EVERY == 1
+            and i > 1
+            and run_of[i] in last
+            and not RUNS[run_of[i]][1].startswith("hf")
+        ):
+            tasks[i] = dataclasses.replace(tasks[last[run_of[i]]], task_id=tasks[i].task_id)
+        last[run_of[i]] = i
+    return tasks
 
 
 def task_frame(tasks: list[Task]) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -459,6 +459,9 @@ def collect(
     ] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
     max_steps: Annotated[int, typer.Option(help="Step budget per trajectory.")] = 30,
+    action_timeout: Annotated[
+        float, typer.Option(help="Seconds an action waits for its element or page.")
+    ] = 10.0,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
     seed: Annotated[int, typer.Option(help="Task order and policy RNG seed.")] = 0,
@@ -495,6 +498,7 @@ def collect(
         base_url=base_url,
         model=model,
         max_steps=max_steps,
+        action_timeout_s=action_timeout,
         seed=seed,
         allow_origins=tuple(allow_origin or ()),
         coords=coords.value,

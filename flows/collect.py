@@ -50,6 +50,7 @@ class CollectConfig:
     base_url: str | None = None
     model: str | None = None
     max_steps: int = 30
+    action_timeout_s: float = 10.0  # how long an action waits for its element / navigation
     seed: int = 0
     site_seed: int = 0
     allow_origins: tuple[str, ...] = ()
@@ -69,6 +70,8 @@ class CollectConfig:
             d.pop(volatile)
         if not d["inject_answer"]:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
+        if d["action_timeout_s"] == 10.0:
+            d.pop("action_timeout_s")  # likewise
         if self.policy == "expert":
             # the expert's actions are written in the model-facing space these options choose
             # (rollouts.grounding); a change of that space is another run, not a resume
@@ -127,7 +130,11 @@ def make_policy_for(cfg: CollectConfig) -> Any:
 def env_config(cfg: CollectConfig) -> EnvConfig:
     if cfg.coords not in ("pixels", "norm1000"):
         raise WarehouseError("--coords is pixels or norm1000")
-    return EnvConfig(coords=cfg.coords, set_of_marks=cfg.set_of_marks)
+    if cfg.action_timeout_s <= 0:
+        raise WarehouseError("--action-timeout must be positive (seconds)")
+    return EnvConfig(
+        coords=cfg.coords, set_of_marks=cfg.set_of_marks, action_timeout_s=cfg.action_timeout_s
+    )
 
 
 def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Callable:

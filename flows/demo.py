@@ -144,6 +144,9 @@ def demo_flow(
         policy="expert",
         noise=noise,
         seed=seed,
+        # local sites answer in milliseconds: an action whose element is missing (after an
+        # injected mistake) need not wait Playwright's usual 10 s
+        action_timeout_s=3.0,
         concurrency=concurrency,
         run_name=f"demo-expert-seed{seed}",
     )

@@ -56,8 +56,13 @@ def home(tmp_path_factory, sites, chromium) -> Path:
         put_tasks(wh, tasks + adversarial_variants(tasks))
         clean = chromium.run(run_collect(wh, CollectConfig(**COMMON, run_name="clean"), **shared))
         assert clean["ran"] == 8 and clean["by_status"] == {"success": 8}
-        noisy = CollectConfig(
-            **COMMON, noise=1.0, max_steps=5, inject_answer=True, run_name="injected"
+        noisy = CollectConfig(  # mistakes leave missing elements: no 10 s wait for each
+            **COMMON,
+            noise=1.0,
+            max_steps=5,
+            inject_answer=True,
+            action_timeout_s=3.0,
+            run_name="injected",
         )
         assert chromium.run(run_collect(wh, noisy, **shared))["ran"] == 8
     return h
