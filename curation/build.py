@@ -39,7 +39,7 @@ from warehouse.connection import LAKE
 from warehouse.ids import make_id
 from warehouse.records import Dataset, DatasetMember
 from warehouse.store import Warehouse
-from warehouse.versions import current_snapshot, pin
+from warehouse.versions import current_snapshot, latest_data_snapshot, pin
 
 
 class CurationError(RuntimeError):
@@ -134,7 +134,9 @@ def _pin(wh: Warehouse, recipe: Recipe, snapshot_id: int | None) -> int:
             raise CurationError(
                 f"--snapshot {snapshot_id}: no such warehouse snapshot (latest is {latest})"
             )
-    sid = latest if snapshot_id is None else int(snapshot_id)
+    # by default the latest snapshot that changed data: registering a dataset is not new data,
+    # so the same recipe built again over unchanged data is the same dataset
+    sid = latest_data_snapshot(wh) if snapshot_id is None else int(snapshot_id)
     pin(wh, f"dataset {recipe.name}", sid)
     return sid
 

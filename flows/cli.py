@@ -818,7 +818,8 @@ def demo(
     collect_tasks: Annotated[int, typer.Option(help="Tasks to roll out.")] = 8,
     samples: Annotated[int, typer.Option(help="Rollouts per task.")] = 2,
 ) -> None:
-    """The main job: bundled tasks → expert rollouts in Chromium → judge → PRM → SQL summary."""
+    """The main job: bundled tasks → expert rollouts in Chromium → judge → PRM → curated
+    dataset → SQL summary."""
     console.print("[bold]webloop demo[/bold]: starting the Prefect flow 'demo' …")
     from flows.demo import demo_flow
 
@@ -841,12 +842,18 @@ def demo(
             f"score-steps: exact PRM over {p['selected']} states ({p['states']} scored now, "
             f"{p['candidates']} candidates, {p['errors']} scorer errors)"
         )
+    d = out["dataset"]
+    console.print(
+        f"curate: dataset {d['name']} {d['dataset_id']} at snapshot {d['snapshot_id']}: "
+        + ", ".join(f"{k} {v}" for k, v in d["counts"].items())
+        + f" → {d['export_path']}"
+    )
     import polars as pl
 
     print_frame(pl.DataFrame(out["summary"]), title="success by suite / site / split / policy")
     console.print(
         'next: webloop sql "SELECT step_idx, cand_idx, score, advantage FROM step_scores '
-        'LIMIT 9"  ·  webloop score-steps --help  ·  webloop warehouse info'
+        'LIMIT 9"  ·  webloop datasets show filtered-bc  ·  webloop warehouse info'
     )
 
 

@@ -8,9 +8,12 @@
    judge's, ready for calibration);
 5. score candidate actions at a sample of visited states with the exact replay PRM (the
    ``score_steps`` stage: K candidates per state, scores, group-relative advantages);
-6. summarize success by suite / site / split / policy through the warehouse's SQL.
+6. curate a filtered behaviour-cloning dataset (``curation/recipes/filtered-bc.yaml``: judged
+   successes, cleaned, deduplicated, quality-gated, exported to ``$WEBLOOP_HOME/datasets``;
+   the same data gives the same dataset on a re-run);
+7. summarize success by suite / site / split / policy through the warehouse's SQL.
 
-Later stages (curate → train → evaluate) extend it as they land.
+Later stages (train → evaluate) extend it as they land.
 
 By default the collect and score stages start a sites server and browsers of their own, only when
 they have work; a caller that already runs both (the test suite) lends them with :class:`Lent`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from flows import prefect_env
@@ -29,7 +33,10 @@ prefect_env.configure()
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+import curation  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
+from flows.curate import build as build_dataset_task  # noqa: E402
+from flows.curate import default_out  # noqa: E402
 from flows.judge import JudgeConfig, run_judge  # noqa: E402
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
 from sites.tasks import generate as generate_tasks  # noqa: E402
@@ -111,6 +118,15 @@ def score_steps_exact(
         return _run(lent, lambda **kw: run_score_steps_async(wh, cfg, **kw))
 
 
+DEMO_RECIPE = Path(curation.__file__).parent / "recipes" / "filtered-bc.yaml"
+
+
+@task(retries=1, retry_delay_seconds=2)
+def curate_dataset(home: str | None) -> dict[str, Any]:
+    """Filtered behaviour cloning from the judged rollouts: a versioned, gated SFT dataset."""
+    return build_dataset_task.fn(str(DEMO_RECIPE), str(default_out(home)), None, home)
+
+
 @task
 def summarize(home: str | None) -> list[dict[str, Any]]:
     """Success by suite/site/split/policy, through the warehouse's SQL query."""
@@ -163,11 +179,13 @@ def demo_flow(
             concurrency=concurrency,
         )
         scored = score_steps_exact(home, prm, lent)
+    dataset = curate_dataset(home)
     return {
         "warehouse": where,
         "bundled": suite,
         "collected": collected,
         "judged": judged,
         "scored": scored,
+        "dataset": dataset,
         "summary": summarize(home),
     }

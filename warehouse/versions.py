@@ -21,6 +21,39 @@ def current_snapshot(wh: Warehouse) -> int:
     return int(wh.sql(f"SELECT max(snapshot_id) AS s FROM {LAKE}.snapshots()").item())
 
 
+BOOKKEEPING_TABLES = ("datasets", "dataset_members", "pins", "runs")
+"""Tables whose writes record what was done with the data, not data: a snapshot that only
+touched them holds the same data as the one before it. (``runs``: a resumed stage rewrites its
+run's status and times; its config, which names the run, does not change.)"""
+_DATA_CHANGES = ("tables_inserted_into", "tables_deleted_from", "inlined_insert", "inlined_delete")
+
+
+def latest_data_snapshot(wh: Warehouse, ignore: tuple[str, ...] = BOOKKEEPING_TABLES) -> int:
+    """The latest snapshot that changed data: writes to ``ignore`` tables only (registering a
+    dataset, pinning a snapshot) do not count, so building the same recipe again without new
+    data pins the same snapshot and gives the same dataset. Other kinds of change (tables or
+    schemas created) count as data."""
+    ignored = {
+        str(t)
+        for (t,) in wh.con.execute(
+            f"SELECT table_id FROM __ducklake_metadata_{LAKE}.ducklake_table "
+            "WHERE table_name IN (SELECT unnest(?))",
+            [list(ignore)],
+        ).fetchall()
+    }
+    snaps = wh.con.execute(
+        f"SELECT snapshot_id, changes FROM {LAKE}.snapshots() ORDER BY snapshot_id DESC"
+    ).fetchall()
+    for sid, changes in snaps:
+        kinds = dict(changes or {})
+        if not kinds or any(k not in _DATA_CHANGES for k in kinds):
+            return int(sid)
+        touched = {str(t) for k in _DATA_CHANGES for t in kinds.get(k) or []}
+        if touched - ignored:
+            return int(sid)
+    return current_snapshot(wh)
+
+
 def pin(wh: Warehouse, reason: str, snapshot_id: int | None = None) -> Pin:
     """Pin a snapshot (default: the current one) so maintenance never expires it."""
     sid = current_snapshot(wh) if snapshot_id is None else int(snapshot_id)

@@ -57,6 +57,18 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(
         assert verdicts == 8 == out["judged"]["judged"]
         assert out["scored"]["states"] == 3 and out["scored"]["errors"] == 0
         assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() == 6
+        # the curated dataset: judged successes only (expert samples that made no mistake are
+        # one trajectory twice: deduplicated), every step an SFT example, members registered
+        successes = wh.sql(
+            "SELECT count(*) FROM judgments WHERE judge = 'programmatic' AND verdict = 'success'"
+        ).item()
+        ds = out["dataset"]
+        assert 0 < ds["counts"]["trajectories"] <= successes
+        members = wh.sql(
+            "SELECT count(*) FROM dataset_members WHERE dataset_id = ? AND step_idx IS NOT NULL",
+            [ds["dataset_id"]],
+        ).item()
+        assert ds["counts"]["sft"] == ds["counts"]["steps"] == members > 0
     # the re-run: nothing lent, and starting a server, the engine or the exact scorer fails it
     monkeypatch.setattr(collect_module, "SiteServer", refuse)
     monkeypatch.setattr(collect_module, "Engine", refuse)
@@ -64,6 +76,7 @@ def test_demo_flow_collects_real_rollouts_and_is_idempotent(
     again = demo_flow(**kw)
     assert again["collected"]["ran"] == 0 and again["collected"]["skipped"] == 8
     assert again["judged"]["judged"] == 0 and again["scored"]["states"] == 0  # nothing redone
+    assert again["dataset"]["dataset_id"] == ds["dataset_id"]  # same data, same dataset
 
 
 def test_demo_tasks_run_without_the_engine(tmp_path: Path):

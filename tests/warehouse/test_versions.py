@@ -64,3 +64,19 @@ def test_datasets_pin_their_snapshot(wh: Warehouse):
     sid = current_snapshot(wh)
     wh.write([Dataset(dataset_id="d1", name="d", snapshot_id=sid)])
     assert sid in pinned_snapshots(wh)
+
+
+def test_latest_data_snapshot_skips_bookkeeping_writes(wh):
+    from warehouse.records import Dataset, Run, Task
+    from warehouse.versions import current_snapshot, latest_data_snapshot, pin
+
+    wh.write([Task(task_id="t1", suite="s", instruction="do", start_url="http://x", version=1)])
+    data = current_snapshot(wh)
+    assert latest_data_snapshot(wh) == data
+    pin(wh, "a dataset")
+    wh.write([Dataset(dataset_id="d1", name="d", snapshot_id=data)])
+    wh.write([Run(run_id="r1", kind="collect", status="completed")])  # a resumed run's record
+    assert current_snapshot(wh) > data  # three more snapshots, none of them data
+    assert latest_data_snapshot(wh) == data
+    wh.write([Task(task_id="t2", suite="s", instruction="do", start_url="http://x", version=1)])
+    assert latest_data_snapshot(wh) == current_snapshot(wh) > data
