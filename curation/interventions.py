@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from rollouts.actions import Action, Answer, ParseError, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
+from rollouts.expert import reference_states
 from rollouts.policies import ExpertPolicy, Policy, PolicyContext, PolicyOutput
 from rollouts.prompts import PromptConfig, build_messages
 from warehouse.ids import make_id
@@ -103,18 +104,11 @@ async def record_path(
     """The states along ``reference`` (``path[k]``: after k reference steps), replayed in a fresh
     context of ``env`` from ``start`` (URL, allowed origins); stops at the answer or at the first
     step that fails on the page."""
-    url, allowed = start
-    obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
-    path = [await state(env, task, obs.a11y)]
-    for text in reference.actions:
-        action = parse_action(text)
-        if isinstance(action, ParseError | Answer):
-            break
-        obs, _, _, info = await env.step(action)
-        if info["error"]:
-            break
-        path.append(await state(env, task, obs.a11y))
-    return path
+
+    async def at(env: Any, a11y: str | None) -> Hashable:
+        return await state(env, task, a11y)
+
+    return await reference_states(env, start, reference.actions, at)
 
 
 @dataclass(frozen=True)

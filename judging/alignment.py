@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from rollouts.actions import Answer, ParseError, parse_action
+from rollouts.actions import ParseError, parse_action
+from rollouts.expert import reference_states
 
 Probe = Callable[[Any, Any], Awaitable[Any]]  # (env, task) → the site's state (JSON-able)
 Resolve = Callable[[Any], tuple[str, list[str]]]  # task → (start URL, allowed origins)
@@ -104,20 +105,12 @@ class ReferencePaths:
             return self.paths[key]
 
     async def _record(self, env: Any, task: Any) -> list[PageState]:
-        """Replay the reference; stop at its answer or at the first step that fails (the path
-        then ends at the last state the reference reached)."""
-        url, allowed = self.resolve(task)
-        obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
-        states = [await page_state(env, task, self.probe, obs.a11y)]
-        for text in task.reference or []:
-            action = parse_action(text)
-            if isinstance(action, ParseError | Answer):
-                break
-            obs, _, _, info = await env.step(action)
-            if info["error"]:
-                break
-            states.append(await page_state(env, task, self.probe, obs.a11y))
-        return states
+        """Replay the reference (:func:`rollouts.expert.reference_states`)."""
+
+        async def state(env: Any, a11y: str | None) -> PageState:
+            return await page_state(env, task, self.probe, a11y)
+
+        return await reference_states(env, self.resolve(task), task.reference or [], state)
 
 
 async def replay_states(

@@ -8,8 +8,9 @@ records observations; this is the minimal executor loop.)
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rollouts.actions import Answer, ParseError, parse_action
 from rollouts.browser import execute
@@ -43,3 +44,32 @@ async def run_reference(
             run.answer = result.answer
             return run
     return run
+
+
+S = TypeVar("S")
+
+
+async def reference_states(
+    env: Any,
+    start: tuple[str, list[str]],
+    reference: Sequence[str],
+    state: Callable[[Any, str | None], Awaitable[S]],
+) -> list[S]:
+    """The states along a reference solution: ``env`` (a rollout environment) is reset at
+    ``start`` (URL, allowed origins) and the reference replayed action by action; ``state(env,
+    a11y)`` is taken at the start and after each step, so ``path[k]`` is the state after k
+    reference steps. Stops at the answer, an unparseable action, or the first step that fails on
+    the page (the path then ends at the last state the reference reached). Page-state alignment
+    (judging) and the intervention finder (curation) both measure against this path."""
+    url, allowed = start
+    obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    path = [await state(env, obs.a11y)]
+    for text in reference:
+        action = parse_action(text)
+        if isinstance(action, ParseError | Answer):
+            break
+        obs, _, _, info = await env.step(action)
+        if info["error"]:
+            break
+        path.append(await state(env, obs.a11y))
+    return path
