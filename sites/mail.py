@@ -249,7 +249,7 @@ def mail_compose(c: Content, rng: random.Random) -> TaskSpec:
             type_("#body", phrase),
             click("#send"),
         ],
-        {"to": to, "subject": subject},
+        {"to": to, "subject": subject, "phrase": phrase},
     )
 
 
@@ -297,5 +297,5 @@ def mail_settings(c: Content, rng: random.Random) -> TaskSpec:
             type_("#vacation_message", msg),
             click("#save-settings"),
         ],
-        {"signature": sig},
+        {"signature": sig, "vacation_message": msg},
     )

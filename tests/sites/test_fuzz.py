@@ -88,7 +88,11 @@ def test_any_json_rows_give_tasks_or_row_errors(fmt: str, items: list):
             )
         )
     )
-    _check(_parse(fmt, b"\xef\xbb\xbf" + jsonl), None if one_array else len(items))
+    got = _parse(fmt, b"\xef\xbb\xbf" + jsonl)
+    _check(got, None if one_array else len(items))
+    if one_array:  # the same rows as that array given as the whole file
+        whole = _parse(fmt, json.dumps(items[0]).encode())
+        assert (len(got.tasks), len(got.errors)) == (len(whole.tasks), len(whole.errors))
 
 
 @given(st.sampled_from(sorted(FORMATS)), st.binary(max_size=200) | st.text(max_size=200))
