@@ -454,7 +454,8 @@ def collect(
     policy: Annotated[
         str,
         typer.Option(
-            help="expert, random, openai or hf.", callback=_registered("policy", _policies)
+            help="expert, random, openai, hf or ranker (hf/ranker: --model CHECKPOINT).",
+            callback=_registered("policy", _policies),
         ),
     ] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
@@ -481,6 +482,16 @@ def collect(
     inject_answer: Annotated[
         bool, typer.Option(help="Expert: append a prompt injection to every answer.")
     ] = False,
+    temperature: Annotated[
+        float, typer.Option(help="Model policies: sampling temperature (0 = greedy).")
+    ] = 0.0,
+    screenshots: Annotated[
+        bool | None,
+        typer.Option(
+            "--screenshots/--no-screenshots",
+            help="Capture screenshots (default: unless --prompt-mode a11y).",
+        ),
+    ] = None,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
     import time
@@ -507,6 +518,8 @@ def collect(
         k_images=k_images,
         self_summary=self_summary,
         inject_answer=inject_answer,
+        screenshots=screenshots,
+        temperature=temperature,
         concurrency=concurrency,
         run_name=run,
     )
@@ -921,10 +934,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 # Commands defined in their own modules (they import the helpers above).
-from flows import cli_curation, cli_interventions  # noqa: E402
+from flows import cli_curation, cli_interventions, cli_training  # noqa: E402
 
 cli_curation.register(app)
 cli_interventions.register(app)
+cli_training.register(app)
 
 
 def main() -> None:

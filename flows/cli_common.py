@@ -30,6 +30,7 @@ class UserError(Exception):
 
 def _policies() -> list[str]:
     import rollouts.hf  # noqa: F401  (registers 'hf'; transformers loads only when used)
+    import rollouts.ranker  # noqa: F401  (registers 'ranker'; torch loads only when used)
     from rollouts.policies import POLICIES
 
     return POLICIES.names()

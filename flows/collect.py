@@ -60,6 +60,9 @@ class CollectConfig:
     k_images: int = 3
     self_summary: bool = False
     inject_answer: bool = False  # expert: adversarial answers (judge robustness)
+    # None: captured unless the prompt shows none (prompt_mode "a11y": text-only policies, fast)
+    screenshots: bool | None = None
+    temperature: float = 0.0  # model policies (hf, ranker, openai): 0 greedy, else sampled
     concurrency: int = 8
     run_name: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
@@ -72,6 +75,9 @@ class CollectConfig:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
         if d["action_timeout_s"] == 10.0:
             d.pop("action_timeout_s")  # likewise
+        for later in ("screenshots", "temperature"):  # added later, defaults keep old ids
+            if d[later] == CollectConfig.__dataclass_fields__[later].default:
+                d.pop(later)
         if self.policy == "expert":
             # the expert's actions are written in the model-facing space these options choose
             # (rollouts.grounding); a change of that space is another run, not a resume
@@ -116,14 +122,24 @@ def make_policy_for(cfg: CollectConfig) -> Any:
         if not cfg.base_url or not cfg.model:
             raise WarehouseError("--policy openai needs --base-url and --model")
         return make_policy(
-            "openai", base_url=cfg.base_url, model=cfg.model, prompt=prompt_config(cfg)
+            "openai",
+            base_url=cfg.base_url,
+            model=cfg.model,
+            prompt=prompt_config(cfg),
+            temperature=cfg.temperature,
         )
-    if cfg.policy == "hf":
-        import rollouts.hf  # noqa: F401  (registers the policy)
+    if cfg.policy in ("hf", "ranker"):
+        import rollouts.hf  # noqa: F401  (registers the policies)
+        import rollouts.ranker  # noqa: F401
 
         if not cfg.model:
-            raise WarehouseError("--policy hf needs --model (a checkpoint folder)")
-        return make_policy("hf", model_path=cfg.model, prompt=prompt_config(cfg))
+            raise WarehouseError(f"--policy {cfg.policy} needs --model (a checkpoint folder)")
+        return make_policy(
+            cfg.policy,
+            model_path=cfg.model,
+            prompt=prompt_config(cfg),
+            temperature=cfg.temperature,
+        )
     return make_policy(cfg.policy)
 
 
@@ -133,8 +149,19 @@ def env_config(cfg: CollectConfig) -> EnvConfig:
     if cfg.action_timeout_s <= 0:
         raise WarehouseError("--action-timeout must be positive (seconds)")
     return EnvConfig(
-        coords=cfg.coords, set_of_marks=cfg.set_of_marks, action_timeout_s=cfg.action_timeout_s
+        coords=cfg.coords,
+        set_of_marks=cfg.set_of_marks,
+        action_timeout_s=cfg.action_timeout_s,
+        screenshots=captures_screenshots(cfg),
     )
+
+
+def captures_screenshots(cfg: CollectConfig) -> bool:
+    """Whether the run's environment captures screenshots: as asked, else unless the prompt
+    shows none (set-of-marks needs them)."""
+    if cfg.screenshots is not None:
+        return cfg.screenshots
+    return cfg.prompt_mode != "a11y" or cfg.set_of_marks
 
 
 def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Callable:

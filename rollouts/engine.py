@@ -58,6 +58,12 @@ class EngineConfig:
         default="longest_first",
         metadata={"help": "Job order: longest_first (expected length, when known) or fifo."},
     )
+    record_progress: bool = field(
+        default=False,
+        metadata={
+            "help": "Grade after every step; the share of criteria met goes to meta.progress."
+        },
+    )
 
 
 @dataclass
@@ -294,6 +300,7 @@ class Engine:
             page=getattr(env, "page", None),  # the expert grounds its plan in it
         )
         answer, invalid_run, blocked = None, 0, []
+        progress: list[float] = []  # record_progress: share of criteria met after each step
         while True:
             turns.append(Turn(obs.url, obs.title, obs.screenshot, obs.a11y))
             t0 = time.perf_counter()
@@ -320,6 +327,7 @@ class Engine:
                 )
                 steps.append(step)
                 self.stats.steps += 1
+                progress.append(progress[-1] if progress else 0.0)
                 if invalid_run >= self.config.max_invalid or len(steps) >= self.config.max_steps:
                     meta["ended_by"] = (
                         "invalid actions"
@@ -345,6 +353,8 @@ class Engine:
                 step.action_text,
                 info["error"],
             )
+            if self.config.record_progress:
+                progress.append(0.0 if terminated else await self._progress(env, job))
             if terminated:
                 answer = info["answer"]
                 break
@@ -352,12 +362,18 @@ class Engine:
                 meta["ended_by"] = "step budget"
                 break
         outcome = await self.grader(env, job, answer)
-        shot = sha256_hex(obs.screenshot)
-        blobs[shot] = obs.screenshot
+        if self.config.record_progress and steps:
+            progress[-1] = _share_met(outcome.meta)
+            meta["progress"] = [round(p, 4) for p in progress]
+        shot = _keep(blobs, obs.screenshot)
         meta.update(outcome.meta, final_url=obs.url, final_screenshot=shot)
         if blocked:
             meta["blocked_requests"] = blocked[:50]
         return self._finished(job, outcome.status, answer, None, steps, blobs, meta, started)
+
+    async def _progress(self, env: Any, job: Job) -> float:
+        """The share of the task's criteria met now (no answer given yet)."""
+        return _share_met((await self.grader(env, job, None)).meta)
 
     def _screen(self) -> tuple[float, float]:
         if self.env_config.coords == "norm1000":
@@ -373,8 +389,7 @@ class Engine:
         blobs: dict[str, bytes],
         t_model: float,
     ) -> Step:
-        shot = sha256_hex(obs.screenshot)
-        blobs[shot] = obs.screenshot
+        shot = _keep(blobs, obs.screenshot)
         tree = prompt = None
         if obs.a11y is not None:
             data = obs.a11y.encode()
@@ -441,3 +456,18 @@ class Engine:
 
 def _with(step: Step, **changes: Any) -> Step:
     return dataclasses.replace(step, **changes)
+
+
+def _keep(blobs: dict[str, bytes], screenshot: bytes | None) -> str | None:
+    """Store a screenshot among the trajectory's blobs; its hash (None: none captured)."""
+    if screenshot is None:
+        return None
+    digest = sha256_hex(screenshot)
+    blobs[digest] = screenshot
+    return digest
+
+
+def _share_met(meta: dict[str, Any]) -> float:
+    """The share of a grader's criteria that passed (0 without criteria)."""
+    crit = meta.get("criteria") or []
+    return sum(bool(c.get("passed")) for c in crit) / len(crit) if crit else 0.0

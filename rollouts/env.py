@@ -44,6 +44,9 @@ class EnvConfig:
     coords: str = field(default="pixels", metadata={"help": "pixels or norm1000 (Qwen3-VL)."})
     set_of_marks: bool = field(default=False, metadata={"help": "Number interactive elements."})
     a11y: bool = field(default=True, metadata={"help": "Capture the accessibility snapshot."})
+    screenshots: bool = field(
+        default=True, metadata={"help": "Capture screenshots (off: text-only policies, fast)."}
+    )
     action_timeout_s: float = field(default=10.0, metadata={"help": "Per-action page timeout."})
     contexts_per_browser: int = field(default=50, metadata={"help": "Relaunch after N episodes."})
 
@@ -53,7 +56,7 @@ class Observation:
     step_idx: int
     url: str
     title: str
-    screenshot: bytes
+    screenshot: bytes | None  # None where the environment captures no screenshots
     a11y: str | None = None
     marks: int = 0
 
@@ -200,7 +203,7 @@ class BrowserEnv:
             marks = 0
             if self.config.set_of_marks:
                 marks = await self.page.evaluate(_MARKS_JS)
-            shot = await self._screenshot()
+            shot = await self._screenshot() if self.config.screenshots else None
             tree = await self.page.aria_snapshot(mode="ai") if self.config.a11y else None
             return Observation(
                 self.step_idx, self.page.url, await self.page.title(), shot, tree, marks

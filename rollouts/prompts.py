@@ -18,6 +18,11 @@ from typing import Any
 
 from rollouts.chat import image_part
 
+PROMPT_FORMAT_VERSION = 1
+"""The version of the prompt format below (system prompt, history lines, page sections). Bump
+it when a change would make a model trained on older prompts see different text; exported
+datasets record it and training refuses data of another version."""
+
 SYSTEM_PROMPT = """You are a web agent. You see the browser and act in it, one action per turn.
 
 Actions (exactly one per reply, on the last line, after "Action:"):

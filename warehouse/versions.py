@@ -21,10 +21,20 @@ def current_snapshot(wh: Warehouse) -> int:
     return int(wh.sql(f"SELECT max(snapshot_id) AS s FROM {LAKE}.snapshots()").item())
 
 
-BOOKKEEPING_TABLES = ("datasets", "dataset_members", "pins", "runs")
+BOOKKEEPING_TABLES = (
+    "datasets",
+    "dataset_members",
+    "pins",
+    "runs",
+    "training_runs",
+    "metrics",
+    "checkpoints",
+    "evaluations",
+)
 """Tables whose writes record what was done with the data, not data: a snapshot that only
 touched them holds the same data as the one before it. (``runs``: a resumed stage rewrites its
-run's status and times; its config, which names the run, does not change.)"""
+run's status and times; its config, which names the run, does not change. Training and
+evaluation bookkeeping never changes what a recipe selects.)"""
 _DATA_CHANGES = ("tables_inserted_into", "tables_deleted_from", "inlined_insert", "inlined_delete")
 
 

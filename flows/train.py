@@ -1,0 +1,373 @@
+"""The ``train_sft`` and ``train_rl`` flows: thin sequencing of the trainer (``training``).
+
+* ``train_sft``: a curated dataset's SFT rows (split ``train``) → the one trainer with the SFT
+  objective → checkpoints under ``$WEBLOOP_HOME/checkpoints/<training_run_id>/``, each registered
+  in ``checkpoints``; per-step metrics in ``metrics``. The run id derives from the model, the
+  dataset id and the config, so the same command resumes from the last checkpoint.
+* ``train_rl``: on-policy iterations from a checkpoint: serve it as a rollout policy, collect G
+  samples per task (graded as they end), compute advantages with a registered estimator, update
+  (PPO-clip, or weighted regression for ``awr``), and go on from the new checkpoint. Every
+  iteration's collect run and update are resumable; a finished iteration is skipped on re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows import prefect_env
+
+prefect_env.configure()
+
+from prefect import flow, task  # noqa: E402
+
+from flows.collect import CollectConfig, run_collect  # noqa: E402
+from flows.runs import code_version  # noqa: E402
+from training import registry  # noqa: E402
+from training.data import find_dataset, sft_turns  # noqa: E402
+from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
+from training.rl import prepare  # noqa: E402
+from training.trainer import TrainConfig, fit  # noqa: E402
+from warehouse import Warehouse, WarehouseConfig  # noqa: E402
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """An SFT run: dataset (name or id), model (``ranker``, ``tiny`` or a folder), optimiser."""
+
+    dataset: str
+    model: str = "ranker"
+    epochs: int = 3
+    lr: float = 1e-3
+    batch_size: int = 32
+    seed: int = 0
+    max_steps: int | None = None
+    save_every: int = 200
+    splits: tuple[str, ...] = ("train",)
+    reasoning_weight: float = 1.0
+    lora_r: int | None = None
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("dataset")  # the dataset id (not its name) names the run
+        return d
+
+
+def checkpoints_dir(wh: Warehouse, training_run_id: str) -> Path:
+    return wh.cfg.home / "checkpoints" / training_run_id
+
+
+def _vlm_options(reasoning_weight: float, lora_r: int | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"reasoning_weight": reasoning_weight}
+    if lora_r:
+        opts["lora"] = {"r": lora_r, "alpha": 2 * lora_r}
+    return opts
+
+
+def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Train (or resume) the SFT run of ``cfg``; a summary with the final checkpoint."""
+    say = progress or (lambda _line: None)
+    ds = find_dataset(wh, cfg.dataset)
+    turns = sft_turns(ds.export_path, cfg.splits)
+    model = load_trainable(
+        cfg.model,
+        home=wh.cfg.home,
+        seed=cfg.seed,
+        vlm=_vlm_options(cfg.reasoning_weight, cfg.lora_r),
+    )
+    model.check_data(turns)  # before anything is recorded
+    run_id = registry.training_run_id("sft", cfg.model, ds.dataset_id, cfg.identity())
+    say(f"  sft {run_id}: {len(turns)} turns of {ds.name} ({ds.dataset_id}), model {cfg.model}")
+    train_cfg = TrainConfig(
+        objective="sft",
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        max_steps=cfg.max_steps,
+        save_every=cfg.save_every,
+    )
+    res = _fit(
+        wh,
+        model,
+        turns,
+        train_cfg,
+        run_id=run_id,
+        stage="sft",
+        base_model=cfg.model,
+        dataset_id=ds.dataset_id,
+        source_run=None,
+        config={**cfg.identity(), "dataset": ds.dataset_id},
+        progress=say,
+    )
+    res.pop("row")
+    return {**res, "dataset_id": ds.dataset_id, "snapshot_id": ds.snapshot_id}
+
+
+def _fit(
+    wh: Warehouse,
+    model: Any,
+    turns: list,
+    train_cfg: TrainConfig,
+    *,
+    run_id: str,
+    stage: str,
+    base_model: str,
+    dataset_id: str | None,
+    source_run: str | None,
+    config: dict[str, Any],
+    progress: Progress,
+    step_offset: int = 0,
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
+    """One ``fit`` with the warehouse bookkeeping around it."""
+    row = registry.start_run(
+        wh,
+        run_id,
+        stage=stage,
+        base_model=base_model,
+        dataset_id=dataset_id,
+        source_run=source_run,
+        config=config,
+        code_version=code_version(),
+    )
+    log = registry.MetricsLog(wh, run_id)
+    ckpts: dict[int, str] = {}
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        log.flush()
+        ckpts[step] = registry.register_checkpoint(wh, run_id, step_offset + step, path)
+
+    out = out_dir or checkpoints_dir(wh, run_id)
+    try:
+        res = fit(
+            model,
+            turns,
+            train_cfg,
+            out,
+            log=lambda step, values: log(step_offset + step, values),
+            on_checkpoint=on_checkpoint,
+            progress=_bar(progress, stage),
+        )
+    except BaseException:
+        log.flush()
+        if stage != "rl":
+            registry.end_run(wh, row, "failed")
+        raise
+    log.flush()
+    final = Path(res.final_checkpoint)
+    cid = registry.register_checkpoint(wh, run_id, step_offset + res.last_step, final)
+    if stage != "rl":
+        registry.end_run(wh, row, "completed")
+    return {
+        "training_run_id": run_id,
+        "checkpoint_id": cid,
+        "checkpoint": str(final),
+        "steps_run": res.steps_run,
+        "last_step": step_offset + res.last_step,
+        "resumed_from": res.resumed_from,
+        "metrics": res.last_metrics,
+        "row": row,
+    }
+
+
+def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth != last[0]:
+            last[0] = tenth
+            say(f"  {stage}: step {done}/{total}")
+
+    return progress
+
+
+# -- RL -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """On-policy RL from a checkpoint (id, training run id or folder)."""
+
+    policy: str
+    estimator: str = "grpo"
+    iterations: int = 2
+    group_size: int = 4
+    n_tasks: int = 32
+    split: str = "train"
+    suite: str = "bundled"
+    temperature: float = 1.0
+    max_steps: int = 30
+    horizon: tuple[int, ...] = ()  # per-iteration max_steps (a recipe's horizon schedule)
+    lr: float = 1e-3
+    batch_size: int = 32
+    ppo_epochs: int = 2
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    reasoning_weight: float = 1.0
+    seed: int = 0
+    site_seed: int = 0
+    action_timeout_s: float = 3.0
+    concurrency: int = 8
+    estimator_options: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("concurrency")
+        return d
+
+
+async def run_rl(
+    wh: Warehouse,
+    cfg: RLConfig,
+    progress: Progress | None = None,
+    *,
+    server: Any = None,
+    browser: Any = None,
+) -> dict[str, Any]:
+    """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration."""
+    say = progress or (lambda _line: None)
+    start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
+    run_id = registry.training_run_id("rl", start.model or cfg.policy, None, cfg.identity())
+    out_root = checkpoints_dir(wh, run_id)
+    current, step_offset, rounds = start, 0, []
+    row = None
+    for it in range(cfg.iterations):
+        it_dir = out_root / f"iter-{it}"
+        coll = _collect_config(cfg, it, current, run_id)
+        say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
+        col = await run_collect(wh, coll, server=server, browser=browser)
+        turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **cfg.estimator_options)
+        say(
+            f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
+            f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
+            "with a learning signal"
+        )
+        model = load_trainable(
+            current.model,
+            home=wh.cfg.home,
+            seed=cfg.seed,
+            vlm=_vlm_options(cfg.reasoning_weight, None),
+        )
+        res = _fit(
+            wh,
+            model,
+            turns,
+            _rl_train_config(cfg, it),
+            run_id=run_id,
+            stage="rl",
+            base_model=start.model or cfg.policy,
+            dataset_id=None,
+            source_run=col["run_id"],
+            config={**cfg.identity(), "start_checkpoint": start.checkpoint_id},
+            progress=say,
+            step_offset=step_offset,
+            out_dir=it_dir,
+        )
+        row = res.pop("row")
+        registry.MetricsLog(wh, run_id, every=1)(
+            res["last_step"], {"mean_reward": stats["mean_reward"], "iteration": float(it)}
+        )
+        step_offset = res["last_step"]
+        rounds.append({"iteration": it, "collect_run": col["run_id"], **stats, **res})
+        current = dataclasses.replace(
+            current, model=res["checkpoint"], checkpoint_id=res["checkpoint_id"]
+        )
+    if row is not None:
+        registry.end_run(wh, row, "completed")
+    return {
+        "training_run_id": run_id,
+        "checkpoint_id": current.checkpoint_id,
+        "checkpoint": current.model,
+        "iterations": rounds,
+    }
+
+
+def _policy_name(ref: str, wh: Warehouse) -> str:
+    """The rollout policy of a checkpoint reference (registered or a folder)."""
+    row = registry.find_checkpoint(wh, ref)
+    path = row["path"] if row is not None else ref
+    return "ranker" if Path(path).is_dir() and model_kind(path) == "ranker" else "hf"
+
+
+def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> CollectConfig:
+    horizon = cfg.horizon[min(it, len(cfg.horizon) - 1)] if cfg.horizon else cfg.max_steps
+    return CollectConfig(
+        suite=cfg.suite,
+        split=cfg.split,
+        n_tasks=cfg.n_tasks,
+        samples=cfg.group_size,
+        policy=policy.policy,
+        model=policy.model,
+        max_steps=horizon,
+        action_timeout_s=cfg.action_timeout_s,
+        seed=cfg.seed + it,
+        site_seed=cfg.site_seed,
+        prompt_mode=policy.prompt_mode,
+        temperature=cfg.temperature,
+        concurrency=cfg.concurrency,
+        run_name=f"{run_id}-iter{it}",
+        # the turn estimator's credit: the share of criteria met after every step
+        engine={"record_progress": True} if cfg.estimator == "turn" else {},
+    )
+
+
+def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
+    return TrainConfig(
+        objective="awr" if cfg.estimator == "awr" else "ppo",
+        epochs=cfg.ppo_epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed + it,
+        clip_eps=cfg.clip_eps,
+        kl_coef=cfg.kl_coef,
+        save_every=10_000,
+    )
+
+
+# -- Prefect --------------------------------------------------------------------------------------
+
+
+@task(name="train-sft")
+def train_sft_task(cfg: SFTConfig, home: str | None = None) -> dict[str, Any]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return run_sft(wh, cfg, prefect_env.progress_of("train"))
+
+
+@flow(name="train_sft")
+def train_sft_flow(cfg: SFTConfig, home: str | None = None) -> dict[str, Any]:
+    """Supervised fine-tuning on a curated dataset; checkpoints registered in the warehouse."""
+    return train_sft_task(cfg, home)
+
+
+@task(name="train-rl")
+def train_rl_task(cfg: RLConfig, home: str | None = None) -> dict[str, Any]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return asyncio.run(run_rl(wh, cfg, prefect_env.progress_of("train")))
+
+
+@flow(name="train_rl")
+def train_rl_flow(cfg: RLConfig, home: str | None = None) -> dict[str, Any]:
+    """On-policy multi-turn RL iterations from a checkpoint."""
+    return train_rl_task(cfg, home)
+
+
+def train_sft(
+    cfg: SFTConfig, home: str | None = None, on_progress: Progress | None = None
+) -> dict[str, Any]:
+    with prefect_env.progress_to("train", on_progress):
+        return train_sft_flow(cfg, home)
+
+
+def train_rl(
+    cfg: RLConfig, home: str | None = None, on_progress: Progress | None = None
+) -> dict[str, Any]:
+    with prefect_env.progress_to("train", on_progress):
+        return train_rl_flow(cfg, home)

@@ -1,0 +1,149 @@
+"""Evaluation: success rates with 95% Wilson intervals per split, site and difficulty, and the
+difference between two evaluations with its interval.
+
+An evaluation summarises the trajectories of one collect run (the policy on a split's tasks).
+Outcomes: ``success`` counts 1; ``failure`` and ``timeout`` (the policy ran out of time or steps)
+count 0; ``infra_error`` (the browser or model server failed) is no outcome of the policy and is
+left out of ``n`` — it is counted separately, so a broken machine cannot pass as a bad policy.
+Trajectories still ``finished`` (live web, not judged yet) are left out and counted the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from training.stats import breakdown, diff_interval, wilson
+from warehouse.ids import make_id
+from warehouse.records import Evaluation
+from warehouse.store import Warehouse
+
+OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
+
+
+def run_outcomes(wh: Warehouse, run_id: str) -> pl.DataFrame:
+    """One row per trajectory of the run: task, site, difficulty, split, status, success (null
+    where the status is no outcome). A ``finished`` trajectory takes its latest judgment."""
+    df = wh.sql(
+        "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
+        "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
+        "ELSE t.status END AS status "
+        "FROM trajectories t "
+        "LEFT JOIN (SELECT task_id, any_value(suite) AS suite, any_value(site) AS site, "
+        "any_value(difficulty) AS difficulty, any_value(split) AS split FROM tasks "
+        "GROUP BY task_id) k USING (task_id) "
+        "LEFT JOIN (SELECT traj_id, arg_max(verdict, created_at) AS verdict FROM judgments "
+        "WHERE error IS NULL AND verdict IN ('success', 'failure') GROUP BY traj_id) j "
+        "USING (traj_id) WHERE t.run_id = ? ORDER BY t.traj_id",
+        [run_id],
+    )
+    return df.with_columns(
+        success=pl.col("status").replace_strict(OUTCOME, default=None, return_dtype=pl.Int64)
+    )
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    n_success: int
+    rate: float
+    ci_low: float
+    ci_high: float
+    excluded: dict[str, int]  # status → trajectories left out (infra_error, finished, running)
+    by_site: list[dict[str, Any]]
+    by_difficulty: list[dict[str, Any]]
+
+
+def summarize(outcomes: pl.DataFrame) -> Summary:
+    """Overall success with its Wilson interval, and per site and per difficulty."""
+    scored = outcomes.filter(pl.col("success").is_not_null())
+    excluded = outcomes.filter(pl.col("success").is_null()).group_by("status").len().sort("status")
+    n, k = scored.height, int(scored["success"].sum() or 0)
+    lo, hi = wilson(k, n) if n else (0.0, 1.0)
+    return Summary(
+        n=n,
+        n_success=k,
+        rate=k / n if n else 0.0,
+        ci_low=lo,
+        ci_high=hi,
+        excluded=dict(excluded.iter_rows()),
+        by_site=_rows(scored, "site"),
+        by_difficulty=_rows(scored, "difficulty"),
+    )
+
+
+def _rows(scored: pl.DataFrame, by: str) -> list[dict[str, Any]]:
+    if scored.is_empty():
+        return []
+    return breakdown(scored, [by]).sort(by).to_dicts()
+
+
+def evaluation_id_for(run_id: str) -> str:
+    return make_id("eval", run_id)
+
+
+def record(
+    wh: Warehouse,
+    run_id: str,
+    *,
+    suite: str,
+    split: str,
+    policy: str,
+    checkpoint_id: str | None,
+    extra: dict[str, Any] | None = None,
+) -> tuple[Evaluation, Summary]:
+    """Summarise the run's trajectories and store the evaluation (id from the run: re-running
+    an evaluation replaces its row with the same numbers)."""
+    s = summarize(run_outcomes(wh, run_id))
+    ev = Evaluation(
+        evaluation_id=evaluation_id_for(run_id),
+        suite=suite,
+        split=split,
+        n=s.n,
+        n_success=s.n_success,
+        success_rate=s.rate,
+        checkpoint_id=checkpoint_id,
+        policy=policy,
+        run_id=run_id,
+        ci_low=s.ci_low,
+        ci_high=s.ci_high,
+        breakdown={
+            "site": s.by_site,
+            "difficulty": s.by_difficulty,
+            "excluded": s.excluded,
+            **(extra or {}),
+        },
+    )
+    wh.write([ev])
+    return ev, s
+
+
+def find_evaluation(wh: Warehouse, ref: str) -> dict[str, Any]:
+    """An evaluation by id, or the newest of a checkpoint id / collect run id."""
+    df = wh.sql(
+        "SELECT * FROM evaluations WHERE evaluation_id = $q OR checkpoint_id = $q OR run_id = $q "
+        "ORDER BY (evaluation_id = $q) DESC, created_at DESC LIMIT 1",
+        {"q": ref},
+    )
+    if df.is_empty():
+        raise LookupError(f"no evaluation, checkpoint or run {ref!r} among the evaluations")
+    return df.row(0, named=True)
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """B − A success rate with Newcombe's 95% interval; ``separated`` when the two Wilson
+    intervals do not overlap."""
+    d, lo, hi = diff_interval(a["n_success"], a["n"], b["n_success"], b["n"])
+    return {
+        "a": a["evaluation_id"],
+        "b": b["evaluation_id"],
+        "rate_a": a["success_rate"],
+        "rate_b": b["success_rate"],
+        "diff": d,
+        "ci_low": lo,
+        "ci_high": hi,
+        "separated": a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"],
+        "same_split": (a["suite"], a["split"]) == (b["suite"], b["split"]),
+    }
