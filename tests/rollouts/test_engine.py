@@ -340,3 +340,45 @@ def test_a_free_slot_takes_the_next_job_while_others_still_run():
         "sim/4",
         "sim/5",
     ]
+
+
+def test_progress_per_step_and_text_only_observations(server, chromium):
+    """record_progress grades after every step (the ``turn`` estimator's credit); an environment
+    without screenshots stores none and still observes the accessibility tree."""
+    task = tasks_of("shop_buy", 1, seed=5)[0]
+    results: list[Finished] = []
+
+    async def sink(done: Finished) -> None:
+        results.append(done)
+
+    def resolve(t):
+        url = resolve_start_url(t.start_url, server.urls)
+        return url, [origin_of(url)]
+
+    env_cfg = EnvConfig(action_timeout_s=8, screenshots=False)
+    shared = SharedSlot(chromium.browser)
+
+    async def main():
+        async with httpx.AsyncClient() as client:
+            engine = Engine(
+                "progress-run",
+                ExpertPolicy(),
+                bundled_grader(server, client),
+                sink,
+                config=EngineConfig(concurrency=1, record_progress=True),
+                env_config=env_cfg,
+                env_factory=lambda: BrowserEnv(shared, env_cfg),
+            )
+            await engine.run(make_jobs("progress-run", [task], 1, resolve))
+
+    chromium.run(main())
+    d = results[0]
+    assert d.trajectory.status == "success"
+    progress = d.trajectory.meta["progress"]
+    assert len(progress) == len(d.steps) == d.trajectory.n_steps
+    assert progress[-1] == 1.0
+    assert progress == sorted(progress)  # the expert never undoes a criterion
+    assert any(0.0 < p < 1.0 for p in progress)  # some criteria were met before the others
+    assert all(s.screenshot_hash is None and s.a11y_hash for s in d.steps)
+    assert d.trajectory.meta["final_screenshot"] is None
+    assert not any(v.startswith(b"\x89PNG") for v in d.blobs.values())
