@@ -1,0 +1,70 @@
+"""Intervals against published values.
+
+Wilson: Newcombe (1998a), "Two-sided confidence intervals for the single proportion", Stat. Med.
+17:857-872, Table I (method 3): 0/10 -> (0, 0.2775); 5/10 -> (0.2366, 0.7634).
+Difference: Newcombe (1998b), "Interval estimation for the difference between independent
+proportions: comparison of eleven methods", Stat. Med. 17:873-890, Table II, method 10:
+(a) 56/70 − 48/80 = 0.2000: (0.0524, 0.3339); (b) 9/10 − 3/10 = 0.6: (0.1705, 0.8090);
+(c) 6/7 − 2/7 = 0.5714: (0.0582, 0.8062); (d) 5/56 − 0/29 = 0.0893: (−0.0381, 0.1926);
+(e) 0/10 − 0/20 = 0: (−0.1611, 0.2775).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from training.stats import breakdown, diff_interval, wilson
+
+
+def test_wilson_published_values():
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=5e-5)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=5e-5)
+    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=5e-5)
+    assert wilson(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="0 <= k <= n, got k=11, n=10"):
+        wilson(11, 10)
+
+
+@pytest.mark.parametrize(
+    ("k1", "n1", "k2", "n2", "expected"),
+    [
+        (48, 80, 56, 70, (0.2000, 0.0524, 0.3339)),
+        (3, 10, 9, 10, (0.6000, 0.1705, 0.8090)),
+        (2, 7, 6, 7, (0.5714, 0.0582, 0.8062)),
+        (0, 29, 5, 56, (0.0893, -0.0381, 0.1926)),
+        (0, 20, 0, 10, (0.0, -0.1611, 0.2775)),
+    ],
+)
+def test_newcombe_hybrid_score_table_ii(k1, n1, k2, n2, expected):
+    # diff_interval is for p2 − p1: the paper's first proportion is our second sample
+    # published to 4 decimals: allow one unit in the last place
+    assert diff_interval(k1, n1, k2, n2) == pytest.approx(expected, abs=1e-4)
+
+
+def test_diff_interval_is_antisymmetric_and_rejects_empty_samples():
+    d, lo, hi = diff_interval(56, 70, 48, 80)
+    assert (d, lo, hi) == pytest.approx((-0.2, -0.3339, -0.0524), abs=5e-5)
+    with pytest.raises(ValueError, match="n1=0"):
+        diff_interval(0, 0, 1, 2)
+
+
+def test_breakdown_per_group():
+    frame = pl.DataFrame(
+        {
+            "site": ["shop"] * 10 + ["mail"] * 4,
+            "split": ["test"] * 14,
+            "success": [True] * 5 + [False] * 5 + [False] * 4,
+        }
+    )
+    out = breakdown(frame, ["site", "split"])
+    assert out.columns == ["site", "split", "n", "n_success", "rate", "ci_low", "ci_high"]
+    assert out["site"].to_list() == ["mail", "shop"]
+    assert out["n"].to_list() == [4, 10] and out["n_success"].to_list() == [0, 5]
+    assert out["rate"].to_list() == [0.0, 0.5]
+    assert out["ci_low"][1] == pytest.approx(0.2366, abs=5e-5)
+    assert out["ci_high"].to_list() == pytest.approx([wilson(0, 4)[1], 0.7634], abs=5e-5)
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['difficulty'\]"):
+        breakdown(frame, ["difficulty"])
+    with pytest.raises(ValueError, match="null value"):
+        breakdown(frame.with_columns(pl.lit(None, pl.Boolean).alias("success")), ["site"])

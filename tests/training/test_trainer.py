@@ -1,0 +1,225 @@
+"""The training loop with a toy categorical policy: learning, PPO direction, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.training.toy_policy import REPLIES, ToyPolicy
+from training.interface import DataMismatch, Turn
+from training.trainer import CheckpointMismatch, TrainConfig, fit, list_checkpoints
+
+PROMPTS = [f"Task: toy {i}. Current page: p{i}" for i in range(6)]
+
+
+def test_toy_prompts_do_not_collide():
+    assert len({ToyPolicy().bucket(p) for p in PROMPTS}) == len(PROMPTS)
+
+
+def sft_turns() -> list[Turn]:
+    """Each prompt's target reply is REPLIES[i % 4]; three copies of each."""
+    return [
+        Turn(prompt=p, completion=REPLIES[i % len(REPLIES)], key=f"t{i}/{c}")
+        for c in range(3)
+        for i, p in enumerate(PROMPTS)
+    ]
+
+
+def ppo_turns() -> list[Turn]:
+    """At each prompt reply 0 was good (A = +1), reply 1 bad (A = −1); one zero-advantage turn."""
+    turns = []
+    for i, p in enumerate(PROMPTS):
+        turns.append(Turn(prompt=p, completion=REPLIES[0], advantage=1.0, key=f"p{i}/0"))
+        turns.append(Turn(prompt=p, completion=REPLIES[1], advantage=-1.0, key=f"p{i}/1"))
+    turns.append(Turn(prompt=PROMPTS[0], completion=REPLIES[2], advantage=0.0, key="zero"))
+    return turns
+
+
+def params(model: ToyPolicy) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+class Recorder:
+    """A ``log`` callback; ``fail_at`` raises (before recording) at that step."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.steps: list[int] = []
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.fail_at = fail_at
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        if step == self.fail_at:
+            raise RuntimeError(f"injected failure at step {step}")
+        self.steps.append(step)
+        self.metrics[step] = metrics
+
+
+def test_sft_loss_falls_and_checkpoints_and_progress(tmp_path):
+    model = ToyPolicy(seed=0)
+    rec, ckpts, prog = Recorder(), [], []
+    cfg = TrainConfig(objective="sft", epochs=15, lr=0.05, batch_size=6, save_every=10)
+    res = fit(
+        model,
+        sft_turns(),
+        cfg,
+        tmp_path,
+        log=rec,
+        on_checkpoint=lambda s, p: ckpts.append((s, p)),
+        progress=lambda d, t: prog.append((d, t)),
+    )
+    assert res.total_steps == 15 * 3 and res.steps_run == 45 and res.last_step == 45
+    assert rec.steps == list(range(1, 46))
+    first = sum(rec.metrics[s]["loss"] for s in (1, 2, 3)) / 3
+    last = sum(rec.metrics[s]["loss"] for s in (43, 44, 45)) / 3
+    assert first > 1.0 and last < 0.3 * first
+    assert set(rec.metrics[1]) >= {"loss", "lr", "grad_norm", "covered", "examples_per_s"}
+    assert rec.metrics[1]["lr"] == 0.05 and rec.metrics[1]["covered"] == 1.0
+    assert [s for s, _ in ckpts] == [10, 20, 30, 40, 45]
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [10, 20, 30, 40, 45]
+    final = res.final_checkpoint
+    assert final == tmp_path / "checkpoint-45" and ckpts[-1][1] == final
+    for name in ("module.pt", "optimizer.pt", "rng.pt", "toy.pt", "config.json"):
+        assert (final / name).is_file(), name
+    state = json.loads((final / "trainer_state.json").read_text())
+    assert state["step"] == 45 and state["epoch"] == 14 and state["batch_position"] == 2
+    assert state["config"]["lr"] == 0.05 and len(state["data_fingerprint"]) == 64
+    assert prog[0] == (0, 45) and prog[-1] == (45, 45) and len(prog) == 46
+    # the trained model prefers each prompt's target reply
+    for i, p in enumerate(PROMPTS):
+        assert model.logprob_of(p, REPLIES[i % 4]) > max(
+            model.logprob_of(p, r) for r in REPLIES if r != REPLIES[i % 4]
+        )
+    # a re-run over the finished out_dir does nothing
+    again = fit(ToyPolicy(seed=0), sft_turns(), cfg, tmp_path, log=rec)
+    assert again.steps_run == 0 and again.resumed_from == 45 and again.final_checkpoint == final
+    assert again.last_metrics == pytest.approx(res.last_metrics) and rec.steps[-1] == 45
+
+
+def test_ppo_moves_logprobs_by_advantage_sign(tmp_path):
+    model = ToyPolicy(seed=1)
+    before = {(p, r): model.logprob_of(p, r) for p in PROMPTS for r in REPLIES[:2]}
+    rec = Recorder()
+    cfg = TrainConfig(objective="ppo", epochs=4, lr=0.05, batch_size=4, ppo_epochs=2, clip_eps=0.2)
+    res = fit(model, ppo_turns(), cfg, tmp_path, log=rec)
+    assert res.n_trainable == 12 and res.n_skipped == 1  # the zero-advantage turn is skipped
+    assert res.total_steps == 4 * 3 * 2
+    for p in PROMPTS:
+        assert model.logprob_of(p, REPLIES[0]) > before[(p, REPLIES[0])] + 0.1
+        assert model.logprob_of(p, REPLIES[1]) < before[(p, REPLIES[1])] - 0.1
+    m = rec.metrics
+    assert set(m[1]) >= {"clip_fraction", "approx_kl", "ratio_mean"}
+    # first update: new policy == behaviour policy up to dropout noise
+    assert m[1]["clip_fraction"] < 1.0 and m[1]["ratio_mean"] == pytest.approx(1.0, abs=0.5)
+    assert max(m[s]["clip_fraction"] for s in m) > 0  # later updates move past the clip range
+    assert all(m[s]["approx_kl"] >= 0 for s in m)
+
+
+def test_ppo_kl_to_reference_is_logged_and_needs_ref_model(tmp_path):
+    cfg = TrainConfig(objective="ppo", epochs=1, lr=0.05, batch_size=4, kl_coef=0.1)
+    with pytest.raises(ValueError, match=r"kl_coef=0\.1 needs a ref_model"):
+        fit(ToyPolicy(seed=1), ppo_turns(), cfg, tmp_path / "a")
+    rec = Recorder()
+    fit(ToyPolicy(seed=1), ppo_turns(), cfg, tmp_path / "b", ref_model=ToyPolicy(seed=1), log=rec)
+    kls = [rec.metrics[s]["kl"] for s in rec.steps]
+    assert all(k >= 0 for k in kls) and kls[-1] > 0
+
+
+def test_awr_weights_and_uncovered_turns(tmp_path):
+    p = PROMPTS[0]
+    turns = [
+        Turn(prompt=p, completion=REPLIES[0], weight=3.0, key="a"),
+        Turn(prompt=p, completion=REPLIES[1], weight=0.2, key="b"),
+        Turn(prompt=p, completion=REPLIES[2], weight=0.0, key="c"),  # skipped
+        Turn(prompt=p, completion="Action: not-a-reply", weight=1.0, key="d"),  # uncovered
+    ]
+    model = ToyPolicy(seed=2)
+    rec = Recorder()
+    cfg = TrainConfig(objective="awr", epochs=20, lr=0.05, batch_size=3)
+    res = fit(model, turns, cfg, tmp_path, log=rec)
+    assert res.n_skipped == 1
+    assert rec.metrics[1]["covered"] == pytest.approx(2 / 3)
+    assert model.logprob_of(p, REPLIES[0]) > model.logprob_of(p, REPLIES[1]) + 1.0
+
+
+def _run(tmp, cfg, *, seed=3, log=None, turns_fn=sft_turns):
+    model = ToyPolicy(seed=seed)
+    return model, fit(model, turns_fn(), cfg, tmp, log=log)
+
+
+@pytest.mark.parametrize("objective", ["sft", "ppo"])
+def test_resume_after_max_steps_and_after_a_crash_is_exact(tmp_path, objective):
+    turns_fn = sft_turns if objective == "sft" else ppo_turns
+    cfg = TrainConfig(
+        objective=objective, epochs=3, lr=0.05, batch_size=4, save_every=2, ppo_epochs=2
+    )
+    full_rec = Recorder()
+    full_model, full = _run(tmp_path / "full", cfg, log=full_rec, turns_fn=turns_fn)
+    n = full.total_steps
+    assert n >= 10 and full_rec.steps == list(range(1, n + 1))
+
+    # stopped by max_steps after 5 steps, then continued by a fresh process (another init seed:
+    # the weights must come from the checkpoint, the PPO behaviour log-probs too)
+    rec = Recorder()
+    stopped_cfg = TrainConfig(**{**cfg.__dict__, "max_steps": 5})
+    _, first = _run(tmp_path / "stop", stopped_cfg, log=rec, turns_fn=turns_fn)
+    assert first.last_step == 5 and first.final_checkpoint.name == "checkpoint-5"
+    model, second = _run(tmp_path / "stop", cfg, seed=99, log=rec, turns_fn=turns_fn)
+    assert second.resumed_from == 5 and second.steps_run == n - 5
+    assert rec.steps == list(range(1, n + 1))  # nothing logged twice, nothing missing
+    for k, v in params(full_model).items():
+        assert torch.equal(params(model)[k], v), k
+    for s in range(1, n + 1):
+        assert rec.metrics[s]["loss"] == full_rec.metrics[s]["loss"], s
+
+    # crashed in the logger at step 7 (after the checkpoint at 6): resumes at 7
+    rec = Recorder(fail_at=7)
+    with pytest.raises(RuntimeError, match="injected failure at step 7"):
+        _run(tmp_path / "crash", cfg, log=rec, turns_fn=turns_fn)
+    assert rec.steps == list(range(1, 7))
+    assert [s for s, _ in list_checkpoints(tmp_path / "crash")] == [2, 4, 6]
+    rec.fail_at = None
+    model, resumed = _run(tmp_path / "crash", cfg, seed=42, log=rec, turns_fn=turns_fn)
+    assert resumed.resumed_from == 6 and rec.steps == list(range(1, n + 1))
+    for k, v in params(full_model).items():
+        assert torch.equal(params(model)[k], v), k
+
+
+def test_fingerprint_mismatch_names_both(tmp_path):
+    cfg = TrainConfig(objective="sft", epochs=1, lr=0.05, batch_size=6)
+    fit(ToyPolicy(), sft_turns(), cfg, tmp_path)
+    other = TrainConfig(objective="sft", epochs=1, lr=0.01, batch_size=6)
+    with pytest.raises(CheckpointMismatch, match=r"another config.*'lr': \(0.05, 0.01\)") as err:
+        fit(ToyPolicy(), sft_turns(), other, tmp_path)
+    saved = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
+    assert saved["config_fingerprint"] in str(err.value)
+    changed = [*sft_turns()[:-1], Turn(prompt="Task: else", completion=REPLIES[0], key="x")]
+    with pytest.raises(CheckpointMismatch, match="another data") as err:
+        fit(ToyPolicy(), changed, cfg, tmp_path)
+    assert saved["data_fingerprint"] in str(err.value)
+    with pytest.raises(CheckpointMismatch, match="another model"):
+        fit(ToyPolicy(dim=4), sft_turns(), cfg, tmp_path)
+
+
+def test_check_data_error_comes_before_any_step(tmp_path):
+    model = ToyPolicy()
+    rec = Recorder()
+    turns = [*sft_turns(), Turn(prompt="", completion=REPLIES[0], key="empty/0")]
+    with pytest.raises(DataMismatch, match=r"turn 18 \('empty/0'\) has an empty prompt"):
+        fit(model, turns, TrainConfig(), tmp_path, log=rec)
+    assert rec.steps == [] and model.calls == 0 and list_checkpoints(tmp_path) == []
+    zero = [Turn(prompt=p, completion=REPLIES[0], advantage=0.0) for p in PROMPTS]
+    with pytest.raises(DataMismatch, match="all 6 turns have advantage 0 or weight 0"):
+        fit(model, zero, TrainConfig(objective="ppo"), tmp_path, log=rec)
+    with pytest.raises(ValueError, match="objective must be 'sft', 'ppo' or 'awr', got 'dpo'"):
+        TrainConfig(objective="dpo")
+
+
+def test_non_finite_loss_names_the_batch(tmp_path):
+    model = ToyPolicy()
+    with torch.no_grad():
+        model.module.head.weight.fill_(float("nan"))
+    cfg = TrainConfig(objective="sft", batch_size=2)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss nan on the batch \['t"):
+        fit(model, sft_turns(), cfg, tmp_path)

@@ -1,0 +1,336 @@
+"""Advantage estimators: pure functions over a polars frame of turns, registered by name.
+
+Every estimator takes a frame with one row per turn (or per candidate action, for ``step_grpo``)
+and returns the same frame, same row order, with a new float column ``advantage`` (``awr`` adds
+``weight`` too). Look one up by name::
+
+    est = ESTIMATORS.make("grpo", eps=1e-6)      # a configured ``frame -> frame`` callable
+    frame = est(frame)
+    frame = compute_advantages("awr", frame, gamma=0.9, beta=1.0)   # the same in one call
+
+Infrastructure failures never become a learning signal: when the frame has a ``status`` column,
+rows whose status is ``infra_error`` or ``timeout`` get ``advantage`` 0 (and ``weight`` 0 for
+``awr``) AND are left out of every statistic (group means and stds, trajectory lengths, the
+normalisation of ``turn``), exactly as if they were not in the frame.
+
+Estimators (formulas in each docstring):
+
+* ``grpo`` — trajectory-level group-relative (OpenWebRL / WebGym GRPO).
+* ``step_grpo`` — step-level group-relative over PRM-scored candidates at a state (PRO-CUA).
+* ``awr`` — advantage-weighted regression with a learned value baseline (DigiRL);
+  :func:`fit_value_baseline` fits that baseline.
+* ``turn`` — turn-level credit from rubric progress (ERA-style shaping).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rollouts.registry import Registry
+from warehouse.records import INFRA_ERROR, TIMEOUT
+
+Estimator = Callable[[pl.DataFrame], pl.DataFrame]
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+"""Estimator name → factory; ``ESTIMATORS.make(name, **options)`` returns ``frame -> frame``."""
+
+EXCLUDED_STATUSES = (INFRA_ERROR, TIMEOUT)
+"""Row statuses that never contribute: advantage 0, left out of all statistics."""
+
+_ROW = "__row"
+_KEEP = "__keep"
+
+
+def register(name: str) -> Callable:
+    """``@register("grpo")`` on ``fn(frame, **options) -> frame``: registers a factory that
+    checks the option names and returns ``fn`` with those options bound."""
+
+    def deco(fn: Callable[..., pl.DataFrame]) -> Callable[..., pl.DataFrame]:
+        accepted = set(list(inspect.signature(fn).parameters)[1:])
+
+        def factory(**options) -> Estimator:
+            unknown = sorted(set(options) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"advantage estimator {name!r}: unknown option(s) {unknown}; "
+                    f"known: {sorted(accepted)}"
+                )
+            return functools.partial(fn, **options)
+
+        ESTIMATORS.register(name)(factory)
+        return fn
+
+    return deco
+
+
+def compute_advantages(name: str, frame: pl.DataFrame, **options) -> pl.DataFrame:
+    """Run the registered estimator ``name`` with ``options`` over ``frame``."""
+    return ESTIMATORS.make(name, **options)(frame)
+
+
+# -- shared helpers --------------------------------------------------------------------------------
+
+
+def _prepare(frame: pl.DataFrame, name: str, required: list[str]) -> pl.DataFrame:
+    """Check the columns, add a row index and the keep mask, and reject nulls in kept rows."""
+    if not isinstance(frame, pl.DataFrame):
+        kind = type(frame).__name__
+        raise TypeError(f"advantage estimator {name!r}: expected a polars DataFrame, got {kind}")
+    clash = [c for c in (_ROW, _KEEP) if c in frame.columns]
+    if clash:
+        raise ValueError(f"advantage estimator {name!r}: reserved column name(s) {clash} in frame")
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"advantage estimator {name!r}: missing column(s) {missing}; "
+            f"it needs {required}, the frame has {frame.columns}"
+        )
+    keep = (
+        ~pl.col("status").is_in(list(EXCLUDED_STATUSES)).fill_null(False)
+        if "status" in frame.columns
+        else pl.lit(True)
+    )
+    out = frame.with_row_index(_ROW).with_columns(keep.alias(_KEEP))
+    kept = out.filter(pl.col(_KEEP))
+    for col in required:
+        bad = kept.filter(pl.col(col).is_null())
+        if col in ("reward", "score", "value", "progress") and kept[col].dtype.is_float():
+            bad = kept.filter(pl.col(col).is_null() | pl.col(col).is_nan())
+        if bad.height:
+            where = bad.row(0, named=True)
+            raise ValueError(
+                f"advantage estimator {name!r}: column {col!r} is null/NaN in {bad.height} row(s), "
+                f"first at row {where[_ROW]} (traj_id={where.get('traj_id')!r})"
+            )
+    return out
+
+
+def _constant_per_traj(kept: pl.DataFrame, name: str, cols: list[str]) -> None:
+    """Raise when a per-trajectory column varies within one trajectory."""
+    for col in cols:
+        counts = kept.group_by("traj_id").agg(pl.col(col).n_unique().alias("k"))
+        varying = counts.filter(pl.col("k") > 1)
+        if varying.height:
+            raise ValueError(
+                f"advantage estimator {name!r}: {col!r} must be one value per trajectory; "
+                f"trajectory {varying['traj_id'][0]!r} has {varying['k'][0]} different values"
+            )
+
+
+def _unique_steps(kept: pl.DataFrame, name: str) -> None:
+    dup = kept.group_by("traj_id", "step_idx").len().filter(pl.col("len") > 1)
+    if dup.height:
+        raise ValueError(
+            f"advantage estimator {name!r}: (traj_id, step_idx) must be unique; "
+            f"({dup['traj_id'][0]!r}, {dup['step_idx'][0]}) occurs {dup['len'][0]} times"
+        )
+
+
+def _normalised(col: pl.Expr, over: list[str] | None, eps: float) -> pl.Expr:
+    """(x − mean) / (population std + eps), 0 where the std is 0 (a constant or single group)."""
+    mean, std = col.mean(), col.std(ddof=0)
+    if over:
+        mean, std = mean.over(over), std.over(over)
+    return pl.when(std > 0).then((col - mean) / (std + eps)).otherwise(0.0)
+
+
+def _finish(out: pl.DataFrame, values: pl.DataFrame, cols: list[str], fill: dict) -> pl.DataFrame:
+    """Join computed ``values`` (keyed by the row index) back in order; excluded rows get
+    ``fill``."""
+    merged = out.join(values.select(_ROW, *cols), on=_ROW, how="left", maintain_order="left")
+    merged = merged.with_columns(pl.col(c).fill_null(fill[c]).cast(pl.Float64) for c in cols)
+    return merged.sort(_ROW).drop(_ROW, _KEEP)
+
+
+def _drop_produced(frame: pl.DataFrame, produced: list[str]) -> pl.DataFrame:
+    """An existing ``advantage`` / ``weight`` column is replaced, not duplicated."""
+    return frame.drop([c for c in produced if c in frame.columns])
+
+
+# -- estimators ------------------------------------------------------------------------------------
+
+
+@register("grpo")
+def grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
+    """Trajectory-level group-relative advantage (GRPO, as in OpenWebRL / WebGym).
+
+    Columns: ``traj_id``, ``group_id`` (trajectories sampled for the same task form a group),
+    ``reward`` (the trajectory's reward, repeated on each of its turns).
+
+    ``A(τ) = (R(τ) − mean_{τ'∈g} R(τ')) / (std_{τ'∈g} R(τ') + eps)`` with the population std over
+    the group's *trajectories* (each counts once, whatever its length); a group of one or a
+    group with one reward gives 0. Every turn of ``τ`` gets ``A(τ)``."""
+    frame = _drop_produced(frame, ["advantage"])
+    out = _prepare(frame, "grpo", ["traj_id", "group_id", "reward"])
+    kept = out.filter(pl.col(_KEEP))
+    _constant_per_traj(kept, "grpo", ["reward", "group_id"])
+    per_traj = kept.group_by("traj_id").agg(pl.col("group_id").first(), pl.col("reward").first())
+    per_traj = per_traj.with_columns(
+        _normalised(pl.col("reward").cast(pl.Float64), ["group_id"], eps).alias("advantage")
+    )
+    per_traj = per_traj.select("traj_id", "advantage")
+    values = kept.select(_ROW, "traj_id").join(per_traj, on="traj_id")
+    return _finish(out, values, ["advantage"], {"advantage": 0.0})
+
+
+@register("step_grpo")
+def step_grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
+    """Step-level group-relative advantage from process rewards (PRO-CUA).
+
+    Columns: ``traj_id``, ``step_idx``, ``score`` (the PRM score of one candidate action at the
+    state). A row is a candidate; the state group is ``(traj_id, step_idx)``:
+
+    ``A(s, a) = (score(s, a) − mean_{a'} score(s, a')) / (std_{a'} score(s, a') + eps)``,
+    population std over the state's candidates; a state with one candidate, or whose candidates
+    all score the same, gives 0."""
+    frame = _drop_produced(frame, ["advantage"])
+    out = _prepare(frame, "step_grpo", ["traj_id", "step_idx", "score"])
+    kept = out.filter(pl.col(_KEEP))
+    values = kept.with_columns(
+        _normalised(pl.col("score").cast(pl.Float64), ["traj_id", "step_idx"], eps).alias(
+            "advantage"
+        )
+    )
+    return _finish(out, values, ["advantage"], {"advantage": 0.0})
+
+
+@register("awr")
+def awr(
+    frame: pl.DataFrame, gamma: float = 1.0, beta: float = 1.0, w_max: float = 20.0
+) -> pl.DataFrame:
+    """Advantage-weighted regression with a learned value baseline (DigiRL).
+
+    Columns: ``traj_id``, ``step_idx``, ``reward`` (the trajectory's final reward, repeated),
+    ``value`` (the learned baseline's prediction ``V(s_t)``, e.g. from :func:`fit_value_baseline`).
+    With ``T`` the number of (kept) turns of the trajectory and ``t`` the turn's position in it
+    (0-based, ordered by ``step_idx``):
+
+    ``G_t = γ^(T−1−t) · R``,  ``A_t = G_t − V(s_t)``,  ``weight_t = min(exp(A_t / β), w_max)``.
+
+    Excluded rows (infra_error / timeout) get advantage 0 and weight 0."""
+    if beta <= 0 or w_max <= 0 or not 0 < gamma <= 1:
+        raise ValueError(
+            f"awr: need 0 < gamma <= 1, beta > 0, w_max > 0; got {gamma=}, {beta=}, {w_max=}"
+        )
+    frame = _drop_produced(frame, ["advantage", "weight"])
+    out = _prepare(frame, "awr", ["traj_id", "step_idx", "reward", "value"])
+    kept = out.filter(pl.col(_KEEP))
+    _constant_per_traj(kept, "awr", ["reward"])
+    _unique_steps(kept, "awr")
+    t = (pl.col("step_idx").rank("ordinal").over("traj_id") - 1).cast(pl.Float64)
+    n = pl.len().over("traj_id").cast(pl.Float64)
+    ret = pl.lit(float(gamma)) ** (n - 1 - t) * pl.col("reward").cast(pl.Float64)
+    values = kept.with_columns((ret - pl.col("value").cast(pl.Float64)).alias("advantage"))
+    values = values.with_columns(
+        (pl.col("advantage") / beta).exp().clip(upper_bound=w_max).alias("weight")
+    )
+    return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
+
+
+@register("turn")
+def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = 1e-6) -> pl.DataFrame:
+    """Turn-level credit from per-criterion rubric progress (ERA-style reward shaping).
+
+    Columns: ``traj_id``, ``step_idx``, ``progress`` (share of the task's rubric criteria met
+    after the turn, in [0, 1]), ``reward`` (the trajectory's final reward, repeated). Per
+    trajectory, turns ordered by ``step_idx``, last turn ``T−1``:
+
+    ``r_t = progress_t − progress_{t−1}`` (``progress_{−1} = 0``), plus ``R`` on the last turn;
+    ``Â_t = Σ_{k≥t} γ^(k−t) r_k``; then over all kept rows ``A_t = (Â_t − mean Â) / (std Â + eps)``
+    (population std; 0 everywhere when all ``Â`` are equal)."""
+    frame = _drop_produced(frame, ["advantage"])
+    out = _prepare(frame, "turn", ["traj_id", "step_idx", "progress", "reward"])
+    kept = out.filter(pl.col(_KEEP))
+    _constant_per_traj(kept, "turn", ["reward"])
+    _unique_steps(kept, "turn")
+    bad = kept.filter((pl.col("progress") < 0) | (pl.col("progress") > 1))
+    if bad.height:
+        raise ValueError(
+            f"advantage estimator 'turn': progress must lie in [0, 1]; row {bad[_ROW][0]} "
+            f"(traj_id={bad['traj_id'][0]!r}) has {bad['progress'][0]}"
+        )
+    kept = kept.sort("traj_id", "step_idx")
+    returns = _discounted_returns(
+        kept["traj_id"].to_numpy(),
+        kept["progress"].cast(pl.Float64).to_numpy(),
+        kept["reward"].cast(pl.Float64).to_numpy(),
+        gamma,
+    )
+    values = kept.with_columns(pl.Series("ret", returns))
+    values = values.with_columns(_normalised(pl.col("ret"), None, eps).alias("advantage"))
+    return _finish(out, values, ["advantage"], {"advantage": 0.0})
+
+
+def _discounted_returns(
+    traj: np.ndarray, progress: np.ndarray, reward: np.ndarray, gamma: float
+) -> np.ndarray:
+    """Rows sorted by (traj, step): per-turn shaped rewards, discounted reward-to-go."""
+    n = len(traj)
+    out = np.zeros(n, dtype=np.float64)
+    start = 0
+    while start < n:
+        end = start
+        while end < n and traj[end] == traj[start]:
+            end += 1
+        prog = progress[start:end]
+        r = np.diff(prog, prepend=0.0)
+        r[-1] += reward[start]
+        acc = 0.0
+        for i in range(end - start - 1, -1, -1):
+            acc = r[i] + gamma * acc
+            out[start + i] = acc
+        start = end
+    return out
+
+
+# -- the learned value baseline (DigiRL) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueBaseline:
+    """A linear value function ``V(x) = x·w + b`` fitted by :func:`fit_value_baseline`."""
+
+    coef: np.ndarray
+    intercept: float
+    ridge: float
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """``V`` for each row of ``features`` (``[N, d]``) → ``[N]``."""
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.coef.shape[0]:
+            raise ValueError(
+                f"ValueBaseline.predict: features must be [N, {self.coef.shape[0]}], got {x.shape}"
+            )
+        return x @ self.coef + self.intercept
+
+
+def fit_value_baseline(
+    features: np.ndarray, targets: np.ndarray, ridge: float = 1e-3
+) -> ValueBaseline:
+    """The learned baseline of ``awr`` (DigiRL's value function, here linear): closed-form ridge
+    regression of ``targets`` (e.g. returns ``G_t`` or final rewards) on state ``features``
+    (``[N, d]``, e.g. prompt embeddings), with an unpenalised intercept:
+
+    ``w = (X̃ᵀX̃ + λI)⁻¹ X̃ᵀỹ`` on centred ``X̃ = X − x̄``, ``ỹ = y − ȳ``; ``b = ȳ − x̄·w``."""
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.float64).reshape(-1)
+    if x.ndim != 2:
+        raise ValueError(f"fit_value_baseline: features must be 2-D [N, d], got shape {x.shape}")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(
+            f"fit_value_baseline: {x.shape[0]} feature rows but {y.shape[0]} targets "
+            "(need the same N ≥ 1)"
+        )
+    if ridge < 0 or not np.isfinite(x).all() or not np.isfinite(y).all():
+        raise ValueError("fit_value_baseline: ridge must be ≥ 0 and features/targets finite")
+    xm, ym = x.mean(axis=0), y.mean()
+    xc, yc = x - xm, y - ym
+    gram = xc.T @ xc + ridge * np.eye(x.shape[1])
+    coef = np.linalg.lstsq(gram, xc.T @ yc, rcond=None)[0]
+    return ValueBaseline(coef=coef, intercept=float(ym - xm @ coef), ridge=ridge)

@@ -1,0 +1,95 @@
+"""Success rates with confidence intervals: Wilson score intervals, Newcombe's interval for a
+difference of two proportions, and per-group breakdowns of a polars frame.
+
+References: E. B. Wilson (1927), "Probable inference, the law of succession, and statistical
+inference", JASA 22:209-212; R. G. Newcombe (1998), "Interval estimation for the difference
+between independent proportions: comparison of eleven methods", Statistics in Medicine
+17:873-890 (method 10, the hybrid score interval).
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+
+def _check_counts(k: int, n: int, where: str) -> None:
+    if int(k) != k or int(n) != n or n < 0 or not 0 <= k <= n:
+        raise ValueError(f"{where}: need integers 0 <= k <= n, got k={k}, n={n}")
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a proportion ``k/n`` at normal quantile ``z`` (1.96: 95 %):
+
+    ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)``.
+
+    ``n == 0`` carries no information and gives ``(0.0, 1.0)``."""
+    _check_counts(k, n, "wilson")
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    denom = 1 + z2 / n
+    low = 0.0 if k == 0 else (centre - half) / denom
+    high = 1.0 if k == n else (centre + half) / denom
+    return low, high
+
+
+def diff_interval(
+    k1: int, n1: int, k2: int, n2: int, z: float = 1.96
+) -> tuple[float, float, float]:
+    """Newcombe's hybrid score interval (1998, method 10) for ``d = p2 − p1``:
+
+    with Wilson intervals ``(l1, u1)`` of ``p1 = k1/n1`` and ``(l2, u2)`` of ``p2 = k2/n2``,
+    ``low = d − sqrt((p2 − l2)² + (u1 − p1)²)``, ``high = d + sqrt((u2 − p2)² + (p1 − l1)²)``.
+
+    Returns ``(d, low, high)``. Both samples need ``n ≥ 1``."""
+    _check_counts(k1, n1, "diff_interval (sample 1)")
+    _check_counts(k2, n2, "diff_interval (sample 2)")
+    if n1 == 0 or n2 == 0:
+        raise ValueError(f"diff_interval: both samples need n >= 1, got n1={n1}, n2={n2}")
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson(k1, n1, z)
+    l2, u2 = wilson(k2, n2, z)
+    d = p2 - p1
+    low = d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
+    high = d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+    return d, low, high
+
+
+def breakdown(
+    frame: pl.DataFrame, by: list[str], success: str = "success", z: float = 1.96
+) -> pl.DataFrame:
+    """Success per group: one row per distinct ``by`` value, sorted by ``by``, with columns
+    ``n``, ``n_success``, ``rate`` and the Wilson interval ``ci_low``, ``ci_high``.
+
+    ``success`` names a boolean (or 0/1) column; a null there is an error (an unjudged or
+    infrastructure-failed row must be filtered out by the caller, not counted as a failure)."""
+    missing = [c for c in [*by, success] if c not in frame.columns]
+    if missing:
+        raise ValueError(f"breakdown: missing column(s) {missing}; the frame has {frame.columns}")
+    nulls = frame[success].null_count()
+    if nulls:
+        raise ValueError(f"breakdown: {nulls} null value(s) in success column {success!r}")
+    values = frame[success].cast(pl.Int64)
+    if values.len() and not values.is_in([0, 1]).all():
+        raise ValueError(f"breakdown: success column {success!r} must be boolean or 0/1")
+    grouped = (
+        frame.with_columns(values.alias("__s"))
+        .group_by(by)
+        .agg(pl.len().alias("n"), pl.col("__s").sum().alias("n_success"))
+        .sort(by)
+        .with_columns(
+            pl.col("n").cast(pl.Int64),
+            pl.col("n_success").cast(pl.Int64),
+            (pl.col("n_success") / pl.col("n")).alias("rate"),
+        )
+    )
+    ci = [wilson(k, n, z) for k, n in zip(grouped["n_success"], grouped["n"], strict=True)]
+    return grouped.with_columns(
+        pl.Series("ci_low", [c[0] for c in ci], dtype=pl.Float64),
+        pl.Series("ci_high", [c[1] for c in ci], dtype=pl.Float64),
+    )
