@@ -207,17 +207,23 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {
+    state = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
+    if torch.cuda.is_available():  # dropout on a GPU draws from the CUDA generators
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _write_checkpoint(
@@ -290,7 +296,7 @@ def _policy_logprobs(model: TrainablePolicy, turns: list[Turn], batch_size: int)
             values = lp.logprob.detach().float()
             out.append(torch.where(covered, values, torch.full_like(values, float("nan"))))
     model.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0)
+    return torch.cat(out).cpu() if out else torch.zeros(0)
 
 
 def _behaviour_logprobs(run: _Run) -> torch.Tensor:
