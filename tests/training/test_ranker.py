@@ -1,0 +1,143 @@
+"""The ranker's side of the trainer contract: data checks, differentiable candidate log-probs
+(covered / not covered, actions equal by parsed value), SFT raising the target's log-prob,
+per-prompt caching, and the checkpoint round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rollouts.prompts import PromptConfig, Turn, build_messages, render
+from rollouts.ranker import RankerModel
+from tests.rollouts.test_ranker import TREE, HashEncoder
+from training.interface import DataMismatch
+from training.interface import Turn as TrainTurn
+from training.ranker import RankerTrainable
+
+WIKI_TREE = """- generic [ref=e1]:
+  - search [ref=e4]:
+    - searchbox "Search Openpedia" [ref=e5]
+    - button "Search" [ref=e6] [cursor=pointer]
+  - main [ref=e7]:
+    - heading "Asridorville" [level=1] [ref=e8]
+    - table "Asridorville" [ref=e9]:
+      - rowgroup [ref=e11]:
+        - row [ref=e12]:
+          - rowheader "Country" [ref=e13]
+          - cell "Veyland" [ref=e14]
+        - row [ref=e18]:
+          - rowheader "Founded" [ref=e19]
+          - cell "1431" [ref=e20]
+  - dialog "Cookie consent" [ref=e41]:
+    - button "Accept all" [ref=e44] [cursor=pointer]
+    - button "Reject optional" [ref=e45] [cursor=pointer]"""
+
+
+def prompt(instruction: str, tree: str, history: tuple[str, ...] = (), mode: str = "a11y") -> str:
+    turns = [Turn("http://h/a", "A", a11y="-", action_text=a) for a in history]
+    turns.append(Turn("http://h/wiki/x", "Asridorville — Openpedia", screenshot=b"p", a11y=tree))
+    return render(build_messages(instruction, turns, PromptConfig(mode=mode)))
+
+
+ROWS = [
+    ("What year was Asridorville founded?", WIKI_TREE, (), "Action: click(e44)"),
+    ("What year was Asridorville founded?", WIKI_TREE, ("click(e44)",), 'Action: answer("1431")'),
+    ("Which country is Asridorville in?", WIKI_TREE, ("click(e44)",), 'answer("Veyland")'),
+    ("Search Openpedia for Hamarton", WIKI_TREE, ("click(e44)",), 'type(e5, "Hamarton")'),
+    ("Search Openpedia for Hamarton", WIKI_TREE, ("click(e44)", 'type(e5, "Hamarton")'),
+     "Thought: now search.\nAction: click(e6)"),
+    ("Book a flight from Mias on 2026-06-17", TREE, (), 'Action: type(e19, "2026-06-17")'),
+]  # fmt: skip
+
+
+def turns() -> list[TrainTurn]:
+    return [TrainTurn(prompt(i, t, h), c, key=f"t/{k}") for k, (i, t, h, c) in enumerate(ROWS)]
+
+
+@pytest.fixture
+def trainable() -> RankerTrainable:
+    torch.manual_seed(0)
+    return RankerTrainable(RankerModel(seed=0, dropout=0.0), encoder=HashEncoder())
+
+
+def test_check_data_names_what_is_wrong(trainable: RankerTrainable) -> None:
+    trainable.check_data(turns())
+    with pytest.raises(DataMismatch, match="no turns"):
+        trainable.check_data([])
+    with pytest.raises(DataMismatch, match="not a webloop prompt"):
+        trainable.check_data([TrainTurn(json.dumps([{"role": "user", "content": "hi"}]), "x")])
+    with pytest.raises(DataMismatch, match="not a webloop prompt"):
+        trainable.check_data([TrainTurn("plain text", "Action: click(e1)", key="k9")])
+    shot = TrainTurn(prompt("x", WIKI_TREE, mode="screenshot"), "Action: click(e6)", key="s/0")
+    with pytest.raises(DataMismatch, match=r"s/0.*no accessibility tree"):
+        trainable.check_data([*turns(), shot])
+
+
+def test_logprobs_cover_targets_by_parsed_value(trainable: RankerTrainable) -> None:
+    batch = turns()
+    extra = [
+        TrainTurn(batch[4].prompt, "Action: click( e6 )"),  # same action, other spelling
+        TrainTurn(batch[3].prompt, "Action: type(e5, 'Hamarton')"),
+        TrainTurn(batch[1].prompt, 'Action: answer("1432")'),  # not on the page
+        TrainTurn(batch[1].prompt, "I don't know"),  # no action at all
+    ]
+    out = trainable.logprobs(batch + extra)
+    assert out.logprob.shape == (len(batch) + 4,) and out.logprob.requires_grad
+    assert out.covered.tolist() == [True] * len(batch) + [True, True, False, False]
+    assert torch.allclose(out.logprob[len(batch)], out.logprob[4])
+    assert torch.allclose(out.logprob[len(batch) + 1], out.logprob[3])
+    assert (out.logprob[out.covered] < 0).all()
+    assert (out.logprob[~out.covered] == 0).all()
+    assert out.n_tokens.tolist() == [1.0] * (len(batch) + 4)
+    with pytest.raises(DataMismatch):
+        trainable.logprobs([])
+
+
+def test_sft_steps_raise_the_targets_logprob_and_cache_the_prompt_work(
+    trainable: RankerTrainable,
+) -> None:
+    batch = turns()
+    trainable.prepare(batch)
+    misses = trainable.encoder.misses
+    before = trainable.logprobs(batch).logprob.detach()
+    params = [p.detach().clone() for p in trainable.parameters()]
+    opt = torch.optim.AdamW(trainable.parameters(), lr=1e-3)
+    trainable.train(True)
+    losses = []
+    for _ in range(30):
+        out = trainable.logprobs(batch)
+        loss = -(out.logprob[out.covered]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    after = trainable.logprobs(batch).logprob.detach()
+    assert losses[-1] < 0.5 * losses[0]
+    assert (after > before).all(), (before, after)
+    assert any(not torch.equal(p, q) for p, q in zip(params, trainable.parameters(), strict=True))
+    # every prompt was encoded once: later epochs ran only the scorer
+    assert trainable.encoder.misses == misses
+    trainable.train(False)
+    for t in batch:
+        best, target = trainable.greedy_and_target(t)
+        assert best == target  # the toy rows are learnt
+
+
+def test_save_load_round_trip(trainable: RankerTrainable, tmp_path) -> None:
+    batch = turns()
+    trainable.train(False)
+    before = trainable.logprobs(batch).logprob.detach()
+    trainable.save(tmp_path / "ck")
+    cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert cfg["model_type"] == "webloop-ranker"
+    loaded = RankerTrainable.load(tmp_path / "ck")
+    loaded.encoder = trainable.encoder
+    assert loaded.kind == "ranker" and loaded.module is not trainable.module
+    after = loaded.train(False).logprobs(batch).logprob.detach()
+    assert torch.equal(before, after)
+    fresh = RankerTrainable.new(seed=1)
+    assert sum(p.numel() for p in fresh.parameters()) == sum(
+        p.numel() for p in trainable.parameters()
+    )
