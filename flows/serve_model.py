@@ -2,7 +2,9 @@
 
 It lets the ``openai`` policy (and judges) run end to end over real HTTP on machines without
 vLLM; in production, vLLM's own server plays this role. Endpoints: ``POST
-/v1/chat/completions`` (text + ``data:`` image URLs, ``max_tokens``, ``logprobs``),
+/v1/chat/completions`` (text + ``data:`` image URLs, ``max_tokens``, ``logprobs``,
+``temperature``, ``top_p``, ``seed``; temperature absent or 0: greedy — unlike OpenAI's default
+of 1, so callers that send none keep deterministic replies),
 ``GET /v1/models``, ``GET /health``. Concurrent requests are generated in batches.
 """
 
@@ -15,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollouts.hf import HFGenerator, completion_body, load_model
+from rollouts.hf import HFGenerator, Sampling, completion_body, load_model
 
 
 def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> Starlette:
@@ -29,13 +31,14 @@ def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> S
             messages = body["messages"]
             if not isinstance(messages, list) or not messages:
                 raise ValueError("'messages' must be a non-empty list")
+            sampling = sampling_of(body)
         except (ValueError, KeyError, TypeError) as exc:
             return JSONResponse(
                 {"error": {"message": f"bad request: {exc}", "type": "invalid_request_error"}},
                 status_code=400,
             )
         try:
-            out = await gen.generate(messages, int(body.get("max_tokens") or 64))
+            out = await gen.generate(messages, int(body.get("max_tokens") or 64), **sampling)
         except ValueError as exc:
             return JSONResponse(
                 {"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400
@@ -57,6 +60,22 @@ def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> S
             Route("/health", health),
         ]
     )
+
+
+def sampling_of(body: dict[str, Any]) -> dict[str, Any]:
+    """``temperature``, ``top_p`` and ``seed`` of a request body (ValueError when malformed)."""
+    out: dict[str, Any] = {}
+    for key, kind in (("temperature", float), ("top_p", float), ("seed", int)):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"'{key}' must be a number, got {value!r}")
+        if kind is int and value != int(value):
+            raise ValueError(f"'{key}' must be an integer, got {value!r}")
+        out[key] = kind(value)
+    Sampling(out.get("temperature", 0.0), out.get("top_p", 1.0))  # range checks
+    return out
 
 
 def serve(

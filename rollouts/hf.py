@@ -2,8 +2,10 @@
 
 :class:`HFGenerator` serves many concurrent trajectories from one model: requests queue up and
 are generated together in batches (left-padded) in a worker thread, so the event loop keeps
-stepping browsers meanwhile. The same generator backs ``webloop serve-model`` (an
-OpenAI-compatible server over a transformers model, for machines without vLLM).
+stepping browsers meanwhile. Each request carries its own sampling parameters (greedy at
+temperature 0, else seeded sampling per row: :class:`Sampling`). The same generator backs
+``webloop serve-model`` (an OpenAI-compatible server over a transformers model, for machines
+without vLLM).
 
 :class:`ImageOnlyProcessor` is a Qwen2-VL processor without the video processor (which needs
 torchvision, unavailable beside the CPU torch here); tiny offline models use it.
@@ -101,17 +103,97 @@ class Generation:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one request picks its tokens. ``temperature`` 0: greedy. Above 0: sampling from the
+    distribution at that temperature, restricted to the top-``top_p`` nucleus, with its own
+    random generator seeded by ``seed`` (None: a fresh random seed), so a seeded request gives
+    the same reply whatever it is batched with (up to float noise of padding)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+GREEDY = Sampling()
+
+
 @dataclass
 class _Request:
     messages: list[dict[str, Any]]
     max_new_tokens: int
+    sampling: Sampling
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
 
+def prompt_text(processor: Any, template_messages: list[dict[str, Any]]) -> str:
+    """The chat-template text a model generates from (with the generation prompt); training
+    (:mod:`training.vlm`) tokenises prompts through this same function."""
+    return processor.apply_chat_template(
+        template_messages, add_generation_prompt=True, tokenize=False
+    )
+
+
+def model_inputs(processor: Any, batch: list[list[dict[str, Any]]]) -> Any:
+    """Processor outputs (left-padded ids, mask, pixel values) for a batch of OpenAI messages."""
+    texts, images = [], []
+    for messages in batch:
+        tmpl, imgs = split_messages(messages)
+        texts.append(prompt_text(processor, tmpl))
+        images.extend(imgs)
+    return processor(text=texts, images=images or None, return_tensors="pt", padding=True)
+
+
+class _RowSampler:
+    """A logits processor that samples each row with its own parameters and generator and
+    leaves only the drawn token (greedy decoding then takes it); greedy rows pass through."""
+
+    def __init__(self, params: list[Sampling], device: Any) -> None:
+        import torch
+
+        self.params = params
+        self.generators = []
+        for p in params:
+            g = None
+            if p.temperature > 0:
+                seed = p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item())
+                g = torch.Generator(device=device).manual_seed(seed)
+            self.generators.append(g)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = scores.clone()
+        for i, (p, g) in enumerate(zip(self.params, self.generators, strict=True)):
+            if g is None:
+                continue
+            probs = torch.softmax(scores[i].float() / p.temperature, -1)
+            if p.top_p < 1:
+                sorted_p, order = probs.sort(descending=True)
+                drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p  # keep the top-p nucleus
+                sorted_p[drop] = 0
+                probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+            tok = torch.multinomial(probs, 1, generator=g)
+            out[i] = float("-inf")
+            out[i, tok] = 0.0
+        return out
+
+
 @dataclass
 class HFGenerator:
-    """Batched generation over one model for many concurrent callers."""
+    """Batched generation over one model for many concurrent callers.
+
+    Requests with different sampling parameters share batches: each row is sampled with its own
+    temperature, top-p and seeded generator (:class:`Sampling`). Reported log-probs are those
+    of the chosen tokens under the model's own (untempered, unfiltered) distribution, the
+    numbers a trainer recomputes."""
 
     model: Any
     processor: Any
@@ -123,10 +205,19 @@ class HFGenerator:
     batches: int = 0
 
     async def generate(
-        self, messages: list[dict[str, Any]], max_new_tokens: int = 64
+        self,
+        messages: list[dict[str, Any]],
+        max_new_tokens: int = 64,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Generation:
+        """Generate one reply (batched with concurrent requests). ``temperature`` 0 is greedy;
+        above 0 samples (reproducibly when ``seed`` is given)."""
+        sampling = Sampling(float(temperature), float(top_p), seed)
         loop = asyncio.get_running_loop()
-        req = _Request(messages, max_new_tokens, loop.create_future(), loop)
+        req = _Request(messages, max_new_tokens, sampling, loop.create_future(), loop)
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -147,7 +238,10 @@ class HFGenerator:
                 batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             try:
                 results = self.run_batch(
-                    [r.messages for r in batch], max(r.max_new_tokens for r in batch)
+                    [r.messages for r in batch],
+                    max(r.max_new_tokens for r in batch),
+                    sampling=[r.sampling for r in batch],
+                    limits=[r.max_new_tokens for r in batch],
                 )
                 for r, res in zip(batch, results, strict=True):
                     r.loop.call_soon_threadsafe(_resolve, r.future, res, None)
@@ -155,32 +249,46 @@ class HFGenerator:
                 for r in batch:
                     r.loop.call_soon_threadsafe(_resolve, r.future, None, exc)
 
-    def run_batch(self, batch: list[list[dict[str, Any]]], max_new_tokens: int) -> list[Generation]:
+    def run_batch(
+        self,
+        batch: list[list[dict[str, Any]]],
+        max_new_tokens: int,
+        *,
+        sampling: list[Sampling] | None = None,
+        limits: list[int] | None = None,
+    ) -> list[Generation]:
+        """Generate for a batch of message lists. ``sampling``: per-row parameters (default
+        greedy); ``limits``: per-row token limits (default ``max_new_tokens``)."""
         import torch
+        from transformers import LogitsProcessorList
 
         proc, tok = self.processor, getattr(self.processor, "tokenizer", self.processor)
-        texts, images = [], []
-        for messages in batch:
-            tmpl, imgs = split_messages(messages)
-            texts.append(proc.apply_chat_template(tmpl, add_generation_prompt=True, tokenize=False))
-            images.extend(imgs)
-        inputs = proc(text=texts, images=images or None, return_tensors="pt", padding=True)
+        params = sampling or [GREEDY] * len(batch)
+        limits = limits or [max_new_tokens] * len(batch)
+        if len(params) != len(batch) or len(limits) != len(batch):
+            raise ValueError("run_batch: one sampling and one limit per request")
+        device = getattr(self.model, "device", "cpu")
+        inputs = model_inputs(proc, batch).to(device)
+        extra = {}
+        if any(p.temperature > 0 for p in params):
+            extra["logits_processor"] = LogitsProcessorList([_RowSampler(params, device)])
         with torch.no_grad():
             out = self.model.generate(
                 **inputs,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                output_scores=True,
+                output_logits=True,
                 return_dict_in_generate=True,
                 pad_token_id=tok.pad_token_id,
+                **extra,
             )
         self.batches += 1
         n_prompt = inputs["input_ids"].shape[1]
         gen = out.sequences[:, n_prompt:]
-        logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)
+        logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.logits], 1)
         results = []
         for i in range(len(batch)):
-            ids = gen[i].tolist()
+            ids = gen[i].tolist()[: limits[i]]
             end = next((k for k, t in enumerate(ids) if t in _stop_ids(tok)), len(ids))
             ids = ids[:end]
             lp = [(tok.decode([t]), float(logps[i, k, t])) for k, t in enumerate(ids)]
@@ -214,7 +322,12 @@ def _resolve(future: asyncio.Future, result: Any, exc: BaseException | None) -> 
 
 @register("hf")
 class HFPolicy:
-    """An in-process transformers model as a policy (batched across trajectories)."""
+    """An in-process transformers model as a policy (batched across trajectories).
+
+    ``temperature`` 0 (default): greedy. Above 0: sampled (``top_p`` nucleus), each call seeded
+    from the episode's ``ctx.rng``, so a run is reproducible while the samples of a group (other
+    sample indices, other rng streams) differ. ``logprob``: the sum over the reply's tokens under
+    the untempered model (end-of-turn token not included)."""
 
     name = "hf"
 
@@ -224,7 +337,10 @@ class HFPolicy:
         generator: HFGenerator | None = None,
         max_new_tokens: int = 64,
         prompt: PromptConfig | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
     ) -> None:
+        Sampling(temperature, top_p)  # validates
         if generator is None:
             if model_path is None:
                 raise ValueError("the hf policy needs model_path or a generator")
@@ -232,11 +348,19 @@ class HFPolicy:
             generator = HFGenerator(model, proc)
         self.generator, self.max_new_tokens = generator, max_new_tokens
         self.prompt = prompt or PromptConfig()
+        self.temperature, self.top_p = temperature, top_p
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         messages = build_messages(ctx.instruction, ctx.turns, self.prompt)
+        seed = ctx.rng.getrandbits(63) if self.temperature > 0 else None
         start = time.perf_counter()
-        gen = await self.generator.generate(messages, self.max_new_tokens)
+        gen = await self.generator.generate(
+            messages,
+            self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=seed,
+        )
         return PolicyOutput(
             gen.text,
             parse_action(gen.text),

@@ -1,0 +1,237 @@
+"""GPU check of the VLM training path at production size.
+
+Builds a Qwen2.5-VL model with 3B-class dimensions (text: hidden 2048, 36 layers, 16 heads /
+2 KV heads, vocab 151,936; vision: the real 32-block, 1280-wide tower with window attention)
+and random weights in bf16 on the GPU, then runs SFT steps and PPO-clip RL steps through
+``training.vlm.VLMTrainable`` on synthetic webloop turns (real-size 1280x720 screenshots, an
+accessibility tree, a Thought/Action reply) and prints examples/s, tokens/s and peak memory.
+
+Without a CUDA device it prints ``skipped: no CUDA device`` and exits 0. ``--size tiny --cpu``
+runs the same code with tiny dimensions on the CPU (to check the script itself).
+
+    python scripts/gpu_check.py [--batch 4] [--steps 3] [--images 2] [--gradient-checkpointing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES: dict[str, dict[str, Any]] = {
+    "3b": {
+        "text": dict(
+            vocab_size=151_936,
+            hidden_size=2048,
+            intermediate_size=11_008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            rope_theta=1_000_000.0,
+            rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+            tie_word_embeddings=True,
+        ),
+        "vision": dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31],
+        ),
+        "screen": (1280, 720),
+    },
+    "tiny": {
+        "text": dict(
+            vocab_size=2048,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]},
+        ),
+        "vision": dict(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[1],
+        ),
+        "screen": (320, 200),
+    },
+}
+
+
+def build(size: str, device: str, bf16: bool) -> tuple[Any, Any]:
+    """A random-weight Qwen2.5-VL of ``size`` on ``device`` and an image-only processor."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from rollouts.hf import image_only_processor_class
+    from training.models import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+
+    tok = build_tokenizer()
+    tok.padding_side = "left"
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    spec = SIZES[size]
+    cfg = Qwen2_5_VLConfig(
+        text_config={
+            **spec["text"],
+            "max_position_embeddings": 32_768,
+            "bos_token_id": None,
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config=spec["vision"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+    )
+    image_proc = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=1280 * 28 * 28)
+    proc = image_only_processor_class()(
+        image_processor=image_proc, tokenizer=tok, chat_template=CHAT_TEMPLATE
+    )
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen2_5_VLForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model, proc
+
+
+def synthetic_turns(n: int, n_images: int, screen: tuple[int, int], seed: int = 0) -> list:
+    """Webloop turns with real-size noisy screenshots (rendered by the rollout prompt builder)."""
+    import numpy as np
+    from PIL import Image
+
+    from rollouts.prompts import Turn as Obs
+    from rollouts.prompts import build_messages, render
+    from training.interface import Turn
+
+    rng = random.Random(seed)
+    gen = np.random.default_rng(seed)
+    tree = "\n".join(f'- button "Item {i}" [ref=e{i}] [cursor=pointer]' for i in range(60))
+    turns = []
+    for i in range(n):
+        shots = []
+        for _ in range(n_images):
+            buf = io.BytesIO()
+            pixels = gen.integers(0, 256, (screen[1], screen[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
+            shots.append(buf.getvalue())
+        obs = [
+            Obs(f"http://shop.test/{k}", f"Page {k}", s, None, f"click(e{k})")
+            for k, s in enumerate(shots[:-1])
+        ]
+        obs.append(Obs("http://shop.test/now", "Now", shots[-1], tree))
+        messages = build_messages(f"Buy item {i}", obs)
+        reply = (
+            f"Thought: the item {i} is in the list, so I open it and add it to the cart.\n"
+            f"Action: click({rng.randrange(1280)}, {rng.randrange(720)})"
+        )
+        turns.append(Turn(render(messages), reply, tuple(shots), advantage=(-1.0) ** i))
+    return turns
+
+
+def timed(fn: Any, sync: Any) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="3b")
+    ap.add_argument("--batch", type=int, default=4, help="turns per step")
+    ap.add_argument("--steps", type=int, default=3, help="steps per phase (first one warms up)")
+    ap.add_argument("--images", type=int, default=2, help="screenshots per prompt")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --size tiny)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        return 0
+    device = "cpu" if args.cpu else "cuda"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    from training.vlm import VLMTrainable, enable_gradient_checkpointing
+
+    t0 = time.perf_counter()
+    model, proc = build(args.size, device, bf16=device == "cuda")
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    pol = VLMTrainable(model, proc, reasoning_weight=0.5)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"model: Qwen2.5-VL {args.size}, {n_params / 1e9:.2f} B params, {device}, "
+        f"built in {time.perf_counter() - t0:.1f} s"
+    )
+    turns = synthetic_turns(args.batch, args.images, SIZES[args.size]["screen"])
+    pol.check_data(turns)
+    tokens = sum(len(e.prompt_ids) + len(e.reply_ids) for e in map(pol.encode, turns))
+    print(f"batch: {len(turns)} turns, {args.images} screenshots each, {tokens} tokens")
+    opt = torch.optim.AdamW(pol.parameters(), lr=1e-6)
+
+    def sft() -> None:
+        out = pol.logprobs(turns)
+        loss = (-out.logprob / out.n_tokens).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with torch.no_grad():
+        old = pol.logprobs(turns).logprob.detach()
+    adv = torch.tensor([t.advantage for t in turns], device=old.device)
+
+    def rl() -> None:
+        out = pol.logprobs(turns)
+        ratio = torch.exp(out.logprob - old)
+        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    pol.train()
+    for name, step in (("sft", sft), ("rl-ppo-clip", rl)):
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = [timed(step, sync) for _ in range(args.steps)]
+        steady = times[1:] or times
+        per = sum(steady) / len(steady)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+        print(
+            f"{name}: first step {times[0]:.2f} s, steady {per:.3f} s/step, "
+            f"{len(turns) / per:.2f} examples/s, {tokens / per:.0f} tokens/s, "
+            f"peak memory {peak:.1f} GiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

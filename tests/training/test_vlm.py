@@ -1,0 +1,274 @@
+"""The VLM model path (training/vlm.py) on the tiny offline Qwen2-VL and a REAL exported dataset:
+SFT lowers the loss, prompts tokenise exactly as at rollout, RL updates move log-probs by the sign
+of the advantage, λ weights the thought, checkpoints round-trip, bad data is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from curation.build import build_dataset
+from curation.examples import sft_messages
+from curation.recipe import parse_recipe
+from rollouts.hf import HFGenerator, load_model, model_inputs
+from rollouts.prompts import render
+from tests.curation.fixture import build_fixture_warehouse
+from training.interface import DataMismatch, Turn
+from training.vlm import VLMTrainable, reply_weights
+from warehouse import Warehouse, WarehouseConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = """
+name: vlm-sft
+sources: {splits: [train]}
+filters: [{drop_invalid_steps: {noop: false}}]
+output: {sft: true, k_images: 2}
+"""
+
+
+def turn_of(row: dict[str, Any]) -> Turn:
+    """An exported SFT row (as read from Parquet) → a training Turn."""
+    return Turn(
+        prompt=row["prompt"],
+        completion=row["completion"],
+        images=tuple(img["bytes"] for img in row["images"]),
+        weight=float(row["weight"]),
+        key=f"{row['traj_id']}/{row['step_idx']}",
+    )
+
+
+@pytest.fixture(scope="module")
+def rows() -> Iterator[list[dict[str, Any]]]:
+    """The SFT rows of a dataset built and exported by curation from the fixture warehouse."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        with Warehouse.open(WarehouseConfig.from_env(home=base / "home", warehouse="")) as wh:
+            build_fixture_warehouse(wh)
+            ds = build_dataset(
+                wh, parse_recipe(RECIPE, "vlm.yaml"), out_dir=base / "out", blobs=wh.blobs
+            )
+        yield pq.read_table(Path(ds.export_path) / "parquet" / "sft.parquet").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def turns(rows) -> list[Turn]:
+    return [turn_of(r) for r in rows]
+
+
+def fresh(tiny: Path, **kw: Any) -> VLMTrainable:
+    torch.manual_seed(0)
+    return VLMTrainable.load(tiny, **kw)
+
+
+def test_exported_rows_are_image_prompts_the_model_accepts(rows, turns, tiny):
+    assert len(rows) >= 20 and all(t.images for t in turns)
+    assert any("Thought:" in t.completion for t in turns)
+    assert all(render(sft_messages(r)[:-1]) == r["prompt"] for r in rows)
+    fresh(tiny).check_data(turns)  # no error
+
+
+def test_sft_lowers_the_loss_on_an_exported_dataset(turns, tiny):
+    pol = fresh(tiny).train()
+    opt = torch.optim.AdamW(pol.parameters(), lr=3e-3)
+    batch = turns[:4]
+
+    def loss() -> torch.Tensor:
+        out = pol.logprobs(batch)
+        assert bool(out.covered.all())
+        return (-out.logprob / out.n_tokens).mean()
+
+    losses = []
+    for _ in range(20):
+        value = loss()
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    with torch.no_grad():
+        assert loss().item() < losses[0]
+
+
+def test_training_prompt_tokens_are_the_rollout_tokens(rows, tiny):
+    pol = fresh(tiny)
+    for row in rows[:6]:
+        messages = sft_messages(row)[:-1]  # what the policy was given at rollout
+        rollout = model_inputs(pol.processor, [messages])
+        enc = pol.encode(turn_of(row))
+        assert enc.prompt_ids == rollout["input_ids"][0].tolist()
+        assert torch.equal(enc.media["pixel_values"], rollout["pixel_values"])
+        assert torch.equal(enc.media["image_grid_thw"], rollout["image_grid_thw"])
+        tok = pol.tokenizer
+        assert tok.decode(enc.prompt_ids[-8:]).endswith("<|im_start|>assistant\n")
+        reply = tok(row["completion"], add_special_tokens=False)["input_ids"]
+        assert enc.reply_ids == [*reply, tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_batched_logprobs_equal_one_by_one(turns, tiny):
+    pol = fresh(tiny).train(False)
+    batch = [turns[0], turns[5], turns[11]]  # different lengths: left padding in the batch
+    with torch.no_grad():
+        together = pol.logprobs(batch).logprob
+        alone = torch.cat([pol.logprobs([t]).logprob for t in batch])
+    assert torch.allclose(together, alone, atol=1e-4), (together, alone)
+
+
+def test_rl_update_follows_the_sign_of_the_advantage(turns, tiny):
+    pol = fresh(tiny).train()
+    good = Turn(turns[0].prompt, "Action: click(e1)", turns[0].images, advantage=1.0)
+    bad = Turn(turns[0].prompt, 'Action: answer("wrong")', turns[0].images, advantage=-1.0)
+    batch = [good, bad]
+    with torch.no_grad():
+        before = pol.logprobs(batch).logprob
+    opt = torch.optim.AdamW(pol.parameters(), lr=1e-3)
+    out = pol.logprobs(batch)
+    adv = torch.tensor([t.advantage for t in batch])
+    ratio = torch.exp(out.logprob - before)  # PPO-clip, old = before the update
+    loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        after = pol.logprobs(batch).logprob
+    assert after[0] > before[0] and after[1] < before[1], (before, after)
+
+
+def reference_token_logprobs(pol: VLMTrainable, turn: Turn) -> torch.Tensor:
+    """Log-probs of the reply tokens by a plain full-logits forward (independent of logprobs)."""
+    enc = pol.encode(turn)
+    ids = torch.tensor([enc.prompt_ids + enc.reply_ids])
+    extra = {
+        "mm_token_type_ids": torch.tensor(
+            [enc.token_extras["mm_token_type_ids"] + [0] * len(enc.reply_ids)]
+        )
+    }
+    with torch.no_grad():
+        logits = pol.module(
+            input_ids=ids, attention_mask=torch.ones_like(ids), **enc.media, **extra
+        ).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)
+    n = len(enc.prompt_ids)
+    return torch.stack([lp[n - 1 + k, t] for k, t in enumerate(enc.reply_ids)])
+
+
+def test_reasoning_weight_scales_only_the_thought_tokens(turns, tiny):
+    turn = next(t for t in turns if t.completion.startswith("Thought:"))
+    thought, _ = turn.completion.rsplit("\nAction:", 1)
+    pol1 = fresh(tiny).train(False)
+    token_lp = reference_token_logprobs(pol1, turn)
+    tok = pol1.tokenizer
+    enc = tok(turn.completion, add_special_tokens=False, return_offsets_mapping=True)
+    n_thought = sum(1 for _, end in enc["offset_mapping"] if end <= len(thought) + 1)
+    assert 0 < n_thought < len(token_lp) - 1
+    results = {}
+    for lam in (0.0, 0.5, 1.0):
+        pol = VLMTrainable(pol1.module, pol1.processor, reasoning_weight=lam)
+        with torch.no_grad():
+            out = pol.logprobs([turn])
+        results[lam] = (out.logprob.item(), out.n_tokens.item())
+    thought_sum, action_sum = token_lp[:n_thought].sum().item(), token_lp[n_thought:].sum().item()
+    assert results[0.0][0] == pytest.approx(action_sum, abs=1e-3)  # thought contributes nothing
+    assert results[0.0][1] == len(token_lp) - n_thought
+    assert results[1.0][0] == pytest.approx(thought_sum + action_sum, abs=1e-3)
+    assert results[0.5][0] == pytest.approx(0.5 * thought_sum + action_sum, abs=1e-3)
+    assert results[0.5][1] == 0.5 * n_thought + len(token_lp) - n_thought
+
+
+def test_reply_weights_split_at_the_last_action_line():
+    text = "Thought: Action: is not a line start\nAction: click(e1)"
+    offsets = [(0, 8), (8, 36), (36, 37), (37, 44), (44, 54)]
+    assert reply_weights(text, offsets, 0.25) == [0.25, 0.25, 0.25, 1.0, 1.0]
+    assert reply_weights("click(e1)", [(0, 5), (5, 9)], 0.0) == [1.0, 1.0]  # no Action line
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8}])
+def test_save_then_load_gives_identical_logprobs_and_greedy_outputs(turns, tiny, tmp_path, lora):
+    pol = fresh(tiny, lora=lora).train()
+    trainable = list(pol.parameters())
+    if lora:
+        assert trainable and all(
+            "lora_" in n for n, p in pol.module.named_parameters() if p.requires_grad
+        )
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    out = pol.logprobs(turns[:4])
+    (-out.logprob.sum()).backward()
+    opt.step()  # LoRA B starts at zero: one step makes the adapter matter
+    pol.train(False)
+    pol.save(tmp_path / "ckpt")
+    back = VLMTrainable.load(tmp_path / "ckpt").train(False)
+    with torch.no_grad():
+        a, b = pol.logprobs(turns[:4]).logprob, back.logprobs(turns[:4]).logprob
+        base = fresh(tiny).train(False).logprobs(turns[:4]).logprob
+    assert torch.allclose(a, b, atol=1e-4), (a, b)
+    assert not torch.allclose(a, base, atol=1e-3)  # the update is in the checkpoint
+    messages = [_messages(t) for t in turns[:3]]
+    model, proc = load_model(tmp_path / "ckpt")  # as the hf policy loads it
+    live = HFGenerator(pol.module, pol.processor).run_batch(messages, 8)
+    loaded = HFGenerator(model, proc).run_batch(messages, 8)
+    assert [g.text for g in live] == [g.text for g in loaded]
+
+
+def _messages(turn: Turn) -> list[dict[str, Any]]:
+    from training.vlm import turn_messages
+
+    return turn_messages(turn)
+
+
+def test_check_data_refuses_what_cannot_train(turns, tiny):
+    pol = fresh(tiny)
+    t = turns[0]
+    with pytest.raises(DataMismatch, match="no turns"):
+        pol.check_data([])
+    with pytest.raises(DataMismatch, match=r"references 1 image\(s\) but the turn carries 0"):
+        pol.check_data([Turn(t.prompt, t.completion, (), key="t01/0")])
+    two = next(x for x in turns if len(x.images) == 2)
+    with pytest.raises(DataMismatch, match="does not match its reference"):
+        pol.check_data([Turn(two.prompt, two.completion, two.images[::-1])])
+    with pytest.raises(DataMismatch, match=r"not rollouts\.prompts\.render JSON"):
+        pol.check_data([Turn("Task: click it", "Action: click(e1)")])
+    with pytest.raises(DataMismatch, match="not a sha256: reference"):
+        pol.check_data([Turn(sft_messages_json(t), t.completion, t.images)])
+    text_only = VLMTrainable(pol.module, pol.tokenizer)  # no image processor: no vision input
+    with pytest.raises(DataMismatch, match="no vision tower"):
+        text_only.check_data([t])
+
+
+def sft_messages_json(turn: Turn) -> str:
+    import json
+
+    return json.dumps(_messages(turn))
+
+
+def test_gpu_check_skips_cleanly_without_cuda():
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped: no CUDA device" in proc.stdout
+
+
+def test_cuda_only_options_are_ignored_with_a_warning_on_the_cpu(tiny):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.warns(UserWarning, match="bf16 applies on CUDA only"):
+        pol = VLMTrainable.load(tiny, bf16=True)
+    assert next(pol.module.parameters()).dtype == torch.float32
+    with pytest.warns(UserWarning, match="gradient_checkpointing applies on CUDA only"):
+        pol = VLMTrainable.load(tiny, gradient_checkpointing=True)
+    assert not pol.module.is_gradient_checkpointing
+    with pytest.raises(ValueError, match="reasoning_weight"):
+        VLMTrainable.load(tiny, reasoning_weight=-1.0)
