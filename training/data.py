@@ -146,11 +146,13 @@ def run_steps(wh: Warehouse, run_ids: Sequence[str]) -> pl.DataFrame:
     )
 
 
-def rl_turns(wh: Warehouse, steps: pl.DataFrame) -> list[Turn]:
+def rl_turns(wh: Warehouse, steps: pl.DataFrame, *, rollout_logprobs: bool = False) -> list[Turn]:
     """Turns for the rows of ``steps`` that carry an ``advantage`` column (see
-    :mod:`training.advantages`): prompts from the blob store, the stored reply as the completion,
-    the stored log-prob as the old log-prob. Steps without a prompt or a reply are skipped (an
-    expert step of a run without a prompt config, an unparseable output is still a reply)."""
+    :mod:`training.advantages`): prompts from the blob store, the stored reply as the completion.
+    Old log-probs: the sampling policy's stored ones with ``rollout_logprobs`` (they must mean
+    what the model path's ``logprobs`` means: e.g. the VLM's reasoning weight λ = 1), else None —
+    the trainer recomputes them with the model before its first update. Steps without a prompt
+    or a reply are skipped (an expert step of a run without a prompt config)."""
     out = []
     for r in steps.iter_rows(named=True):
         if r["prompt_hash"] is None or r["model_output"] is None:
@@ -166,7 +168,7 @@ def rl_turns(wh: Warehouse, steps: pl.DataFrame) -> list[Turn]:
                 images=prompt_images(wh, prompt, f"{r['traj_id']}/{r['step_idx']}"),
                 weight=float(r.get("weight", 1.0) or 0.0),
                 advantage=float(r["advantage"]),
-                old_logprob=r["logprob"],
+                old_logprob=r["logprob"] if rollout_logprobs else None,
                 key=f"{r['traj_id']}/{r['step_idx']}"
                 + (f"/c{r['cand_idx']}" if r.get("cand_idx") is not None else ""),
                 meta={"task_id": r["task_id"], "site": r["site"], "status": r["status"]},
