@@ -35,6 +35,9 @@ class BrowserCrashed(RuntimeError):
     """The browser or page died under the episode (an infrastructure error, not a failure)."""
 
 
+RESET_TIMEOUT_S = 30.0  # the least time the start page of an episode gets to load
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Environment settings (stored with every run)."""
@@ -158,7 +161,10 @@ class BrowserEnv:
             )
             await self.context.route("**/*", self._route)
             self.page = await self.context.new_page()
-            await self.page.goto(start_url, timeout=self.config.action_timeout_s * 1000)
+            # opening the start page is set-up, not an action: a short action timeout (local
+            # sites answer in milliseconds) must not turn a slow first load into an infra error
+            timeout_s = max(self.config.action_timeout_s, RESET_TIMEOUT_S)
+            await self.page.goto(start_url, timeout=timeout_s * 1000)
             return await self.observe()
         except Exception as exc:
             raise BrowserCrashed(f"reset failed: {exc}") from exc
