@@ -54,7 +54,7 @@ from rollouts.policies import PolicyContext, PolicyOutput, register
 from rollouts.prompts import SYSTEM_PROMPT, PromptConfig, build_messages
 
 MODEL_TYPE = "webloop-ranker"
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 MAX_CANDIDATES = 400
 MAX_ANSWERS = 80
 MAX_VALUES = 40
@@ -356,21 +356,56 @@ def _cap_runs(words: list[str]) -> list[list[str]]:
 _PRICE = re.compile(r"\$\s?\d[\d,]*(?:\.\d+)?")
 
 
-def _answer_spans(node: Node) -> list[str]:
-    """Answer texts in one node's own text: the whole, ``key: value`` values, ``·``-separated
-    parts, prices and numbers."""
+def _cell_key(node: Node) -> str:
+    """The header(s) of a table cell: its row's row headers and its column's header."""
+    row = node.parent
+    if row is None or row.role != "row":
+        return ""
+    keys = [c.name for c in row.children if c.role == "rowheader" and c is not node]
+    col = row.children.index(node)
+    table = row.parent
+    while table is not None and table.role not in ("table", "grid"):
+        table = table.parent
+    if table is not None:
+        for r in (n for n in _descendants(table) if n.role == "row"):
+            heads = [c for c in r.children if c.role == "columnheader"]
+            if heads and len(r.children) > col and r.children[col].role == "columnheader":
+                keys.append(r.children[col].name)
+                break
+    return " ".join(k for k in keys if k)
+
+
+def _descendants(node: Node) -> list[Node]:
+    out, stack = [], list(node.children)
+    while stack:
+        n = stack.pop(0)
+        out.append(n)
+        stack = n.children + stack
+    return out
+
+
+def _answer_spans(node: Node) -> list[tuple[str, str]]:
+    """``(answer, key)`` pairs from one node's own text: the whole (key: the cell's headers),
+    ``key: value`` values, ``·``-separated parts, prices and numbers (key: their part)."""
     text = " ".join(s for s in (node.name, node.text) if s).strip()
     if not text or len(text) > 300:
         return []
-    spans = [text] if len(text) <= 60 else []
+    cell_key = _cell_key(node) if node.role in ("cell", "gridcell") else ""
+    spans = [(text, cell_key or text)] if len(text) <= 60 else []
     for part in re.split(r" · |\|", text):
         part = part.strip()
-        spans.append(part)
+        spans.append((part, cell_key or part))
         if ": " in part:
-            spans.append(part.split(": ", 1)[1].strip())
-    spans += _PRICE.findall(text)
-    spans += [m.group() for m in _NUMBER.finditer(text)]
-    return [s.strip(" .") for s in spans if 0 < len(s.strip(" .")) <= 60]
+            k, v = part.split(": ", 1)
+            spans.append((v.strip(), k.strip()))
+        spans += [(m, cell_key or part) for m in _PRICE.findall(part)]
+        spans += [(m.group(), cell_key or part) for m in _NUMBER.finditer(part)]
+    out = []
+    for span, key in spans:
+        span = span.strip(" .")
+        if 0 < len(span) <= 60:
+            out.append((span, key))
+    return out
 
 
 # -- candidates ----------------------------------------------------------------------------------
@@ -403,6 +438,11 @@ FEATURES = (
     "answer_done",
     "last_failed",
     "option_selected",
+    "key_overlap",
+    "title_overlap",
+    "value_position",
+    "value_near_last_typed",
+    "answer_kind_rank",
 )
 N_FEATURES = len(FEATURES)
 
@@ -420,8 +460,50 @@ class Candidate:
     features: tuple[float, ...]
 
 
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "on",
+        "for",
+        "from",
+        "with",
+        "and",
+        "or",
+        "is",
+        "are",
+        "was",
+        "what",
+        "which",
+        "this",
+        "that",
+        "these",
+        "your",
+        "my",
+        "you",
+        "by",
+        "at",
+        "it",
+        "its",
+        "s",
+        "as",
+        "be",
+        "do",
+        "does",
+        "how",
+        "much",
+        "many",
+    ]
+)
+
+
 def _tokens(s: str) -> set[str]:
-    return {w.lower() for w in _WORD.findall(s)}
+    """Word stems (lowercase, first 5 characters), stop words left out."""
+    return {w.lower()[:5] for w in _WORD.findall(s) if w.lower() not in STOPWORDS}
 
 
 def _overlap(a: str, ref: set[str]) -> float:
@@ -441,6 +523,8 @@ class _Ctx:
     history_actions: set[Action]
     last_verb: str
     n_nodes: int
+    last_typed_end: int  # where the last typed value ends in the instruction (-1: none)
+    title_overlap: float
 
 
 def _history_info(
@@ -468,6 +552,27 @@ def _history_info(
             ref = a.target.ref if a.target is not None and a.target.ref else ""
             typed.setdefault(value, set()).add(ref)
     return typed, refs, last_refs, actions, last_verb
+
+
+def _answer_kind(span: str) -> str:
+    if _PRICE.fullmatch(span):
+        return "price"
+    if re.fullmatch(r"[\d.,]+", span):
+        return "number"
+    return "text"
+
+
+def _last_typed_end(inp: RankerInput) -> int:
+    """Where in the instruction the most recently typed (or selected) value ends; -1: none."""
+    low = inp.instruction.lower()
+    for line in reversed(inp.history):
+        a = parse_action(line)
+        if isinstance(a, Type | Select):
+            v = (a.text if isinstance(a, Type) else a.value).lower()
+            pos = low.find(v)
+            if pos >= 0:
+                return pos + len(v)
+    return -1
 
 
 def _features(
@@ -505,6 +610,12 @@ def _features(
     f[f"last_{c.last_verb}"] = 1.0
     f["in_dialog"] = float("in dialog" in context)
     f["last_failed"] = float(bool(c.inp.failed) and c.inp.failed[-1])
+    f["title_overlap"] = c.title_overlap
+    if value:
+        pos = c.instr_low.find(low)
+        f["value_position"] = pos / max(1, len(c.instr_low)) if pos >= 0 else 0.0
+        if pos >= 0 and c.last_typed_end >= 0:
+            f["value_near_last_typed"] = math.exp(-abs(pos - c.last_typed_end) / 30)
     for k, v in kw.items():
         f[k] = v
     return tuple(f[name] for name in FEATURES)
@@ -527,6 +638,8 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
         actions,
         last_verb,
         len(nodes),
+        _last_typed_end(inp),
+        _overlap(inp.title.split(" — ")[0], _tokens(inp.instruction)),
     )
     values = instruction_values(inp.instruction)
     out: dict[Action, Candidate] = {}
@@ -541,7 +654,7 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
         out[action] = Candidate(format_action(action), action, element, value, feats)
 
     seen_names: dict[tuple[str, str], int] = {}
-    answers: list[tuple[Node, str, str]] = []
+    answers: list[tuple[Node, str, str, str]] = []
     for node in nodes:
         if node.ref is None:
             continue
@@ -575,15 +688,30 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
             element = f"{node.role}{state} {node.name or node.all_text(80)}; {ctx}"
             add("click", node, Click(target), element, "", same_name_rank=min(rank, 10) / 10)
         if node.role in ANSWER_ROLES or node.role in TEXT_FIELDS:
-            for span in _answer_spans(node):
-                answers.append((node, span, ctx))
+            for span, key in _answer_spans(node):
+                answers.append((node, span, key, ctx))
     n_answers = 0
-    for node, span, ctx in answers:
+    kinds: dict[str, int] = {}
+    for node, span, key, ctx in answers:
         if n_answers >= MAX_ANSWERS:
             break
         before = len(out)
         row = ctx if node.role in ("cell", "gridcell") else f"{node.all_text(80)}; {ctx}"
-        add("answer", node, Answer(span), f"answer from {node.role}: {row}", span)
+        element = f"answer {key} from {node.role}: {row}"
+        kov = _overlap(key, c.instr_tokens)
+        kind = _answer_kind(span)
+        rank = kinds.get(kind, 0)
+        if Answer(span) not in out:
+            kinds[kind] = rank + 1
+        add(
+            "answer",
+            node,
+            Answer(span),
+            element,
+            span,
+            key_overlap=kov,
+            answer_kind_rank=min(rank, 10) / 10,
+        )
         n_answers += len(out) - before
     add("answer", None, Answer("done"), "finish: the task is done", "done", answer_done=1.0)
     add("scroll", None, Scroll(0, 600), "scroll down the page", "")
@@ -650,13 +778,14 @@ class Encoded:
     features: np.ndarray
 
 
-def encode_input(inp: RankerInput, encoder: TextEncoder | None = None) -> Encoded:
-    """Candidates of a prompt and their embeddings (one encoder call, cached by text)."""
+def encode_input(
+    inp: RankerInput, encoder: TextEncoder | None = None, cands: list[Candidate] | None = None
+) -> Encoded:
+    """Candidates of a prompt (``cands``: already listed) and their embeddings (one encoder
+    call, cached by text)."""
     enc = encoder or default_encoder()
-    cands = candidates(inp)
-    ctx = list(context_texts(inp))
-    texts = ctx + [c.element for c in cands] + [c.value or "none" for c in cands]
-    vec = enc.encode(texts)
+    cands = candidates(inp) if cands is None else cands
+    vec = enc.encode(encoder_texts(inp, cands))
     n = len(cands)
     value = vec[3 + n :].copy()
     value[[i for i, c in enumerate(cands) if not c.value]] = 0.0
@@ -664,16 +793,33 @@ def encode_input(inp: RankerInput, encoder: TextEncoder | None = None) -> Encode
     return Encoded(cands, vec[:3], vec[3 : 3 + n], value, feats)
 
 
+def encoder_texts(inp: RankerInput, cands: Sequence[Candidate]) -> list[str]:
+    """The texts :func:`encode_input` embeds: 3 context texts, then each candidate's element,
+    then each candidate's value."""
+    return [
+        *context_texts(inp),
+        *(c.element for c in cands),
+        *(c.value or "none" for c in cands),
+    ]
+
+
 # -- the scorer ----------------------------------------------------------------------------------
 
 
 class RankerModel(torch.nn.Module):
-    """The scorer: ``score = MLP([q, p, h, e, v, q·e, q·v, e·v, h·e, p·e, features])``.
+    """The scorer over frozen MiniLM vectors and exact-match features.
 
     ``q``/``p``/``h``: the instruction, page and last-action vectors; ``e``/``v``: the
-    candidate's element and value vectors (frozen MiniLM, 384 wide). A HF-like folder:
-    :meth:`save_pretrained` writes ``config.json`` (``model_type`` ``webloop-ranker``, the
-    encoder's name, the feature set and its version) and ``model.safetensors``."""
+    candidate's element and value vectors (384 wide). Context vectors go through a learnt
+    projection ``Wc`` and candidate vectors through ``Wk`` (``proj`` wide), so the products
+    ``q'·e'``, ``q'·v'``, ``e'·v'``, ``h'·e'``, ``p'·e'`` are learnt bilinear interactions; the raw
+    cosine similarities of those pairs and the features join them in an MLP → one score.
+
+    A HF-like folder: :meth:`save_pretrained` writes ``config.json`` (``model_type``
+    ``webloop-ranker``, the encoder's name, the feature set and its version) and
+    ``model.safetensors``; :meth:`from_pretrained` reads it back."""
+
+    PAIRS = ((0, 3), (0, 4), (3, 4), (2, 3), (1, 3))  # (q,e) (q,v) (e,v) (h,e) (p,e)
 
     def __init__(
         self,
@@ -682,6 +828,7 @@ class RankerModel(torch.nn.Module):
         n_features: int = N_FEATURES,
         dropout: float = 0.1,
         seed: int = 0,
+        proj: int = 128,
     ) -> None:
         super().__init__()
         self.config = {
@@ -694,19 +841,22 @@ class RankerModel(torch.nn.Module):
             "n_features": n_features,
             "dropout": dropout,
             "seed": seed,
+            "proj": proj,
         }
         gen = torch.Generator().manual_seed(seed)
+        self.ctx_proj = torch.nn.Linear(dim, proj)
+        self.cand_proj = torch.nn.Linear(dim, proj)
+        n_in = 5 * proj + len(self.PAIRS) * (proj + 1) + n_features
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(10 * dim + n_features, hidden),
+            torch.nn.Linear(n_in, hidden),
             torch.nn.GELU(),
             torch.nn.Dropout(dropout),
             torch.nn.Linear(hidden, hidden),
             torch.nn.GELU(),
             torch.nn.Linear(hidden, 1),
         )
-        self.feat_scale = torch.nn.Parameter(torch.ones(n_features))
         with torch.no_grad():
-            for p in self.mlp.parameters():
+            for p in self.parameters():
                 if p.dim() == 2:
                     bound = 1 / math.sqrt(p.shape[1])
                     p.copy_(torch.empty_like(p).uniform_(-bound, bound, generator=gen))
@@ -716,24 +866,15 @@ class RankerModel(torch.nn.Module):
     def forward(self, ctx: Any, elem: Any, value: Any, features: Any, seg: Any) -> Any:
         """Scores ``[N]`` of ``N`` candidates; ``ctx [B, 3, D]``, ``elem``/``value [N, D]``,
         ``features [N, F]``, ``seg [N]``: each candidate's prompt index in the batch."""
-        q, p, h = ctx[seg, 0], ctx[seg, 1], ctx[seg, 2]
-        x = torch.cat(
-            [
-                q,
-                p,
-                h,
-                elem,
-                value,
-                q * elem,
-                q * value,
-                elem * value,
-                h * elem,
-                p * elem,
-                features * self.feat_scale,
-            ],
-            dim=-1,
-        )
-        return self.mlp(x).squeeze(-1)
+        raw = [ctx[seg, 0], ctx[seg, 1], ctx[seg, 2], elem, value]
+        c = self.ctx_proj(ctx)
+        vecs = [c[seg, 0], c[seg, 1], c[seg, 2], self.cand_proj(elem), self.cand_proj(value)]
+        parts = list(vecs)
+        for i, j in self.PAIRS:
+            parts.append(vecs[i] * vecs[j])
+            parts.append((raw[i] * raw[j]).sum(-1, keepdim=True))
+        parts.append(features)
+        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
 
     def save_pretrained(self, path: str | Path) -> None:
         from safetensors.torch import save_file
@@ -764,7 +905,9 @@ class RankerModel(torch.nn.Module):
             )
         if cfg.get("encoder") != MODEL_NAME:
             raise ValueError(f"{cfg_file}: encoder {cfg.get('encoder')!r} is not {MODEL_NAME!r}")
-        model = cls(cfg["hidden"], cfg["dim"], cfg["n_features"], cfg["dropout"], cfg["seed"])
+        model = cls(
+            cfg["hidden"], cfg["dim"], cfg["n_features"], cfg["dropout"], cfg["seed"], cfg["proj"]
+        )
         model.load_state_dict(load_file(str(folder / "model.safetensors")))
         return model.eval()
 

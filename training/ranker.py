@@ -22,8 +22,8 @@ from rollouts.ranker import (
     RankerModel,
     batch_tensors,
     candidates,
-    context_texts,
     encode_input,
+    encoder_texts,
     parse_prompt,
     prompt_key,
     segment_log_softmax,
@@ -129,20 +129,18 @@ class RankerTrainable:
         return enc
 
     def prepare(self, turns: Sequence[Turn], batch: int = 64) -> None:
-        """Fill the cache for ``turns`` (distinct prompts' texts encoded in large batches)."""
+        """Fill the cache for ``turns``: the texts of ``batch`` distinct prompts go to the
+        encoder in one call (less padding waste than prompt by prompt)."""
         todo = {prompt_key(t.prompt): t.prompt for t in turns}
         todo = {k: p for k, p in todo.items() if k not in self._prepared}
-        inputs = [(k, parse_prompt(p)) for k, p in todo.items()]
-        for i in range(0, len(inputs), batch):
-            chunk = inputs[i : i + batch]
-            texts: list[str] = []
-            for _, inp in chunk:
-                texts += list(context_texts(inp))
-                for c in candidates(inp):
-                    texts += [c.element, c.value or "none"]
-            self.encoder.encode(texts)  # one big call; encode_input then hits the cache
-            for k, inp in chunk:
-                self._prepared[k] = encode_input(inp, self.encoder)
+        items = list(todo.items())
+        for i in range(0, len(items), batch):
+            chunk = [(k, parse_prompt(p)) for k, p in items[i : i + batch]]
+            listed = [(k, inp, candidates(inp)) for k, inp in chunk]
+            texts = [t for _, inp, cands in listed for t in encoder_texts(inp, cands)]
+            self.encoder.encode(texts)  # encode_input below then hits the cache
+            for k, inp, cands in listed:
+                self._prepared[k] = encode_input(inp, self.encoder, cands)
 
     def target(self, turn: Turn) -> int | None:
         """The index of the turn's reply among its prompt's candidates (None: not a candidate)."""

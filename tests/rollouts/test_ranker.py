@@ -150,9 +150,14 @@ def test_candidates_cover_clicks_types_selects_answers_with_features() -> None:
     assert by[Type("2026-06-17", e("e19"))]["value_typed_before"] == 0.0
     assert by[Select(e("e13"), "Any")]["option_selected"] == 1.0
     assert by[Answer("$69")]["value_is_price"] == 1.0
-    # share of the element's words found in the instruction ("on" of "Vacation responder on")
-    assert by[Click(e("e25"))]["name_overlap"] == pytest.approx(1 / 3)
-    assert by[Click(e("e20"))]["name_overlap"] == 0.0
+    # share of the element's word stems (no stop words) found in the instruction
+    assert by[Click(e("e20"))]["name_overlap"] == pytest.approx(1 / 2)  # "flights" ~ "flight"
+    assert by[Click(e("e25"))]["name_overlap"] == 0.0  # "Vacation responder on"
+    assert by[Answer("$69")]["key_overlap"] == 0.0
+    assert (
+        by[Type("Vid", e("e11"))]["value_near_last_typed"]
+        > by[Type("2026-06-17", e("e19"))]["value_near_last_typed"]
+    )
     assert target_index(cands, 'Thought: go.\nAction: select(e13, "Nonstop only")') is not None
     assert target_index(cands, "Action: click( e20 )") == target_index(cands, "click(e20)")
     assert target_index(cands, "Action: click(e999)") is None
@@ -296,3 +301,23 @@ def test_untrained_policy_acts_on_live_pages(chromium, server, tasks):
     for s in steps:
         assert not isinstance(parse_action(s.model_output or ""), ParseError), s.model_output
         assert s.logprob is not None and s.logprob <= 0.0
+
+
+def test_encoder_caches_in_memory_lru_and_on_disk(tmp_path) -> None:
+    enc = TextEncoder(max_items=2, cache_dir=tmp_path / "emb")
+    v = enc.encode(["Accept all", "Search flights", "Accept all"])
+    assert v.shape == (3, DIM) and v.dtype == np.float32
+    assert np.array_equal(v[0], v[2]) and enc.misses == 2 and enc.hits == 0
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    enc.encode(["Reject optional"])  # evicts "Accept all" from memory (LRU of 2) ...
+    assert len(enc) == 2
+    enc.encode(["Accept all"])  # ... but the disk shard still holds it
+    assert enc.misses == 3
+    assert enc.flush() >= 1
+    warm = TextEncoder(cache_dir=tmp_path / "emb")
+    again = warm.encode(["Accept all", "Search flights"])
+    assert warm.misses == 0 and warm.hits == 2
+    assert np.array_equal(again, v[:2])
+    assert warm.encode([]).shape == (0, DIM)
+    with pytest.raises(TypeError):
+        warm.encode("Accept all")

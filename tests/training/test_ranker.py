@@ -112,7 +112,7 @@ def test_sft_steps_raise_the_targets_logprob_and_cache_the_prompt_work(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     after = trainable.logprobs(batch).logprob.detach()
     assert losses[-1] < 0.5 * losses[0]
     assert (after > before).all(), (before, after)
