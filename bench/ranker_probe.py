@@ -9,8 +9,17 @@
    :class:`training.ranker.RankerTrainable`) on the ``train``-split rows, and step accuracy
    (greedy candidate == the expert's action) on the ``test``-split rows.
 
-Run: ``.venv/bin/python bench/ranker_probe.py --tasks 120 --epochs 8`` (collect is skipped when
-the rows file exists; ``--recollect`` forces it).
+Run: ``.venv/bin/python bench/ranker_probe.py --tasks 320 --epochs 12`` (collect is skipped when
+the rows file exists; ``--recollect`` forces it; ``--show-errors N`` prints test mistakes,
+``--save DIR`` writes the trained ranker).
+
+Measured 2026-11-30 on the 2-core machine (shared, loaded), feature set v3:
+320 tasks → 2,253 expert steps (collect 865 s). Oracle coverage 95.4% overall: shop, mail, wiki
+100%, travel 82.4% — every miss is a click on an autocomplete suggestion that the observation
+does not show yet (the snapshot is taken before the suggestions render). SFT (AdamW lr 2e-3,
+batch 32, 12 epochs) on 1,395 train steps: embeddings 125-230 s once (then cached on disk),
+training 46-50 s; test-split step accuracy 97.0% (untrained 2-5%): mail 100%, shop 96.7%,
+wiki 89.2%; train 99.2%. With 140 tasks (612 train steps): 93.6%.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from rollouts.policies import PolicyContext, PolicyOutput, register
 from rollouts.prompts import SYSTEM_PROMPT, PromptConfig, build_messages
 
 MODEL_TYPE = "webloop-ranker"
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 MAX_CANDIDATES = 400
 MAX_ANSWERS = 80
 MAX_VALUES = 40
@@ -443,6 +443,7 @@ FEATURES = (
     "value_position",
     "value_near_last_typed",
     "answer_kind_rank",
+    "value_inside_typed",
 )
 N_FEATURES = len(FEATURES)
 
@@ -612,10 +613,14 @@ def _features(
     f["last_failed"] = float(bool(c.inp.failed) and c.inp.failed[-1])
     f["title_overlap"] = c.title_overlap
     if value:
-        pos = c.instr_low.find(low)
-        f["value_position"] = pos / max(1, len(c.instr_low)) if pos >= 0 else 0.0
-        if pos >= 0 and c.last_typed_end >= 0:
-            f["value_near_last_typed"] = math.exp(-abs(pos - c.last_typed_end) / 30)
+        found = [m.start() for m in re.finditer(re.escape(low), c.instr_low)]
+        if found:
+            anchor = max(c.last_typed_end, 0)
+            pos = min(found, key=lambda k: abs(k - anchor))  # the occurrence nearest the work
+            f["value_position"] = pos / max(1, len(c.instr_low))
+            if c.last_typed_end >= 0:
+                f["value_near_last_typed"] = math.exp(-abs(pos - c.last_typed_end) / 30)
+        f["value_inside_typed"] = float(any(value in t and value != t for t in c.typed))
     for k, v in kw.items():
         f[k] = v
     return tuple(f[name] for name in FEATURES)
