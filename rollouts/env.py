@@ -21,7 +21,9 @@ crash only takes down the episode running in it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +38,8 @@ class BrowserCrashed(RuntimeError):
 
 
 RESET_TIMEOUT_S = 30.0  # the least time the start page of an episode gets to load
+QUIET_S = 1.0  # the longest an observation waits for requests an action started
+_FRAME_JS = "() => new Promise(r => requestAnimationFrame(() => r(true)))"
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class BrowserEnv:
         self.allowed: set[str] = set()
         self.blocked: list[str] = []
         self.step_idx = 0
+        self._inflight = 0  # the page's requests in flight
         self.max_steps = 0
 
     async def reset(
@@ -161,6 +166,7 @@ class BrowserEnv:
             )
             await self.context.route("**/*", self._route)
             self.page = await self.context.new_page()
+            self._track_requests(self.page)
             # opening the start page is set-up, not an action: a short action timeout (local
             # sites answer in milliseconds) must not turn a slow first load into an infra error
             timeout_s = max(self.config.action_timeout_s, RESET_TIMEOUT_S)
@@ -189,6 +195,8 @@ class BrowserEnv:
             timeout_ms=self.config.action_timeout_s * 1000,
         )
         self._check_alive()
+        if not isinstance(action, Answer):
+            await self._quiet()
         self.step_idx += 1
         terminated = isinstance(action, Answer)
         truncated = not terminated and self.step_idx >= self.max_steps
@@ -199,6 +207,37 @@ class BrowserEnv:
         }
         obs = await self.observe()
         return obs, terminated, truncated, info
+
+    def _track_requests(self, page: Any) -> None:
+        """Count the page's requests in flight (see :meth:`_quiet`)."""
+        self._inflight = 0
+
+        def started(_req: Any) -> None:
+            self._inflight += 1
+
+        def ended(_req: Any) -> None:
+            self._inflight = max(0, self._inflight - 1)
+
+        page.on("request", started)
+        page.on("requestfinished", ended)
+        page.on("requestfailed", ended)
+
+    async def _quiet(self) -> None:
+        """Let what an action started in the page settle before it is observed: requests in
+        flight (an autocomplete's fetch) finish, up to :data:`QUIET_S`, and the page gets one
+        animation frame to render their results. Without it a snapshot taken right after typing
+        misses the suggestions the next action must click."""
+        await self._next_frame()
+        deadline = time.monotonic() + QUIET_S
+        if self._inflight == 0:
+            return
+        while self._inflight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self._next_frame()
+
+    async def _next_frame(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.page.evaluate(_FRAME_JS), 0.5)
 
     def _check_alive(self) -> None:
         if self.page.is_closed() or not self.slot.browser or not self.slot.browser.is_connected():
