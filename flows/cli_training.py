@@ -90,6 +90,9 @@ def register(app: typer.Typer) -> None:
             float, typer.Option(help="VLM: weight of thought tokens (RL4VLM λ).")
         ] = 1.0,
         lora_r: Annotated[int | None, typer.Option(help="VLM: LoRA rank (peft).")] = None,
+        text_only: Annotated[
+            bool, typer.Option(help="VLM: train on prompts without screenshots on purpose.")
+        ] = False,
     ) -> None:
         """Supervised fine-tuning on a curated dataset (the train_sft flow); resumable."""
         from flows.train import SFTConfig
@@ -106,6 +109,7 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             reasoning_weight=reasoning_weight,
             lora_r=lora_r,
+            text_only=text_only,
         )
         res = _user_errors(lambda: run(cfg, on_progress=console.print))
         resumed = f" (resumed from step {res['resumed_from']})" if res["resumed_from"] else ""

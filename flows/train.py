@@ -28,7 +28,7 @@ from prefect import flow, task  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
 from flows.runs import code_version  # noqa: E402
 from training import registry  # noqa: E402
-from training.data import find_dataset, sft_turns  # noqa: E402
+from training.data import check_modality, find_dataset, sft_turns  # noqa: E402
 from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
 from training.rl import prepare  # noqa: E402
 from training.trainer import TrainConfig, fit  # noqa: E402
@@ -52,10 +52,15 @@ class SFTConfig:
     splits: tuple[str, ...] = ("train",)
     reasoning_weight: float = 1.0
     lora_r: int | None = None
+    text_only: bool = False  # a VLM on prompts without screenshots, on purpose
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("dataset")  # the dataset id (not its name) names the run
+        # where a run stops and how often it saves do not change what it trains: a run stopped
+        # by --max-steps continues when the command is given again without it
+        d.pop("max_steps")
+        d.pop("save_every")
         return d
 
 
@@ -81,6 +86,7 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         seed=cfg.seed,
         vlm=_vlm_options(cfg.reasoning_weight, cfg.lora_r),
     )
+    check_modality(model.kind, turns, f"dataset {ds.name} ({ds.dataset_id})", cfg.text_only)
     model.check_data(turns)  # before anything is recorded
     run_id = registry.training_run_id("sft", cfg.model, ds.dataset_id, cfg.identity())
     say(f"  sft {run_id}: {len(turns)} turns of {ds.name} ({ds.dataset_id}), model {cfg.model}")

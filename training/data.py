@@ -99,6 +99,17 @@ def sft_turns(export_path: Path, splits: Sequence[str] = ("train",)) -> list[Tur
     return turns
 
 
+def check_modality(kind: str, turns: Sequence[Turn], where: str, text_only: bool = False) -> None:
+    """A vision-language model trains on screenshots: refuse data with none (unless
+    ``text_only``, on purpose); the ranker reads the accessibility tree and needs no images."""
+    if kind == "vlm" and not text_only and not any(t.images for t in turns):
+        raise DataMismatch(
+            f"{where} has no screenshots, and the model is a vision-language model: rebuild it "
+            "from runs with screenshots (prompt mode both or screenshot, output.k_images >= 1), "
+            "or train text-only on purpose (--text-only)"
+        )
+
+
 def _sft_turn(r: dict[str, Any]) -> Turn:
     images = tuple(_png(img) for img in r.get("images") or [])
     return Turn(

@@ -1,0 +1,386 @@
+"""Learning benchmark: does the flywheel make an agent better, on 2 cores? Prints, in one run:
+
+1. data: a noisy scripted expert (``--noise``: wrong elements, skipped steps, early answers)
+   collects rollouts on ``train`` tasks of the bundled sites (accessibility-tree observations,
+   model-facing ``click(e12)`` actions), graded and judged; two datasets from the SAME
+   trajectories: ``curated`` (the filtered-BC recipe: judged successes, cleaned, deduplicated)
+   and ``unfiltered`` (every graded trajectory, failures included);
+2. the candidate generator's oracle coverage on the curated SFT rows (share of expert steps
+   whose action is a candidate), overall and per site;
+3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset, then on-policy RL
+   (GRPO over G sampled rollouts per task, PPO-clip) from the curated SFT checkpoint; SFT
+   throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
+4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
+   the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
+   95% Wilson intervals, and the differences with Newcombe intervals.
+
+Everything is the product's own code path (collect / judge / curate / train / evaluate library
+functions, in one process with one sites server and one Chromium), into a fresh warehouse.
+The bench fails (exit 1) when a stage produced nothing; it reports, never asserts, the aims.
+
+    python bench/learning.py [--quick] [--home DIR] [--eval-n 320] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+FULL = dict(
+    tasks=2400,
+    collect=480,
+    noise=0.12,
+    epochs=12,
+    batch=32,
+    eval_n=300,
+    eval_max_steps=30,
+    rl_iterations=2,
+    rl_tasks=64,
+    group=4,
+    vlm_steps=20,
+)
+QUICK = dict(
+    tasks=160,
+    collect=24,
+    noise=0.12,
+    epochs=4,
+    batch=16,
+    eval_n=4,
+    eval_max_steps=12,
+    rl_iterations=1,
+    rl_tasks=6,
+    group=2,
+    vlm_steps=3,
+)
+
+CURATED = """
+name: bench-curated
+description: "Judged successes of the noisy expert, cleaned and deduplicated (filtered BC)."
+sources: {{splits: [train], runs: [{run}]}}
+filters:
+  - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
+  - drop_invalid_steps: {{noop: false}}
+  - drop_loops: {{max_repeats: 2}}
+  - dedup_trajectories: {{}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+"""
+UNFILTERED = """
+name: bench-unfiltered
+description: "Every graded trajectory of the noisy expert, failures included."
+sources: {{splits: [train], runs: [{run}]}}
+filters: []
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load() -> str:
+    return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
+class Bench:
+    """The bench's state: one warehouse, one sites server, one Chromium, timings."""
+
+    def __init__(self, args: argparse.Namespace, wh: Any, server: Any, browser: Any) -> None:
+        self.a, self.wh, self.server, self.browser = args, wh, server, browser
+        self.times: dict[str, float] = {}
+        self.evals: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def timed(self, name: str, start: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+
+
+# -- stages ---------------------------------------------------------------------------------------
+
+
+def generate(b: Bench) -> None:
+    from sites.tasks import generate as gen
+    from warehouse.tasks import put_tasks
+
+    tasks = gen(b.a.tasks, seed=0)
+    put_tasks(b.wh, tasks)
+    by: dict[str, int] = {}
+    for t in tasks:
+        by[t.split] = by.get(t.split, 0) + 1
+    say(f"tasks: {len(tasks)} bundled ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))})")
+
+
+async def collect_expert(b: Bench) -> str:
+    from flows.collect import CollectConfig, run_collect
+    from flows.judge import JudgeConfig, run_judge
+
+    t0 = time.perf_counter()
+    cfg = CollectConfig(
+        split="train",
+        n_tasks=b.a.collect,
+        policy="expert",
+        noise=b.a.noise,
+        prompt_mode="a11y",
+        action_timeout_s=2.0,
+        concurrency=8,
+        run_name="bench-noisy-expert",
+    )
+    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
+    # (run_judge runs its own event loop: off this one)
+    judged = await asyncio.to_thread(
+        run_judge, b.wh, JudgeConfig(judge="programmatic", run=res["run_id"])
+    )
+    b.timed("collect expert", t0)
+    say(
+        f"noisy expert (noise {b.a.noise}): {res['ran'] + res['skipped']} trajectories, "
+        f"{res['steps']} steps, outcomes {res['by_status']}; judged {judged.get('judged', '?')}"
+    )
+    return res["run_id"]
+
+
+def build(b: Bench, text: str, out: Path) -> Any:
+    from curation.build import build_dataset
+    from curation.recipe import parse_recipe
+
+    t0 = time.perf_counter()
+    ds = build_dataset(b.wh, parse_recipe(text, "bench.yaml"), out_dir=out, blobs=b.wh.blobs)
+    b.timed("curate", t0)
+    say(f"dataset {ds.name}: {ds.counts}")
+    return ds
+
+
+def coverage(b: Bench, ds: Any) -> None:
+    from collections import defaultdict
+
+    from rollouts.ranker import oracle_coverage
+    from training.data import find_dataset, sft_turns
+
+    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path)
+    by_site: dict[str, list] = defaultdict(list)
+    for t in turns:
+        by_site[t.meta.get("site") or "?"].append({"prompt": t.prompt, "completion": t.completion})
+    rows = [r for v in by_site.values() for r in v]
+    parts = ", ".join(f"{s} {oracle_coverage(v):.1%}" for s, v in sorted(by_site.items()))
+    say(f"oracle coverage of the candidate generator: {oracle_coverage(rows):.1%} ({parts})")
+
+
+def sft(b: Bench, ds: Any, label: str) -> dict[str, Any]:
+    from flows.train import SFTConfig, run_sft
+
+    t0 = time.perf_counter()
+    cfg = SFTConfig(
+        dataset=ds.dataset_id,
+        model="ranker",
+        epochs=b.a.epochs,
+        lr=2e-3,
+        batch_size=b.a.batch,
+        save_every=10_000,
+    )
+    res = run_sft(b.wh, cfg)
+    secs = time.perf_counter() - t0
+    b.timed(f"sft {label}", t0)
+    n = ds.counts["sft"] * b.a.epochs
+    losses = b.wh.sql(
+        "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
+        [res["training_run_id"]],
+    )["value"].to_list()
+    k = max(1, min(5, len(losses) // 4))
+    first, last = _mean(losses[:k]), _mean(losses[-k:])
+    say(
+        f"sft {label}: {res['last_step']} steps, loss {first:.3f} -> {last:.3f}, "
+        f"{n / secs:.0f} examples/s (ranker, incl. first-epoch encoding)"
+    )
+    if not last < first:
+        raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
+    return res
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def vlm_throughput(b: Bench, ds: Any) -> None:
+    """SFT examples/s of the tiny VLM on the same rows (text-only prompts here)."""
+    import torch
+
+    from training.data import find_dataset, sft_turns
+    from training.load import load_trainable
+    from training.losses import sft_loss
+
+    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path)[: 8 * b.a.vlm_steps]
+    model = load_trainable("tiny", home=b.wh.cfg.home)
+    opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3)
+    model.train(True)
+    t0 = time.perf_counter()
+    done = 0
+    for i in range(0, len(turns), 8):
+        batch = turns[i : i + 8]
+        loss = sft_loss(model.logprobs(batch), [t.weight for t in batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        done += len(batch)
+    secs = time.perf_counter() - t0
+    say(f"sft tiny VLM: {done} examples in {secs:.1f} s = {done / secs:.1f} examples/s")
+
+
+def untrained(b: Bench) -> str:
+    from training.ranker import RankerTrainable
+
+    path = b.wh.cfg.home / "checkpoints" / "untrained-ranker"
+    if not (path / "config.json").exists():
+        RankerTrainable.new(seed=0).save(path)
+    return str(path)
+
+
+async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[str, Any]:
+    from flows.evaluate import EvalConfig, run_evaluation
+
+    t0 = time.perf_counter()
+    cfg = EvalConfig(
+        policy="ranker",
+        checkpoint=checkpoint,
+        split=split,
+        n=b.a.eval_n,
+        max_steps=b.a.eval_max_steps,
+    )
+    res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
+    b.timed("evaluate", t0)
+    s = res["summary"]
+    say(
+        f"  {label:<22} {split:<5} {s['n_success']:>4}/{s['n']:<4} {s['rate']:6.1%} "
+        f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]  ({time.perf_counter() - t0:.0f} s)"
+    )
+    if s["n"] == 0:
+        raise SystemExit(f"evaluation {label}/{split}: no episode ended with an outcome")
+    b.evals[(label, split)] = res
+    return res
+
+
+async def rl(b: Bench, start: str) -> dict[str, Any]:
+    from flows.train import RLConfig, run_rl
+
+    t0 = time.perf_counter()
+    cfg = RLConfig(
+        policy=start,
+        estimator="grpo",
+        iterations=b.a.rl_iterations,
+        group_size=b.a.group,
+        n_tasks=b.a.rl_tasks,
+        temperature=1.0,
+        lr=5e-4,
+        ppo_epochs=2,
+    )
+    res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+    b.timed("rl", t0)
+    for r in res["iterations"]:
+        say(
+            f"rl iteration {r['iteration']}: mean reward of the samples {r['mean_reward']:.3f} "
+            f"({r['trajectories']} trajectories, {r['nonzero_advantage']}/{r['turns']} turns "
+            "with a learning signal)"
+        )
+    return res
+
+
+def differences(b: Bench) -> None:
+    from training.stats import diff_interval
+
+    pairs = [
+        ("untrained", "sft curated"),
+        ("sft unfiltered", "sft curated"),
+        ("sft curated", "rl"),
+    ]
+    say("differences (B - A, 95% Newcombe interval; separated = Wilson intervals do not overlap):")
+    for split in ("test", "ood"):
+        for a, c in pairs:
+            ea, ec = b.evals.get((a, split)), b.evals.get((c, split))
+            if ea is None or ec is None:
+                continue
+            d, lo, hi = diff_interval(ea["n_success"], ea["n"], ec["n_success"], ec["n"])
+            sep = ea["ci_high"] < ec["ci_low"] or ec["ci_high"] < ea["ci_low"]
+            say(
+                f"  {split:<5} {c} - {a}: {d:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+                + ("  separated" if sep else "")
+            )
+
+
+async def main_async(args: argparse.Namespace, home: Path) -> None:
+    from rollouts.browser import launch
+    from sites.server import SiteServer
+    from warehouse import Warehouse, WarehouseConfig
+
+    say(f"bench/learning.py ({'quick' if args.quick else 'full'}), {load()}, home {home}")
+    server = SiteServer(seed=0, mode="process").start()
+    from playwright.async_api import async_playwright
+
+    t_all = time.perf_counter()
+    try:
+        async with async_playwright() as pw:
+            browser = await launch(pw)
+            with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+                b = Bench(args, wh, server, browser)
+                await run_all(b, home)
+            await browser.close()
+    finally:
+        server.stop()
+    times = ", ".join(f"{k} {v:.0f} s" for k, v in b.times.items())
+    say(f"total {time.perf_counter() - t_all:.0f} s ({times}); {load()}")
+
+
+async def run_all(b: Bench, home: Path) -> None:
+    generate(b)
+    run = await collect_expert(b)
+    curated = build(b, CURATED.format(run=json.dumps(run)), home / "datasets")
+    unfiltered = build(b, UNFILTERED.format(run=json.dumps(run)), home / "datasets")
+    coverage(b, curated)
+    sft_c = sft(b, curated, "curated")
+    sft_u = sft(b, unfiltered, "unfiltered")
+    vlm_throughput(b, curated)
+    say(
+        f"evaluation (ranker, greedy, {b.a.eval_n} tasks per split, "
+        f"max {b.a.eval_max_steps} steps):"
+    )
+    await evaluate(b, "untrained", untrained(b), "test")
+    await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
+    await evaluate(b, "sft curated", sft_c["checkpoint"], "test")
+    await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
+    rl_res = await rl(b, sft_c["checkpoint"])
+    await evaluate(b, "rl", rl_res["checkpoint"], "test")
+    await evaluate(b, "rl", rl_res["checkpoint"], "ood")
+    differences(b)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
+    p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
+    for k, v in FULL.items():
+        p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
+    args = p.parse_args(argv)
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.home is not None:
+        asyncio.run(main_async(args, args.home))
+        return
+    with tempfile.TemporaryDirectory(prefix="webloop-learning-") as tmp:
+        asyncio.run(main_async(args, Path(tmp) / "home"))
+
+
+if __name__ == "__main__":
+    main()

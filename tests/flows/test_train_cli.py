@@ -1,0 +1,163 @@
+"""``webloop train sft`` (the train_sft flow) on a curated dataset: checkpoints and metrics in
+the warehouse, lineage in one join, a stopped run resumed without repeating logged steps, bad data
+refused before training; ``webloop eval`` of a checkpoint on bundled tasks in real Chromium and
+``webloop eval compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.curation.test_examples import engine_warehouse
+from tests.flows.cli_runner import webloop
+from warehouse import Warehouse, WarehouseConfig
+
+RECIPE = """\
+name: train-set
+sources: {splits: [train]}
+filters:
+  - drop_invalid_steps: {noop: false}
+output: {sft: true, k_images: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    h = tmp_path_factory.mktemp("train") / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        engine_warehouse(wh)
+    return h
+
+
+@pytest.fixture(scope="module")
+def dataset(prefect_harness, home: Path, tmp_path_factory) -> str:
+    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    webloop(home, "curate", "--recipe", str(recipe))
+    return "train-set"
+
+
+def metrics(home: Path, run_id: str, name: str = "loss") -> list[tuple[int, float]]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        return wh.sql(
+            "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = ? ORDER BY step",
+            [run_id, name],
+        ).rows()
+
+
+def run_id_of(out: str) -> str:
+    return out.split("training run ")[1].split(":")[0]
+
+
+@pytest.mark.prefect
+def test_sft_stops_resumes_and_registers_checkpoints_with_lineage(home: Path, dataset: str):
+    args = ["train", "sft", "--dataset", dataset, "--model", "ranker", "--epochs", "3"]
+    args += ["--batch-size", "2", "--lr", "0.003", "--save-every", "2"]
+    first = webloop(home, *args, "--max-steps", "3").stdout
+    rid = run_id_of(first)
+    assert "3 steps" in first and "resumed" not in first
+    assert [s for s, _ in metrics(home, rid)] == [1, 2, 3]
+    done = webloop(home, *args).stdout  # the same run, continued to its end
+    assert run_id_of(done) == rid and "(resumed from step 3)" in done
+    losses = metrics(home, rid)
+    total = 12  # 8 rows / batch 2 x 3 epochs
+    assert [s for s, _ in losses] == list(range(1, total + 1))  # each step logged once
+    assert sum(v for _, v in losses[-3:]) < sum(v for _, v in losses[:3])
+    ckpts = json.loads(webloop(home, "checkpoints", "list", "--format", "json").stdout)
+    mine = [c for c in ckpts if c["training_run_id"] == rid]
+    assert sorted(c["step"] for c in mine) == [2, 3, 4, 6, 8, 10, 12]
+    assert {c["dataset"] for c in mine} == {dataset}
+    assert len({c["snapshot_id"] for c in mine}) == 1
+    last = max(mine, key=lambda c: c["step"])
+    assert Path(last["path"], "config.json").exists()
+    shown = webloop(home, "checkpoints", "lineage", last["checkpoint_id"]).stdout
+    assert last["dataset_id"] in shown
+    again = webloop(home, *args).stdout  # finished: nothing left to run
+    assert "0 steps" in again and [s for s, _ in metrics(home, rid)] == list(range(1, total + 1))
+
+
+@pytest.mark.prefect
+def test_bad_training_input_is_refused_before_training(home: Path, dataset: str):
+    r = webloop(home, "train", "sft", "--dataset", "nope", ok=False)
+    assert r.returncode == 2 and "no dataset named or with id 'nope'" in r.stderr
+    r = webloop(home, "train", "sft", "--dataset", dataset, "--model", str(home), ok=False)
+    assert r.returncode == 2 and "no config.json" in r.stderr
+    r = webloop(home, "train", "rl", "--policy", "x", "--estimator", "ppo", ok=False)
+    assert r.returncode == 2 and "unknown estimator 'ppo'" in r.stderr
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        runs = wh.sql("SELECT count(*) FROM training_runs WHERE base_model = ?", [str(home)])
+    assert runs.item() == 0
+
+
+@pytest.mark.prefect
+def test_the_tiny_vlm_trains_on_the_dataset_screenshots(home: Path, dataset: str):
+    out = webloop(
+        home,
+        "train",
+        "sft",
+        "--dataset",
+        dataset,
+        "--model",
+        "tiny",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--lr",
+        "0.001",
+    ).stdout
+    rid = run_id_of(out)
+    assert [s for s, _ in metrics(home, rid)] == [1, 2]
+    assert Path(home, "models", "tiny-vlm", "config.json").exists()
+
+
+def test_a_vlm_refuses_data_without_screenshots_unless_text_only():
+    from training.data import check_modality
+    from training.interface import DataMismatch, Turn
+
+    text = [Turn(prompt="[]", completion="Action: scroll(down)")]
+    with pytest.raises(DataMismatch, match=r"dataset d has no screenshots.*--text-only"):
+        check_modality("vlm", text, "dataset d")
+    check_modality("vlm", text, "dataset d", text_only=True)
+    check_modality("ranker", text, "dataset d")
+    check_modality("vlm", [Turn(prompt="[]", completion="x", images=(b"png",))], "dataset d")
+
+
+@pytest.mark.browser
+def test_eval_of_a_checkpoint_stores_intervals_and_compares(
+    server, chromium, wh: Warehouse, tmp_path: Path
+):
+    from flows.evaluate import EvalConfig, run_evaluation
+    from sites.tasks import generate
+    from training.evaluate import compare, find_evaluation
+    from training.ranker import RankerTrainable
+    from warehouse.tasks import put_tasks
+
+    put_tasks(wh, generate(60, seed=0))
+    ckpt = tmp_path / "untrained"
+    RankerTrainable.new(seed=0).save(ckpt)
+
+    async def evaluate(**kw):
+        cfg = EvalConfig(**{"split": "test", "n": 3, "max_steps": 4, "concurrency": 3, **kw})
+        return await run_evaluation(wh, cfg, server=server, browser=chromium.browser)
+
+    ranker = chromium.run(evaluate(policy="ranker", checkpoint=str(ckpt)))
+    expert = chromium.run(evaluate(policy="expert", max_steps=30))
+    assert ranker["n"] + sum(ranker["summary"]["excluded"].values()) == 3
+    assert expert["n"] == 3 and expert["n_success"] == 3
+    assert expert["ci_low"] == pytest.approx(0.4385, abs=1e-3)  # Wilson, 3 of 3
+    sites = {r["site"] for r in expert["summary"]["by_site"]}
+    assert sites and sites <= {"shop", "wiki", "mail"}
+    stored = find_evaluation(wh, ranker["evaluation_id"])
+    assert stored["policy"] == "ranker" and stored["checkpoint_id"] is None
+    c = compare(stored, find_evaluation(wh, expert["evaluation_id"]))
+    assert c["diff"] == pytest.approx(1 - ranker["success_rate"])
+    # the untrained ranker runs text-only: no screenshot was captured
+    shots = wh.sql(
+        "SELECT count(*) FROM steps JOIN trajectories USING (traj_id) "
+        "WHERE run_id = ? AND screenshot_hash IS NOT NULL",
+        [ranker["run_id"]],
+    ).item()
+    assert shots == 0
