@@ -45,6 +45,7 @@ bench: setup
 	$(PY) bench/rollouts.py
 	$(PY) bench/judging.py
 	$(PY) bench/curation.py
+	$(PY) bench/learning.py
 
 clean:
 	rm -rf $(VENV) .webloop .pytest_cache .ruff_cache *.egg-info

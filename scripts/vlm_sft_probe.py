@@ -7,7 +7,7 @@ with a filtered-BC recipe. Plain AdamW on the mean per-token NLL through
 ``VLMTrainable.logprobs``; prints examples/s, tokens/s (prompt + reply tokens) and the loss at
 the first and last step.
 
-    python bench/vlm_sft_probe.py [--quick] [--dataset DIR] [--batch 8] [--steps 30]
+    python scripts/vlm_sft_probe.py [--quick] [--dataset DIR] [--batch 8] [--steps 30]
 """
 
 from __future__ import annotations

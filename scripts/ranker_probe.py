@@ -9,7 +9,7 @@
    :class:`training.ranker.RankerTrainable`) on the ``train``-split rows, and step accuracy
    (greedy candidate == the expert's action) on the ``test``-split rows.
 
-Run: ``.venv/bin/python bench/ranker_probe.py --tasks 320 --epochs 12`` (collect is skipped when
+Run: ``.venv/bin/python scripts/ranker_probe.py --tasks 320 --epochs 12`` (collect is skipped when
 the rows file exists; ``--recollect`` forces it; ``--show-errors N`` prints test mistakes,
 ``--save DIR`` writes the trained ranker).
 

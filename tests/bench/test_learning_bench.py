@@ -1,0 +1,49 @@
+"""``bench/learning.py --quick`` runs in the suite: every stage of the loop (noisy expert →
+judge → curated and unfiltered datasets → ranker SFT on each → tiny VLM SFT → evaluations →
+on-policy RL → evaluations) produces what the next needs; the bench exits non-zero when a stage
+produced nothing or an SFT loss did not fall. Figures are re-read from its output; no assertion
+on speed or on success rates (the quick size is far too small to measure them)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "bench" / "learning.py"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_learning_bench_quick_runs_the_whole_loop():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=1200
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    expert = re.search(r"noisy expert .*: (\d+) trajectories, (\d+) steps", out)
+    assert expert and int(expert.group(1)) == 24 and int(expert.group(2)) > 24
+    sizes = dict(re.findall(r"dataset bench-(\w+): \{'sft': (\d+)", out))
+    assert 0 < int(sizes["curated"]) < int(sizes["unfiltered"])  # failures filtered out
+    cov = float(re.search(r"oracle coverage of the candidate generator: ([\d.]+)%", out)[1])
+    assert 80.0 <= cov <= 100.0
+    for label in ("curated", "unfiltered"):
+        m = re.search(rf"sft {label}: \d+ steps, loss ([\d.]+) -> ([\d.]+)", out)
+        assert m and float(m[2]) < float(m[1])
+    assert re.search(r"sft tiny VLM: \d+ examples in [\d.]+ s", out)
+    evals = re.findall(r"^  (untrained|sft \w+|rl)\s+(test|ood)\s+(\d+)/(\d+)", out, re.M)
+    assert [(a, b) for a, b, *_ in evals] == [
+        ("untrained", "test"),
+        ("sft unfiltered", "test"),
+        ("sft curated", "test"),
+        ("sft curated", "ood"),
+        ("rl", "test"),
+        ("rl", "ood"),
+    ]
+    assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 4 for *_, k, n in evals)
+    assert re.search(r"rl iteration 0: mean reward of the samples [\d.]+ \(\d+ trajectories", out)
+    diffs = re.findall(r"^  (test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
+    assert [d[0] for d in diffs] == ["test", "test", "test", "ood"]
