@@ -29,8 +29,8 @@ class UserError(Exception):
 
 
 def _policies() -> list[str]:
-    import rollouts.hf  # noqa: F401  (registers 'hf'; transformers loads only when used)
-    import rollouts.ranker  # noqa: F401  (registers 'ranker'; torch loads only when used)
+    import rollouts.hf  # (registers 'hf'; transformers loads only when used)
+    import rollouts.ranker  # noqa: F401  (registers 'ranker')
     from rollouts.policies import POLICIES
 
     return POLICIES.names()

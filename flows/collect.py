@@ -129,7 +129,7 @@ def make_policy_for(cfg: CollectConfig) -> Any:
             temperature=cfg.temperature,
         )
     if cfg.policy in ("hf", "ranker"):
-        import rollouts.hf  # noqa: F401  (registers the policies)
+        import rollouts.hf  # (registers the policies)
         import rollouts.ranker  # noqa: F401
 
         if not cfg.model:

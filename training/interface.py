@@ -28,7 +28,8 @@ class Turn:
     ``prompt``: ``rollouts.prompts.render(messages)`` — canonical JSON, images as ``sha256:<hex>``.
     ``images``: the PNG bytes of those images, in prompt order (empty for text-only prompts).
     ``completion``: the assistant reply (``"Thought: …\\nAction: …"`` or ``"Action: …"``).
-    ``weight``: example weight (SFT; curation's ``weight``). ``advantage``: RL advantage of the turn.
+    ``weight``: example weight (SFT; curation's ``weight``). ``advantage``: the turn's RL
+    advantage.
     ``old_logprob``: the log-prob of ``completion`` under the policy that sampled it (RL; None:
     recomputed before the first update). ``key``: a stable id (``traj_id/step_idx``)."""
 

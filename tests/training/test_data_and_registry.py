@@ -61,17 +61,17 @@ def _hash(text: str) -> str:
 
 def test_bad_datasets_are_refused_before_training_with_the_reason(built):
     wh, ds, base = built
-    with pytest.raises(DataMismatch, match="no dataset named or with id 'nope'.*demo-set"):
+    with pytest.raises(DataMismatch, match=r"no dataset named or with id 'nope'.*demo-set"):
         find_dataset(wh, "nope")
     ref = find_dataset(wh, ds.dataset_id)
-    with pytest.raises(DataMismatch, match="no SFT rows in split.*ood.*8 rows in train"):
+    with pytest.raises(DataMismatch, match=r"no SFT rows in split.*ood.*8 rows in train"):
         sft_turns(ref.export_path, ("ood",))
     other = base / "other-format"
     shutil.copytree(ref.export_path, other)
     meta = json.loads((other / "metadata.json").read_text())
     assert meta["prompt_format"] == 1
     (other / "metadata.json").write_text(json.dumps({**meta, "prompt_format": 99}))
-    with pytest.raises(DataMismatch, match="format version 99.*writes version 1"):
+    with pytest.raises(DataMismatch, match=r"format version 99.*writes version 1"):
         sft_turns(other)
 
 
