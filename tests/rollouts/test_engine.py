@@ -22,6 +22,7 @@ from rollouts.policies import ExpertPolicy, PolicyContext
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.tasks import TEMPLATES, resolve_start_url, task_from_spec
+from tests.rollouts.engine_runner import run_on_chromium
 
 pytestmark = pytest.mark.browser
 
@@ -346,32 +347,10 @@ def test_progress_per_step_and_text_only_observations(server, chromium):
     """record_progress grades after every step (the ``turn`` estimator's credit); an environment
     without screenshots stores none and still observes the accessibility tree."""
     task = tasks_of("shop_buy", 1, seed=5)[0]
-    results: list[Finished] = []
-
-    async def sink(done: Finished) -> None:
-        results.append(done)
-
-    def resolve(t):
-        url = resolve_start_url(t.start_url, server.urls)
-        return url, [origin_of(url)]
-
     env_cfg = EnvConfig(action_timeout_s=8, screenshots=False)
-    shared = SharedSlot(chromium.browser)
-
-    async def main():
-        async with httpx.AsyncClient() as client:
-            engine = Engine(
-                "progress-run",
-                ExpertPolicy(),
-                bundled_grader(server, client),
-                sink,
-                config=EngineConfig(concurrency=1, record_progress=True),
-                env_config=env_cfg,
-                env_factory=lambda: BrowserEnv(shared, env_cfg),
-            )
-            await engine.run(make_jobs("progress-run", [task], 1, resolve))
-
-    chromium.run(main())
+    results = run_on_chromium(
+        chromium, server, ExpertPolicy(), [task], env_cfg=env_cfg, record_progress=True
+    )
     d = results[0]
     assert d.trajectory.status == "success"
     progress = d.trajectory.meta["progress"]

@@ -8,17 +8,16 @@ import asyncio
 import re
 from typing import Any
 
-import httpx
 import pytest
 
 from rollouts.actions import Click, Select, Type, parse_action
-from rollouts.browser import SharedSlot, execute
-from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
-from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.browser import execute
+from rollouts.engine import Finished
+from rollouts.env import EnvConfig
 from rollouts.grounding import ground
 from rollouts.policies import ExpertPolicy, expert_action_space
-from sites.grading import grade_session
 from sites.tasks import TEMPLATES, generate, resolve_start_url
+from tests.rollouts.engine_runner import run_on_chromium
 
 
 def one_per_template() -> list[Any]:
@@ -31,37 +30,16 @@ def one_per_template() -> list[Any]:
 
 
 def collect(chromium, server, tasks, space: str, coords: str = "pixels") -> list[Finished]:
-    env_cfg = EnvConfig(coords=coords, set_of_marks=space == "marks")
-
-    async def go() -> list[Finished]:
-        done: list[Finished] = []
-        slot = SharedSlot(chromium.browser)
-        async with httpx.AsyncClient() as client:
-
-            async def grade(env: BrowserEnv, job: Any, answer: str | None) -> Outcome:
-                v = await grade_session(client, server, job.task, env.cookies, answer)
-                return Outcome(v.verdict)
-
-            async def sink(f: Finished) -> None:
-                done.append(f)
-
-            def resolve(t: Any) -> tuple[str, list[str]]:
-                url = resolve_start_url(t.start_url, server.urls)
-                return url, [origin_of(url)]
-
-            engine = Engine(
-                f"expert-{space}",
-                ExpertPolicy(action_space=space, coords=coords),
-                grade,
-                sink,
-                config=EngineConfig(concurrency=3, max_steps=60),
-                env_config=env_cfg,
-                env_factory=lambda: BrowserEnv(slot, env_cfg),
-            )
-            await engine.run(make_jobs(f"expert-{space}", tasks, 1, resolve))
-        return done
-
-    return chromium.run(go())
+    return run_on_chromium(
+        chromium,
+        server,
+        ExpertPolicy(action_space=space, coords=coords),
+        tasks,
+        run_id=f"expert-{space}",
+        env_cfg=EnvConfig(coords=coords, set_of_marks=space == "marks"),
+        concurrency=3,
+        max_steps=60,
+    )
 
 
 def _targets(f: Finished) -> list[Any]:

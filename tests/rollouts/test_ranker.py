@@ -10,14 +10,12 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 from rollouts.actions import Answer, Click, ParseError, Select, Target, Type, parse_action
 from rollouts.encoder import DIM, TextEncoder
-from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
-from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.engine import Finished
 from rollouts.policies import POLICIES, ExpertPolicy, PolicyContext, make_policy
 from rollouts.prompts import PromptConfig, Turn, build_messages, render
 from rollouts.ranker import (
@@ -34,7 +32,8 @@ from rollouts.ranker import (
     parse_tree,
     target_index,
 )
-from sites.tasks import generate, resolve_start_url
+from sites.tasks import generate
+from tests.rollouts.engine_runner import run_on_chromium
 
 TREE = """- generic [active] [ref=e1]:
   - main [ref=e6]:
@@ -223,40 +222,9 @@ TEMPLATES = ["shop_add_to_cart", "wiki_twin_city", "mail_reply", "travel_book_ch
 def _run(
     chromium: Any, server: Any, policy: Any, tasks: list[Any], max_steps: int
 ) -> list[Finished]:
-    env_cfg = EnvConfig()
-
-    async def go() -> list[Finished]:
-        from rollouts.browser import SharedSlot
-        from sites.grading import grade_session
-
-        done: list[Finished] = []
-        slot = SharedSlot(chromium.browser)
-        async with httpx.AsyncClient() as client:
-
-            async def grade(env: BrowserEnv, job: Any, answer: str | None) -> Outcome:
-                v = await grade_session(client, server, job.task, env.cookies, answer)
-                return Outcome(v.verdict)
-
-            async def sink(f: Finished) -> None:
-                done.append(f)
-
-            def resolve(t: Any) -> tuple[str, list[str]]:
-                url = resolve_start_url(t.start_url, server.urls)
-                return url, [origin_of(url)]
-
-            engine = Engine(
-                "ranker-test",
-                policy,
-                grade,
-                sink,
-                config=EngineConfig(concurrency=4, max_steps=max_steps),
-                env_config=env_cfg,
-                env_factory=lambda: BrowserEnv(slot, env_cfg),
-            )
-            await engine.run(make_jobs("ranker-test", tasks, 1, resolve))
-        return done
-
-    return chromium.run(go())
+    return run_on_chromium(
+        chromium, server, policy, tasks, run_id="ranker-test", concurrency=4, max_steps=max_steps
+    )
 
 
 @pytest.fixture(scope="module")
