@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +20,27 @@ def _estimator(value: str) -> str:
             f"unknown estimator {value!r}; choose from {', '.join(ESTIMATORS)}"
         )
     return value
+
+
+def _horizon(text: str | None, recipe: Path | None) -> tuple[int, ...]:
+    """``--horizon 10,20,30`` or a recipe's ``curriculum.horizon`` (not both)."""
+    if text and recipe:
+        raise UserError("give --horizon or --recipe, not both")
+    if recipe is not None:
+        from curation.recipe import RecipeError, load_recipe
+
+        try:
+            return tuple(load_recipe(recipe).curriculum.horizon)
+        except RecipeError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        steps = tuple(int(v) for v in (text or "").split(",") if v.strip())
+    except ValueError:
+        msg = f"--horizon {text!r}: step budgets separated by commas, e.g. 10,20,30"
+        raise UserError(msg) from None
+    if any(s < 1 for s in steps):
+        raise UserError(f"--horizon {text!r}: every step budget must be at least 1")
+    return steps
 
 
 def _user_errors(fn: Any) -> Any:
@@ -128,6 +150,13 @@ def register(app: typer.Typer) -> None:
         n_tasks: Annotated[int, typer.Option(min=1)] = 32,
         temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
         max_steps: Annotated[int, typer.Option(min=1)] = 30,
+        horizon: Annotated[
+            str | None,
+            typer.Option(help="Per-iteration step budgets, e.g. 10,20,30 (TTI); last repeats."),
+        ] = None,
+        recipe: Annotated[
+            Path | None, typer.Option(help="Take the horizon schedule from a curation recipe.")
+        ] = None,
         lr: float = 1e-3,
         ppo_epochs: Annotated[int, typer.Option(min=1)] = 2,
         clip_eps: float = 0.2,
@@ -140,6 +169,7 @@ def register(app: typer.Typer) -> None:
         from flows.train import train_rl as run
 
         cfg = RLConfig(
+            horizon=_horizon(horizon, recipe),
             policy=policy,
             estimator=estimator,
             iterations=iterations,

@@ -131,6 +131,7 @@ def _fit(
     progress: Progress,
     step_offset: int = 0,
     out_dir: Path | None = None,
+    ref_model: Any = None,
 ) -> dict[str, Any]:
     """One ``fit`` with the warehouse bookkeeping around it."""
     row = registry.start_run(
@@ -157,6 +158,7 @@ def _fit(
             turns,
             train_cfg,
             out,
+            ref_model=ref_model,
             log=lambda step, values: log(step_offset + step, values),
             on_checkpoint=on_checkpoint,
             progress=_bar(progress, stage),
@@ -245,6 +247,8 @@ async def run_rl(
     out_root = checkpoints_dir(wh, run_id)
     current, step_offset, rounds = start, 0, []
     row = None
+    # the KL term keeps the policy near where RL started (the start checkpoint, frozen)
+    ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
     for it in range(cfg.iterations):
         it_dir = out_root / f"iter-{it}"
         coll = _collect_config(cfg, it, current, run_id)
@@ -256,12 +260,7 @@ async def run_rl(
             f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
             "with a learning signal"
         )
-        model = load_trainable(
-            current.model,
-            home=wh.cfg.home,
-            seed=cfg.seed,
-            vlm=_vlm_options(cfg.reasoning_weight, None),
-        )
+        model = _load(wh, current.model, cfg)
         res = _fit(
             wh,
             model,
@@ -276,6 +275,7 @@ async def run_rl(
             progress=say,
             step_offset=step_offset,
             out_dir=it_dir,
+            ref_model=ref,
         )
         row = res.pop("row")
         registry.MetricsLog(wh, run_id, every=1)(
@@ -294,6 +294,12 @@ async def run_rl(
         "checkpoint": current.model,
         "iterations": rounds,
     }
+
+
+def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> Any:
+    return load_trainable(
+        str(model), home=wh.cfg.home, seed=cfg.seed, vlm=_vlm_options(cfg.reasoning_weight, None)
+    )
 
 
 def _policy_name(ref: str, wh: Warehouse) -> str:

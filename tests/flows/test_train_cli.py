@@ -86,6 +86,10 @@ def test_bad_training_input_is_refused_before_training(home: Path, dataset: str)
     assert r.returncode == 2 and "no config.json" in r.stderr
     r = webloop(home, "train", "rl", "--policy", "x", "--estimator", "ppo", ok=False)
     assert r.returncode == 2 and "unknown estimator 'ppo'" in r.stderr
+    r = webloop(home, "train", "rl", "--policy", "x", "--horizon", "10,a", ok=False)
+    assert r.returncode == 2 and "--horizon '10,a': step budgets separated by commas" in r.stderr
+    r = webloop(home, "train", "rl", "--policy", "nope", "--horizon", "5,10", ok=False)
+    assert r.returncode == 2 and "no checkpoint 'nope'" in r.stderr
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         runs = wh.sql("SELECT count(*) FROM training_runs WHERE base_model = ?", [str(home)])
     assert runs.item() == 0

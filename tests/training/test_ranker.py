@@ -141,3 +141,21 @@ def test_save_load_round_trip(trainable: RankerTrainable, tmp_path) -> None:
     assert sum(p.numel() for p in fresh.parameters()) == sum(
         p.numel() for p in trainable.parameters()
     )
+
+
+def test_one_ppo_update_moves_the_ranker_by_the_advantage_sign(
+    trainable: RankerTrainable, tmp_path
+) -> None:
+    """The RL path through the real trainer: PPO-clip raises the log-prob of a positive-advantage
+    action and lowers a negative one at the same state."""
+    from training.trainer import TrainConfig, fit
+
+    state = prompt("What year was Asridorville founded?", WIKI_TREE, ("click(e44)",))
+    good = TrainTurn(state, 'Action: answer("1431")', advantage=1.0, key="s/good")
+    bad = TrainTurn(state, "Action: click(e6)", advantage=-1.0, key="s/bad")
+    before = trainable.logprobs([good, bad]).logprob.detach()
+    cfg = TrainConfig(objective="ppo", epochs=1, ppo_epochs=4, lr=1e-3, batch_size=2)
+    res = fit(trainable, [good, bad], cfg, tmp_path / "ppo")
+    after = trainable.logprobs([good, bad]).logprob.detach()
+    assert res.steps_run == 4
+    assert after[0] > before[0] and after[1] < before[1], (before, after)
