@@ -39,8 +39,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FULL = dict(
     tasks=2400,
-    collect=480,
-    noise=0.12,
+    collect=360,
+    noise=0.1,
     epochs=12,
     batch=32,
     eval_n=300,
@@ -48,7 +48,7 @@ FULL = dict(
     rl_iterations=2,
     rl_tasks=64,
     group=4,
-    vlm_steps=20,
+    vlm_steps=5,
 )
 QUICK = dict(
     tasks=160,
@@ -131,7 +131,8 @@ async def collect_expert(b: Bench) -> str:
         policy="expert",
         noise=b.a.noise,
         prompt_mode="a11y",
-        action_timeout_s=2.0,
+        max_steps=26,  # the longest reference has 21 steps; a derailed expert stops sooner
+        action_timeout_s=1.5,
         concurrency=8,
         run_name="bench-noisy-expert",
     )
