@@ -61,7 +61,7 @@ QUICK = dict(
     rl_iterations=1,
     rl_tasks=6,
     group=2,
-    vlm_steps=3,
+    vlm_steps=1,
 )
 
 CURATED = """

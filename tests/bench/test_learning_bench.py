@@ -18,6 +18,7 @@ BENCH = Path(__file__).parents[2] / "bench" / "learning.py"
 
 @pytest.mark.slow
 @pytest.mark.browser
+@pytest.mark.timeout(1500)  # every stage of the loop, on a shared 2-core machine
 def test_learning_bench_quick_runs_the_whole_loop():
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=1200
