@@ -31,11 +31,11 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from rollouts.actions import (
     Action,
@@ -811,114 +811,136 @@ def encoder_texts(inp: RankerInput, cands: Sequence[Candidate]) -> list[str]:
 # -- the scorer ----------------------------------------------------------------------------------
 
 
-class RankerModel(torch.nn.Module):
-    """The scorer over frozen MiniLM vectors and exact-match features.
+def __getattr__(name: str) -> Any:
+    """``RankerModel`` is built on first access, so importing this module does not import
+    torch (1-2 s): the policy registry and the CLI's ``--policy`` check need only the names."""
+    if name == "RankerModel":
+        return _ranker_model_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    ``q``/``p``/``h``: the instruction, page and last-action vectors; ``e``/``v``: the
-    candidate's element and value vectors (384 wide). Context vectors go through a learnt
-    projection ``Wc`` and candidate vectors through ``Wk`` (``proj`` wide), so the products
-    ``q'·e'``, ``q'·v'``, ``e'·v'``, ``h'·e'``, ``p'·e'`` are learnt bilinear interactions; the raw
-    cosine similarities of those pairs and the features join them in an MLP → one score.
 
-    A HF-like folder: :meth:`save_pretrained` writes ``config.json`` (``model_type``
-    ``webloop-ranker``, the encoder's name, the feature set and its version) and
-    ``model.safetensors``; :meth:`from_pretrained` reads it back."""
+@lru_cache(maxsize=1)
+def _ranker_model_class() -> type:
+    """The :class:`RankerModel` class (a ``torch.nn.Module``), defined once, on first use."""
+    import torch
 
-    PAIRS = ((0, 3), (0, 4), (3, 4), (2, 3), (1, 3))  # (q,e) (q,v) (e,v) (h,e) (p,e)
+    class RankerModel(torch.nn.Module):
+        """The scorer over frozen MiniLM vectors and exact-match features.
 
-    def __init__(
-        self,
-        hidden: int = 256,
-        dim: int = DIM,
-        n_features: int = N_FEATURES,
-        dropout: float = 0.1,
-        seed: int = 0,
-        proj: int = 128,
-    ) -> None:
-        super().__init__()
-        self.config = {
-            "model_type": MODEL_TYPE,
-            "encoder": MODEL_NAME,
-            "feature_version": FEATURE_VERSION,
-            "features": list(FEATURES),
-            "hidden": hidden,
-            "dim": dim,
-            "n_features": n_features,
-            "dropout": dropout,
-            "seed": seed,
-            "proj": proj,
-        }
-        gen = torch.Generator().manual_seed(seed)
-        self.ctx_proj = torch.nn.Linear(dim, proj)
-        self.cand_proj = torch.nn.Linear(dim, proj)
-        n_in = 5 * proj + len(self.PAIRS) * (proj + 1) + n_features
-        self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(n_in, hidden),
-            torch.nn.GELU(),
-            torch.nn.Dropout(dropout),
-            torch.nn.Linear(hidden, hidden),
-            torch.nn.GELU(),
-            torch.nn.Linear(hidden, 1),
-        )
-        with torch.no_grad():
-            for p in self.parameters():
-                if p.dim() == 2:
-                    bound = 1 / math.sqrt(p.shape[1])
-                    p.copy_(torch.empty_like(p).uniform_(-bound, bound, generator=gen))
-                else:
-                    p.zero_()
+        ``q``/``p``/``h``: the instruction, page and last-action vectors; ``e``/``v``: the
+        candidate's element and value vectors (384 wide). Context vectors go through a learnt
+        projection ``Wc`` and candidate vectors through ``Wk`` (``proj`` wide), so the products
+        ``q'·e'``, ``q'·v'``, ``e'·v'``, ``h'·e'``, ``p'·e'`` are learnt bilinear interactions;
+        the raw cosine similarities of those pairs and the features join them in an MLP → one
+        score.
 
-    def forward(self, ctx: Any, elem: Any, value: Any, features: Any, seg: Any) -> Any:
-        """Scores ``[N]`` of ``N`` candidates; ``ctx [B, 3, D]``, ``elem``/``value [N, D]``,
-        ``features [N, F]``, ``seg [N]``: each candidate's prompt index in the batch."""
-        raw = [ctx[seg, 0], ctx[seg, 1], ctx[seg, 2], elem, value]
-        c = self.ctx_proj(ctx)
-        vecs = [c[seg, 0], c[seg, 1], c[seg, 2], self.cand_proj(elem), self.cand_proj(value)]
-        parts = list(vecs)
-        for i, j in self.PAIRS:
-            parts.append(vecs[i] * vecs[j])
-            parts.append((raw[i] * raw[j]).sum(-1, keepdim=True))
-        parts.append(features)
-        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
+        A HF-like folder: :meth:`save_pretrained` writes ``config.json`` (``model_type``
+        ``webloop-ranker``, the encoder's name, the feature set and its version) and
+        ``model.safetensors``; :meth:`from_pretrained` reads it back."""
 
-    def save_pretrained(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
+        PAIRS = ((0, 3), (0, 4), (3, 4), (2, 3), (1, 3))  # (q,e) (q,v) (e,v) (h,e) (p,e)
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> Any:
-        from safetensors.torch import load_file
-
-        folder = Path(path)
-        cfg_file = folder / "config.json"
-        if not cfg_file.exists():
-            raise FileNotFoundError(f"{folder}: no config.json (not a ranker checkpoint)")
-        cfg = json.loads(cfg_file.read_text())
-        if cfg.get("model_type") != MODEL_TYPE:
-            raise ValueError(
-                f"{cfg_file}: model_type is {cfg.get('model_type')!r}, not {MODEL_TYPE!r}"
+        def __init__(
+            self,
+            hidden: int = 256,
+            dim: int = DIM,
+            n_features: int = N_FEATURES,
+            dropout: float = 0.1,
+            seed: int = 0,
+            proj: int = 128,
+        ) -> None:
+            super().__init__()
+            self.config = {
+                "model_type": MODEL_TYPE,
+                "encoder": MODEL_NAME,
+                "feature_version": FEATURE_VERSION,
+                "features": list(FEATURES),
+                "hidden": hidden,
+                "dim": dim,
+                "n_features": n_features,
+                "dropout": dropout,
+                "seed": seed,
+                "proj": proj,
+            }
+            gen = torch.Generator().manual_seed(seed)
+            self.ctx_proj = torch.nn.Linear(dim, proj)
+            self.cand_proj = torch.nn.Linear(dim, proj)
+            n_in = 5 * proj + len(self.PAIRS) * (proj + 1) + n_features
+            self.mlp = torch.nn.Sequential(
+                torch.nn.Linear(n_in, hidden),
+                torch.nn.GELU(),
+                torch.nn.Dropout(dropout),
+                torch.nn.Linear(hidden, hidden),
+                torch.nn.GELU(),
+                torch.nn.Linear(hidden, 1),
             )
-        if cfg.get("feature_version") != FEATURE_VERSION or cfg.get("features") != list(FEATURES):
-            raise ValueError(
-                f"{cfg_file}: feature set version {cfg.get('feature_version')} does not match "
-                f"this code's {FEATURE_VERSION}: retrain the ranker"
-            )
-        if cfg.get("encoder") != MODEL_NAME:
-            raise ValueError(f"{cfg_file}: encoder {cfg.get('encoder')!r} is not {MODEL_NAME!r}")
-        model = cls(
-            cfg["hidden"], cfg["dim"], cfg["n_features"], cfg["dropout"], cfg["seed"], cfg["proj"]
-        )
-        model.load_state_dict(load_file(str(folder / "model.safetensors")))
-        return model.eval()
+            with torch.no_grad():
+                for p in self.parameters():
+                    if p.dim() == 2:
+                        bound = 1 / math.sqrt(p.shape[1])
+                        p.copy_(torch.empty_like(p).uniform_(-bound, bound, generator=gen))
+                    else:
+                        p.zero_()
+
+        def forward(self, ctx: Any, elem: Any, value: Any, features: Any, seg: Any) -> Any:
+            """Scores ``[N]`` of ``N`` candidates; ``ctx [B, 3, D]``, ``elem``/``value [N, D]``,
+            ``features [N, F]``, ``seg [N]``: each candidate's prompt index in the batch."""
+            raw = [ctx[seg, 0], ctx[seg, 1], ctx[seg, 2], elem, value]
+            c = self.ctx_proj(ctx)
+            vecs = [c[seg, 0], c[seg, 1], c[seg, 2], self.cand_proj(elem), self.cand_proj(value)]
+            parts = list(vecs)
+            for i, j in self.PAIRS:
+                parts.append(vecs[i] * vecs[j])
+                parts.append((raw[i] * raw[j]).sum(-1, keepdim=True))
+            parts.append(features)
+            return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
+
+        def save_pretrained(self, path: str | Path) -> None:
+            from safetensors.torch import save_file
+
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+            state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+            save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+        @classmethod
+        def from_pretrained(cls, path: str | Path) -> Any:
+            from safetensors.torch import load_file
+
+            folder = Path(path)
+            cfg_file = folder / "config.json"
+            if not cfg_file.exists():
+                raise FileNotFoundError(f"{folder}: no config.json (not a ranker checkpoint)")
+            cfg = json.loads(cfg_file.read_text())
+            if cfg.get("model_type") != MODEL_TYPE:
+                raise ValueError(
+                    f"{cfg_file}: model_type is {cfg.get('model_type')!r}, not {MODEL_TYPE!r}"
+                )
+            version, features = cfg.get("feature_version"), cfg.get("features")
+            if version != FEATURE_VERSION or features != list(FEATURES):
+                raise ValueError(
+                    f"{cfg_file}: feature set version {cfg.get('feature_version')} does not match "
+                    f"this code's {FEATURE_VERSION}: retrain the ranker"
+                )
+            if cfg.get("encoder") != MODEL_NAME:
+                raise ValueError(
+                    f"{cfg_file}: encoder {cfg.get('encoder')!r} is not {MODEL_NAME!r}"
+                )
+            keys = ("hidden", "dim", "n_features", "dropout", "seed", "proj")
+            model = cls(*(cfg[k] for k in keys))
+            model.load_state_dict(load_file(str(folder / "model.safetensors")))
+            return model.eval()
+
+    RankerModel.__qualname__ = "RankerModel"
+    RankerModel.__module__ = __name__
+    return RankerModel
 
 
 def batch_tensors(items: Sequence[Encoded]) -> tuple[Any, ...]:
     """``(ctx, elem, value, features, seg)`` tensors of a batch of encoded prompts."""
+    import torch
+
     ctx = torch.from_numpy(np.stack([e.ctx for e in items]))
     elem = torch.from_numpy(np.concatenate([e.elem for e in items]))
     value = torch.from_numpy(np.concatenate([e.value for e in items]))
@@ -931,6 +953,8 @@ def batch_tensors(items: Sequence[Encoded]) -> tuple[Any, ...]:
 
 def segment_log_softmax(scores: Any, seg: Any, n: int) -> Any:
     """Log-softmax of ``scores [N]`` within each segment (``seg [N]`` in ``0..n-1``)."""
+    import torch
+
     big = torch.full((n,), -torch.inf, dtype=scores.dtype)
     mx = big.scatter_reduce(0, seg, scores, reduce="amax", include_self=True).detach()
     ex = torch.exp(scores - mx[seg])
@@ -971,15 +995,16 @@ class RankerPolicy:
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
         if model is None:
-            model = (
-                RankerModel.from_pretrained(model_path) if model_path else RankerModel(seed=seed)
-            )
+            cls = _ranker_model_class()
+            model = cls.from_pretrained(model_path) if model_path else cls(seed=seed)
         self.model = model.eval()
         self.temperature = float(temperature)
         self.encoder = encoder or default_encoder()
 
     def rank(self, messages: list[dict[str, Any]]) -> tuple[list[Candidate], np.ndarray]:
         """Candidates of the prompt and their scores (no sampling)."""
+        import torch
+
         enc = encode_input(parse_prompt(messages), self.encoder)
         with torch.no_grad():
             scores = self.model(*batch_tensors([enc]))
