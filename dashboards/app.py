@@ -1,0 +1,47 @@
+"""The webloop review app: ``webloop dashboard`` (or ``streamlit run dashboards/app.py``).
+
+One entry script; each page is a file under ``pages/`` (UI only); data comes through the
+cached query functions of :mod:`dashboards.data`. Deep links: ``/trajectories?traj=<id>&step=<n>``,
+``/groups?group=<id>``, ``/label?traj=<id>``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run` puts only this folder on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PAGES = [
+    ("overview", "Overview", ":material/dashboard:"),
+    ("trajectories", "Trajectories", ":material/timeline:"),
+    ("label", "Label", ":material/rate_review:"),
+    ("groups", "Groups", ":material/view_column:"),
+    ("judges", "Judges", ":material/gavel:"),
+    ("datasets", "Datasets", ":material/dataset:"),
+    ("training", "Training and evaluations", ":material/monitoring:"),
+    ("sql", "SQL", ":material/terminal:"),
+]
+
+
+def main() -> None:
+    st.set_page_config(page_title="webloop review", layout="wide")
+    pages = [
+        st.Page(
+            str(HERE / "pages" / f"{name}.py"),
+            title=title,
+            icon=icon,
+            url_path=name,
+            default=name == "overview",
+        )
+        for name, title, icon in PAGES
+    ]
+    st.navigation(pages).run()
+
+
+main()

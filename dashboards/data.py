@@ -1,0 +1,143 @@
+"""Cached access to the warehouse for the pages (Streamlit caches over :mod:`dashboards.queries`).
+
+One read-only warehouse connection per process (``st.cache_resource``); every query runs on
+its own cursor of it, so sessions on different threads never share a transaction. Results are
+cached (``st.cache_data``) keyed by the query, its arguments and the warehouse's current
+DuckLake snapshot: a page shows what flows wrote as soon as they commit, and a rerun over an
+unchanged warehouse costs one snapshot lookup. Labels go through a separate writable
+connection and need no cache clearing (the write makes a new snapshot).
+
+The warehouse is the one of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (``webloop dashboard``
+passes them through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import streamlit as st
+
+from dashboards import queries
+from dashboards.marker import draw_action
+from warehouse.config import WarehouseConfig
+from warehouse.connection import LAKE
+from warehouse.readonly import QueryResult, open_readonly, run_readonly
+from warehouse.store import Warehouse
+
+_write_lock = threading.Lock()
+_sql_lock = threading.Lock()
+
+
+def config() -> WarehouseConfig:
+    return WarehouseConfig.from_env()
+
+
+def _key(cfg: WarehouseConfig) -> str:
+    return f"{cfg.describe()}|{cfg.data_path}|{cfg.blob_path}"
+
+
+@st.cache_resource(show_spinner=False)
+def _reader(key: str) -> Warehouse:
+    """The process's read-only warehouse (raises NoWarehouseError when there is none yet;
+    errors are not cached, so a warehouse created later is found on the next rerun)."""
+    return Warehouse.open(config(), migrate=False, read_only=True)
+
+
+@st.cache_resource(show_spinner=False)
+def _writer(key: str) -> Warehouse:
+    return Warehouse.open(config(), migrate=False)
+
+
+@st.cache_resource(show_spinner=False)
+def _sandboxed(key: str) -> Warehouse:
+    return open_readonly(config())
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[Warehouse]:
+    """A warehouse on a fresh cursor of the shared read-only connection."""
+    cfg = config()
+    base = _reader(_key(cfg))
+    cur = base.con.cursor()
+    try:
+        cur.execute(f"USE {LAKE}")
+        yield Warehouse(cfg, cur)
+    finally:
+        cur.close()
+
+
+def snapshot() -> int:
+    """The warehouse's current snapshot id: the cache key that makes results live."""
+    with reading() as wh:
+        return int(wh.sql(f"SELECT max(snapshot_id) FROM {LAKE}.snapshots()").item())
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(name: str, snap: int, key: str, args: tuple[Any, ...]) -> Any:
+    with reading() as wh:
+        return getattr(queries, name)(wh, *args)
+
+
+def get(name: str, *args: Any) -> Any:
+    """``queries.<name>(wh, *args)`` at the current snapshot, cached."""
+    return _cached(name, snapshot(), _key(config()), args)
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _image(
+    digest: str | None,
+    action_json: str | None,
+    box: tuple[float, ...] | None,
+    norm1000: bool,
+    key: str,
+) -> tuple[bytes | None, str]:
+    import json
+
+    with reading() as wh:
+        png, why = queries.screenshot(wh, digest)
+    if png is None:
+        return None, why or "no screenshot"
+    action = json.loads(action_json) if action_json else None
+    try:
+        return draw_action(png, action, box=box, norm1000=norm1000)
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def annotated_screenshot(
+    digest: str | None, action_json: str | None, box: tuple[float, ...] | None, norm1000: bool
+) -> tuple[bytes | None, str]:
+    """(PNG with the action drawn, description) or (None, why there is no image)."""
+    return _image(digest, action_json, box, norm1000, _key(config()))
+
+
+def raw_screenshot(digest: str | None) -> tuple[bytes | None, str | None]:
+    with reading() as wh:
+        return queries.screenshot(wh, digest)
+
+
+def element_box(a11y_hash: str | None, ref: str | None) -> tuple[float, ...] | None:
+    with reading() as wh:
+        return queries.element_box(wh, a11y_hash, ref)
+
+
+def save_label(traj_id: str, label: str, reviewer: str, **kw: Any) -> Any:
+    """Write a label through the warehouse API (see :func:`queries.save_label`)."""
+    cfg = config()
+    with _write_lock:
+        base = _writer(_key(cfg))
+        cur = base.con.cursor()
+        try:
+            cur.execute(f"USE {LAKE}")
+            return queries.save_label(Warehouse(cfg, cur), traj_id, label, reviewer, **kw)
+        finally:
+            cur.close()
+
+
+def user_query(query: str, max_rows: int) -> QueryResult:
+    """Run SQL typed on the SQL page on the sandboxed read-only connection."""
+    with _sql_lock:
+        return run_readonly(_sandboxed(_key(config())), query, max_rows=max_rows)

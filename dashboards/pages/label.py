@@ -1,0 +1,64 @@
+"""Label: a queue of unlabelled trajectories (judge disagreements first, then low-confidence
+verdicts), and the form that writes success / failure / not executable, the first wrong step,
+a note and the reviewer to ``human_labels``. Deep link: ``?traj=<id>``."""
+
+from __future__ import annotations
+
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui, widgets
+
+st.title("Label")
+ui.require_warehouse()
+
+with ui.guarded("The labelling queue"):
+    queue: pl.DataFrame = data.get("label_queue", 200)
+    wanted = st.query_params.get("traj")
+    ids = queue.get_column("traj_id").to_list()
+    if wanted and wanted not in ids:
+        ids = [wanted, *ids]
+    st.caption(
+        f"{queue.height} unlabelled trajectories in the queue"
+        + (" (first 200)" if queue.height >= 200 else "")
+        + ": disagreements first, then low-confidence verdicts, then unjudged, then agreed."
+    )
+    if not ids:
+        ui.nothing_yet(
+            "trajectories to label",
+            "Every ended trajectory has a human label, or none has been collected yet.",
+        )
+        st.stop()
+    if not queue.is_empty():
+        counts = queue.group_by("reason").len().sort("reason")
+        st.dataframe(counts, hide_index=True, key="queue_counts")
+    reasons = dict(queue.select("traj_id", "reason").iter_rows())
+    if st.session_state.get("label_sel") not in ids:
+        st.session_state["label_sel"] = wanted if wanted in ids else ids[0]
+    traj_id = st.selectbox(
+        "Trajectory",
+        ids,
+        format_func=lambda t: f"{t} · {reasons.get(t, 'linked')}",
+        key="label_sel",
+    )
+    ui.set_param("traj", traj_id)
+    view = data.get("trajectory_view", traj_id)
+    if view is None:
+        st.error(f"No trajectory {traj_id!r} in the warehouse.")
+        st.stop()
+    t = view.trajectory
+    st.text(f"{t['status']} · {t['n_steps']} steps · {t['policy']} · task {t['task_id']}")
+    widgets.untrusted("Instruction", t.get("instruction"))
+    widgets.untrusted("Answer", t.get("answer"))
+    verdicts = [
+        f"{j['judge']} v{j['judge_version']}: {j['verdict'] or 'error'}" for j in view.judgments
+    ]
+    st.text("Judges: " + ("; ".join(verdicts) if verdicts else "not judged"))
+    if not view.steps.is_empty():
+        st.dataframe(
+            view.steps.select("step_idx", "url", "action_text", "action_error"),
+            hide_index=True,
+            key="label_steps",
+        )
+    widgets.trajectory_link(traj_id, label="step through it")
+    widgets.label_form(traj_id, view.steps.height, key="queue")

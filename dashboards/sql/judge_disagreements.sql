@@ -1,0 +1,35 @@
+-- Trajectories where a judge's latest verdict differs from a reference: the programmatic
+-- judge's latest verdict or the latest human label (trajectory-level).
+WITH latest AS (
+    SELECT traj_id, judge, judge_version, verdict, rationale
+    FROM judgments
+    WHERE error IS NULL AND verdict IN ('success', 'failure')
+    QUALIFY row_number() OVER (PARTITION BY traj_id, judge ORDER BY created_at DESC) = 1
+),
+
+refs AS (
+    SELECT traj_id, 'programmatic' AS reference, verdict AS expected
+    FROM latest WHERE judge = 'programmatic'
+    UNION ALL
+    SELECT traj_id, 'human' AS reference, label AS expected
+    FROM (
+        SELECT traj_id, label FROM human_labels
+        WHERE step_idx IS NULL
+        QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1
+    )
+    WHERE label IN ('success', 'failure')
+)
+
+SELECT
+    l.traj_id,
+    l.judge,
+    l.judge_version,
+    l.verdict,
+    r.reference,
+    r.expected,
+    l.rationale
+FROM latest AS l
+INNER JOIN refs AS r USING (traj_id)
+WHERE l.judge <> r.reference AND l.verdict <> r.expected
+ORDER BY l.judge, r.reference, l.traj_id
+LIMIT coalesce($limit, 500)

@@ -1,0 +1,56 @@
+"""Small UI helpers shared by the pages: error boundaries and the "nothing yet" states.
+
+Page content (instructions, answers, page text, model output) is untrusted: it is shown with
+``st.text`` / ``st.code`` / ``st.dataframe``, never as markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import duckdb
+import streamlit as st
+
+from dashboards import data
+from warehouse.blobs import BlobError
+from warehouse.connection import NoWarehouseError, WarehouseError
+
+
+@contextlib.contextmanager
+def guarded(what: str) -> Iterator[None]:
+    """Show a failure inside the block as a message on the page (never a traceback): no
+    warehouse yet, a warehouse or query error, a blob that cannot be read."""
+    try:
+        yield
+    except NoWarehouseError as exc:
+        st.info(f"No warehouse yet. {exc}")
+    except (WarehouseError, duckdb.Error, BlobError, OSError, ValueError) as exc:
+        st.error(f"{what} could not be shown: {type(exc).__name__}: {exc}")
+
+
+def require_warehouse() -> int:
+    """The current snapshot id; stops the page with a message when there is no warehouse."""
+    try:
+        return data.snapshot()
+    except NoWarehouseError as exc:
+        st.info(f"No warehouse yet. {exc}")
+        st.stop()
+    except (WarehouseError, duckdb.Error) as exc:
+        st.error(f"The warehouse cannot be read: {exc}")
+        st.stop()
+    raise AssertionError("unreachable")
+
+
+def nothing_yet(what: str, how: str) -> None:
+    """The empty state of a stage: what is missing and the command that makes it."""
+    st.info(f"No {what} yet. {how}")
+
+
+def set_param(name: str, value: object | None) -> None:
+    """Keep a deep-link query parameter in step with the page (None removes it)."""
+    if value is None:
+        if name in st.query_params:
+            del st.query_params[name]
+    elif st.query_params.get(name) != str(value):
+        st.query_params[name] = str(value)
