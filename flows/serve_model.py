@@ -1,65 +1,71 @@
-"""``webloop serve-model``: a small OpenAI-compatible server over a transformers model.
+"""The ``hf`` engine of ``webloop serve-model``: an OpenAI-compatible server over a transformers
+model, for machines without vLLM (``--engine vllm`` runs vLLM's own server instead, see
+:mod:`flows.serving`).
 
-It lets the ``openai`` policy (and judges) run end to end over real HTTP on machines without
-vLLM; in production, vLLM's own server plays this role. Endpoints: ``POST
-/v1/chat/completions`` (text + ``data:`` image URLs, ``max_tokens``, ``logprobs``,
-``temperature``, ``top_p``, ``seed``; temperature absent or 0: greedy — unlike OpenAI's default
-of 1, so callers that send none keep deterministic replies),
-``GET /v1/models``, ``GET /health``. Concurrent requests are generated in batches.
+It speaks the protocol the way stock clients (the ``openai`` package) use it:
+
+- ``POST /v1/chat/completions`` (text + ``data:`` image URLs) and ``POST /v1/completions`` (raw
+  text prompts, a string or a list of strings, no chat template);
+- ``n`` samples per prompt (1-16; with a ``seed``, sample ``i`` is seeded ``seed + i``);
+- ``stream=True``: server-sent events, one chunk per token, ``data: [DONE]`` at the end
+  (``stream_options.include_usage`` adds a usage chunk). The reply is generated in a batch with
+  the other requests first, then streamed: the chunks are correct, the first one is not early;
+- ``finish_reason``: ``length`` when ``max_tokens`` cut the reply, ``stop`` when the model ended
+  it or a ``stop`` string did;
+- ``temperature`` / ``top_p`` / ``seed``: seeded per-request sampling (absent temperature or 0:
+  greedy, unlike OpenAI's default of 1, so callers that send none keep deterministic replies);
+- ``logprobs`` of the chosen tokens (chat: ``logprobs=true``; completions: ``logprobs=0``);
+- a 400 with an ``invalid_request_error`` naming the parameter for everything else it cannot
+  honour (tools, response formats, penalties, logit bias, top alternatives, echo, ...);
+- ``GET /v1/models``, ``GET /health``.
+
+``python -m flows.serve_model --model DIR --port N`` runs it (the supervisor starts it so).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rollouts.hf import HFGenerator, Sampling, completion_body, load_model
+from rollouts.hf import Generation, HFGenerator, Sampling, load_model
+
+MAX_N = 16
+# parameters with the value that means "not used"; any other value is refused with a 400
+_NEUTRAL: dict[str, Any] = {
+    "tools": None,
+    "tool_choice": None,
+    "functions": None,
+    "function_call": None,
+    "logit_bias": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "top_logprobs": 0,
+    "best_of": 1,
+    "echo": False,
+    "suffix": None,
+    "audio": None,
+    "prediction": None,
+    "parallel_tool_calls": None,
+}
 
 
-def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> Starlette:
-    model, proc = load_model(model_path)
-    gen = HFGenerator(model, proc, max_batch=max_batch)
-    served = name or model_path
+class BadRequest(ValueError):
+    """A request this server cannot honour (answered with a 400)."""
 
-    async def chat(request: Request) -> Response:
-        try:
-            body = await request.json()
-            messages = body["messages"]
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("'messages' must be a non-empty list")
-            sampling = sampling_of(body)
-        except (ValueError, KeyError, TypeError) as exc:
-            return JSONResponse(
-                {"error": {"message": f"bad request: {exc}", "type": "invalid_request_error"}},
-                status_code=400,
-            )
-        try:
-            out = await gen.generate(messages, int(body.get("max_tokens") or 64), **sampling)
-        except ValueError as exc:
-            return JSONResponse(
-                {"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400
-            )
-        return JSONResponse(completion_body(served, out, bool(body.get("logprobs"))))
 
-    async def models(request: Request) -> Response:
-        return JSONResponse(
-            {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "webloop"}]}
-        )
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "batches": gen.batches})
-
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/models", models),
-            Route("/health", health),
-        ]
-    )
+def _error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    err = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return JSONResponse({"error": err}, status_code=status)
 
 
 def sampling_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -78,9 +84,343 @@ def sampling_of(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_supported(body: dict[str, Any]) -> None:
+    """Refuse (BadRequest naming the parameter) what this server cannot honour."""
+    for key, neutral in _NEUTRAL.items():
+        value = body.get(key)
+        if value is None or value == neutral or (neutral is None and value in ([], {})):
+            continue
+        raise BadRequest(f"'{key}' is not supported by this server (got {value!r})")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise BadRequest(f"'response_format' {fmt!r} is not supported (only type 'text')")
+
+
+def _int(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{key}' must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise BadRequest(f"'{key}' must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest(f"'stop' must be a non-empty string or a list of them, got {stop!r}")
+    if len(stops) > 4:
+        raise BadRequest("'stop' takes at most 4 sequences")
+    return stops
+
+
+def apply_stop(gen: Generation, stops: list[str]) -> Generation:
+    """``gen`` cut before the first ``stop`` string (finish_reason ``stop``), tokens included:
+    a token whose text crosses the cut stays out."""
+    if not stops:
+        return gen
+    cuts = [gen.text.find(s) for s in stops if s in gen.text]
+    if not cuts:
+        return gen
+    cut, kept, pos = min(cuts), 0, 0
+    pieces = gen.pieces or [t for t, _ in gen.token_logprobs]
+    for piece in pieces:
+        if pos + len(piece) > cut:
+            break
+        pos, kept = pos + len(piece), kept + 1
+    text = gen.text[:cut]
+    head = pieces[:kept]
+    if pos < cut:  # the cut falls inside a token: its part before the cut still shows
+        head = [*head, text[pos:]]
+    return Generation(
+        text,
+        gen.token_logprobs[: len(head)],
+        gen.prompt_tokens,
+        len(head),
+        "stop",
+        head,
+    )
+
+
+class Params:
+    """The generation parameters of one request (validated)."""
+
+    def __init__(self, body: dict[str, Any], default_max: int) -> None:
+        check_supported(body)
+        try:
+            self.sampling = sampling_of(body)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        self.max_tokens = _int({"max_tokens": limit}, "max_tokens", default_max, 1, 4096)
+        self.n = _int(body, "n", 1, 1, MAX_N)
+        self.stops = _stops(body)
+        self.stream = bool(body.get("stream"))
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise BadRequest(f"'stream_options' must be an object, got {opts!r}")
+        self.include_usage = bool(opts.get("include_usage"))
+
+    def seeds(self) -> list[int | None]:
+        seed = self.sampling.get("seed")
+        return [None if seed is None else seed + i for i in range(self.n)]
+
+
+async def _generate(gen: HFGenerator, prompt: Any, p: Params) -> list[Generation]:
+    """The ``n`` replies to one prompt (generated concurrently, so they share batches)."""
+    kw = {k: v for k, v in p.sampling.items() if k != "seed"}
+    outs = await asyncio.gather(
+        *(gen.generate(prompt, p.max_tokens, seed=s, **kw) for s in p.seeds())
+    )
+    return [apply_stop(o, p.stops) for o in outs]
+
+
+def _usage(outs: list[Generation], prompt_tokens: int) -> dict[str, int]:
+    done = sum(o.completion_tokens for o in outs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": done,
+        "total_tokens": prompt_tokens + done,
+    }
+
+
+def _chat_logprobs(gen: Generation) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in gen.token_logprobs
+        ]
+    }
+
+
+def _text_logprobs(gen: Generation) -> dict[str, Any]:
+    offsets, pos = [], 0
+    for piece in gen.pieces:
+        offsets.append(pos)
+        pos += len(piece)
+    return {
+        "tokens": [t for t, _ in gen.token_logprobs],
+        "token_logprobs": [lp for _, lp in gen.token_logprobs],
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def completion_body(model_name: str, gen: Generation, logprobs: bool) -> dict[str, Any]:
+    """An OpenAI chat.completion JSON body for one generation."""
+    return chat_body(model_name, [gen], logprobs, gen.prompt_tokens)
+
+
+def chat_body(
+    model: str, outs: list[Generation], logprobs: bool, prompt_tokens: int
+) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` body with one choice per generation."""
+    choices = []
+    for i, g in enumerate(outs):
+        choice: dict[str, Any] = {
+            "index": i,
+            "finish_reason": g.finish_reason,
+            "message": {"role": "assistant", "content": g.text},
+            "logprobs": _chat_logprobs(g) if logprobs else None,
+        }
+        choices.append(choice)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(outs, prompt_tokens),
+    }
+
+
+def text_body(
+    model: str, outs: list[Generation], logprobs: bool, prompt_tokens: int
+) -> dict[str, Any]:
+    """An OpenAI ``text_completion`` body (choices in prompt order, ``n`` per prompt)."""
+    choices = [
+        {
+            "index": i,
+            "text": g.text,
+            "finish_reason": g.finish_reason,
+            "logprobs": _text_logprobs(g) if logprobs else None,
+        }
+        for i, g in enumerate(outs)
+    ]
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(outs, prompt_tokens),
+    }
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def chat_chunks(
+    model: str, outs: list[Generation], logprobs: bool, p: Params, prompt_tokens: int
+) -> AsyncIterator[str]:
+    """The ``chat.completion.chunk`` events of finished generations."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return _sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+
+    for i, g in enumerate(outs):
+        first = {"role": "assistant", "content": ""}
+        yield chunk([{"index": i, "delta": first, "logprobs": None, "finish_reason": None}])
+        for k, piece in enumerate(g.pieces):
+            lp = None
+            if logprobs:
+                lp = {"content": _chat_logprobs(g)["content"][k : k + 1]}
+            delta = {"content": piece}
+            yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}])
+        yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": g.finish_reason}])
+    if p.include_usage:
+        yield chunk([], usage=_usage(outs, prompt_tokens))
+    yield "data: [DONE]\n\n"
+
+
+async def text_chunks(
+    model: str, outs: list[Generation], logprobs: bool, p: Params, prompt_tokens: int
+) -> AsyncIterator[str]:
+    """The ``text_completion`` stream events of finished generations."""
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return _sse({**head, "object": "text_completion", "choices": choices, **extra})
+
+    for i, g in enumerate(outs):
+        for k, piece in enumerate(g.pieces):
+            lp = None
+            if logprobs:
+                t, v = g.token_logprobs[k]
+                lp = {"tokens": [t], "token_logprobs": [v], "top_logprobs": None}
+            yield chunk([{"index": i, "text": piece, "logprobs": lp, "finish_reason": None}])
+        yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": g.finish_reason}])
+    if p.include_usage:
+        yield chunk([], usage=_usage(outs, prompt_tokens))
+    yield "data: [DONE]\n\n"
+
+
+def _prompts(body: dict[str, Any]) -> list[str]:
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts:
+        raise BadRequest("'prompt' must be a string or a non-empty list of strings")
+    if not all(isinstance(x, str) for x in prompts):
+        raise BadRequest("'prompt' as token ids is not supported: send text")
+    return prompts
+
+
+def _completion_logprobs(body: dict[str, Any]) -> bool:
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"'logprobs' must be a non-negative integer, got {value!r}")
+    if value > 0:
+        raise BadRequest("'logprobs' > 0 (top alternatives) is not supported: use logprobs=0")
+    return True
+
+
+def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> Starlette:
+    """The Starlette app serving ``model_path`` under the model name ``name``."""
+    model, proc = load_model(model_path)
+    gen = HFGenerator(model, proc, max_batch=max_batch)
+    served = name or model_path
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise BadRequest("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    async def chat(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("'messages' must be a non-empty list")
+            p = Params(body, 64)
+            logprobs = bool(body.get("logprobs"))
+            outs = await _generate(gen, messages, p)
+        except ValueError as exc:  # BadRequest, and the model's refusals (e.g. a bad image)
+            return _error(f"bad request: {exc}")
+        n_prompt = outs[0].prompt_tokens
+        if p.stream:
+            return StreamingResponse(
+                chat_chunks(served, outs, logprobs, p, n_prompt), media_type="text/event-stream"
+            )
+        return JSONResponse(chat_body(served, outs, logprobs, n_prompt))
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            prompts = _prompts(body)
+            p = Params(body, 16)
+            logprobs = _completion_logprobs(body)
+            groups = await asyncio.gather(*(_generate(gen, x, p) for x in prompts))
+        except ValueError as exc:
+            return _error(f"bad request: {exc}")
+        outs = [g for group in groups for g in group]
+        n_prompt = sum(group[0].prompt_tokens for group in groups)
+        if p.stream:
+            return StreamingResponse(
+                text_chunks(served, outs, logprobs, p, n_prompt), media_type="text/event-stream"
+            )
+        return JSONResponse(text_body(served, outs, logprobs, n_prompt))
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "webloop"}]}
+        )
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "batches": gen.batches})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/health", health),
+        ]
+    )
+
+
 def serve(
     model_path: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, **kw: Any
 ) -> None:
+    """Serve ``model_path`` until interrupted (blocking)."""
     import uvicorn
 
     uvicorn.run(build_app(model_path, name, **kw), host=host, port=port, log_level="warning")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m flows.serve_model --model DIR [--host H] [--port N] [--name NAME]``."""
+    ap = argparse.ArgumentParser(prog="python -m flows.serve_model", description=__doc__)
+    ap.add_argument("--model", required=True, help="checkpoint folder")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--name", default=None, help="model name clients use")
+    ap.add_argument("--max-batch", type=int, default=8)
+    a = ap.parse_args(argv)
+    serve(a.model, host=a.host, port=a.port, name=a.name, max_batch=a.max_batch)
+
+
+if __name__ == "__main__":
+    main()

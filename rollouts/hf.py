@@ -97,10 +97,15 @@ def split_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
 
 @dataclass
 class Generation:
+    """One reply: its text, the (token, log-prob) pairs of its tokens, token counts and why it
+    ended: ``stop`` (an end-of-turn token) or ``length`` (the token limit cut it)."""
+
     text: str
     token_logprobs: list[tuple[str, float]]
     prompt_tokens: int
     completion_tokens: int
+    finish_reason: str = "stop"
+    pieces: list[str] = field(default_factory=list)  # the text each token adds (streaming)
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,12 @@ class Sampling:
 GREEDY = Sampling()
 
 
+Prompt = list[dict[str, Any]] | str  # OpenAI chat messages, or raw text (no chat template)
+
+
 @dataclass
 class _Request:
-    messages: list[dict[str, Any]]
+    messages: Prompt
     max_new_tokens: int
     sampling: Sampling
     future: asyncio.Future
@@ -141,10 +149,14 @@ def prompt_text(processor: Any, template_messages: list[dict[str, Any]]) -> str:
     )
 
 
-def model_inputs(processor: Any, batch: list[list[dict[str, Any]]]) -> Any:
-    """Processor outputs (left-padded ids, mask, pixel values) for a batch of OpenAI messages."""
+def model_inputs(processor: Any, batch: list[Prompt]) -> Any:
+    """Processor outputs (left-padded ids, mask, pixel values) for a batch of prompts: OpenAI
+    messages (through the chat template) or raw text (as is, for ``/v1/completions``)."""
     texts, images = [], []
     for messages in batch:
+        if isinstance(messages, str):
+            texts.append(messages)
+            continue
         tmpl, imgs = split_messages(messages)
         texts.append(prompt_text(processor, tmpl))
         images.extend(imgs)
@@ -206,15 +218,16 @@ class HFGenerator:
 
     async def generate(
         self,
-        messages: list[dict[str, Any]],
+        messages: Prompt,
         max_new_tokens: int = 64,
         *,
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> Generation:
-        """Generate one reply (batched with concurrent requests). ``temperature`` 0 is greedy;
-        above 0 samples (reproducibly when ``seed`` is given)."""
+        """Generate one reply (batched with concurrent requests) to chat ``messages`` or a raw
+        text prompt. ``temperature`` 0 is greedy; above 0 samples (reproducibly when ``seed`` is
+        given)."""
         sampling = Sampling(float(temperature), float(top_p), seed)
         loop = asyncio.get_running_loop()
         req = _Request(messages, max_new_tokens, sampling, loop.create_future(), loop)
@@ -251,14 +264,15 @@ class HFGenerator:
 
     def run_batch(
         self,
-        batch: list[list[dict[str, Any]]],
+        batch: list[Prompt],
         max_new_tokens: int,
         *,
         sampling: list[Sampling] | None = None,
         limits: list[int] | None = None,
     ) -> list[Generation]:
-        """Generate for a batch of message lists. ``sampling``: per-row parameters (default
-        greedy); ``limits``: per-row token limits (default ``max_new_tokens``)."""
+        """Generate for a batch of prompts (message lists or raw text). ``sampling``: per-row
+        parameters (default greedy); ``limits``: per-row token limits (default
+        ``max_new_tokens``)."""
         import torch
         from transformers import LogitsProcessorList
 
@@ -289,18 +303,35 @@ class HFGenerator:
         results = []
         for i in range(len(batch)):
             ids = gen[i].tolist()[: limits[i]]
-            end = next((k for k, t in enumerate(ids) if t in _stop_ids(tok)), len(ids))
-            ids = ids[:end]
+            stops = _stop_ids(tok)
+            end = next((k for k, t in enumerate(ids) if t in stops), None)
+            finish = "length" if end is None else "stop"
+            ids = ids if end is None else ids[:end]
             lp = [(tok.decode([t]), float(logps[i, k, t])) for k, t in enumerate(ids)]
+            text, pieces = _pieces(tok, ids)
             results.append(
                 Generation(
-                    tok.decode(ids, skip_special_tokens=True),
-                    lp,
-                    int(inputs["attention_mask"][i].sum()),
-                    len(ids),
+                    text, lp, int(inputs["attention_mask"][i].sum()), len(ids), finish, pieces
                 )
             )
         return results
+
+
+def _pieces(tok: Any, ids: list[int]) -> tuple[str, list[str]]:
+    """The decoded text of ``ids`` and the text each token adds to it (a token that ends
+    inside a multi-byte character adds "" and the next one the whole character)."""
+    pieces, prev = [], ""
+    for k in range(len(ids)):
+        cur = tok.decode(ids[: k + 1], skip_special_tokens=True)
+        if cur.endswith("\ufffd") and k < len(ids) - 1:  # a split character: wait for more
+            pieces.append("")
+            continue
+        pieces.append(cur[len(prev) :] if cur.startswith(prev) else cur)
+        prev = cur
+    text = tok.decode(ids, skip_special_tokens=True)
+    if "".join(pieces) != text:  # decoding is not prefix-stable here: one piece per reply
+        pieces = [text] + [""] * (len(ids) - 1) if ids else []
+    return text, pieces
 
 
 def _stop_ids(tok: Any) -> set[int]:
@@ -374,7 +405,7 @@ def completion_body(model_name: str, gen: Generation, logprobs: bool) -> dict[st
     """An OpenAI chat.completion JSON body for a generation."""
     choice: dict[str, Any] = {
         "index": 0,
-        "finish_reason": "stop",
+        "finish_reason": gen.finish_reason,
         "message": {"role": "assistant", "content": gen.text},
     }
     if logprobs:
