@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from rollouts.actions import Action, Answer
+from rollouts.actions import Action, Answer, Click, Goto, Press, Select, Type
 from rollouts.browser import execute, launch
 from warehouse.retry import aretrying
 
@@ -38,7 +37,9 @@ class BrowserCrashed(RuntimeError):
 
 
 RESET_TIMEOUT_S = 30.0  # the least time the start page of an episode gets to load
-QUIET_S = 1.0  # the longest an observation waits for requests an action started
+STARTS_REQUESTS = (Click, Type, Select, Press, Goto)
+"""Actions that can make the page send requests (an autocomplete's fetch, a form post): only
+after these does an observation wait for the page to settle (see :meth:`BrowserEnv._quiet`)."""
 _FRAME_JS = "() => new Promise(r => requestAnimationFrame(() => r(true)))"
 
 
@@ -140,7 +141,9 @@ class BrowserEnv:
         self.allowed: set[str] = set()
         self.blocked: list[str] = []
         self.step_idx = 0
-        self._inflight = 0  # the page's requests in flight
+        self._pending: dict[Any, int] = {}  # the page's requests in flight → their number
+        self._started = 0  # requests the page has started (numbers them)
+        self._ended = asyncio.Event()  # set whenever a request finishes or fails
         self.max_steps = 0
 
     async def reset(
@@ -187,6 +190,7 @@ class BrowserEnv:
         if self.page is None:
             raise RuntimeError("step() before reset()")
         blocked_before = len(self.blocked)
+        started_before = self._started
         self._check_alive()
         result = await execute(
             self.page,
@@ -195,10 +199,10 @@ class BrowserEnv:
             timeout_ms=self.config.action_timeout_s * 1000,
         )
         self._check_alive()
-        if not isinstance(action, Answer):
-            await self._quiet()
-        self.step_idx += 1
+        if isinstance(action, STARTS_REQUESTS):
+            await self._quiet(started_before)
         terminated = isinstance(action, Answer)
+        self.step_idx += 1
         truncated = not terminated and self.step_idx >= self.max_steps
         info = {
             "error": result.error,
@@ -209,30 +213,44 @@ class BrowserEnv:
         return obs, terminated, truncated, info
 
     def _track_requests(self, page: Any) -> None:
-        """Count the page's requests in flight (see :meth:`_quiet`)."""
-        self._inflight = 0
+        """Number the page's requests and keep those in flight (see :meth:`_quiet`)."""
+        self._pending, self._started, self._ended = {}, 0, asyncio.Event()
 
-        def started(_req: Any) -> None:
-            self._inflight += 1
+        def started(req: Any) -> None:
+            self._started += 1
+            self._pending[req] = self._started
 
-        def ended(_req: Any) -> None:
-            self._inflight = max(0, self._inflight - 1)
+        def ended(req: Any) -> None:
+            self._pending.pop(req, None)
+            self._ended.set()
 
         page.on("request", started)
         page.on("requestfinished", ended)
         page.on("requestfailed", ended)
 
-    async def _quiet(self) -> None:
-        """Let what an action started in the page settle before it is observed: requests in
-        flight (an autocomplete's fetch) finish, up to :data:`QUIET_S`, and the page gets one
-        animation frame to render their results. Without it a snapshot taken right after typing
-        misses the suggestions the next action must click."""
+    def _in_flight_since(self, started_before: int) -> bool:
+        """Whether a request numbered after ``started_before`` is still in flight."""
+        return any(n > started_before for n in self._pending.values())
+
+    async def _quiet(self, started_before: int) -> None:
+        """Let what an action started in the page settle before it is observed: one animation
+        frame (the page's handlers have run and sent their requests), then the requests started
+        since ``started_before`` (an autocomplete's fetch) finish — bounded by the action
+        timeout — and, if the action sent any, one more frame to render their results. Without it
+        a snapshot taken right after typing misses the suggestions the next action must click.
+        Requests that were in flight before the action are not waited for."""
         await self._next_frame()
-        deadline = time.monotonic() + QUIET_S
-        if self._inflight == 0:
-            return
-        while self._inflight > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        if self._started == started_before:
+            return  # the action sent no request: nothing to wait for or render
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.action_timeout_s
+        while self._in_flight_since(started_before):
+            left = deadline - loop.time()
+            if left <= 0:
+                break  # a request that never ends: observe the page as it is
+            self._ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), left)
         await self._next_frame()
 
     async def _next_frame(self) -> None:
