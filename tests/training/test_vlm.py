@@ -272,3 +272,58 @@ def test_cuda_only_options_are_ignored_with_a_warning_on_the_cpu(tiny):
     assert not pol.module.is_gradient_checkpointing
     with pytest.raises(ValueError, match="reasoning_weight"):
         VLMTrainable.load(tiny, reasoning_weight=-1.0)
+
+
+# -- the tiny Idefics3 (SmolVLM-shaped) preset: the VLM path's Idefics3 way ------------------------
+
+
+@pytest.fixture(scope="module")
+def idefics(tmp_path_factory) -> Path:
+    from training.models import build_tiny_idefics
+
+    return build_tiny_idefics(tmp_path_factory.mktemp("idefics") / "tiny-idefics")
+
+
+def test_idefics_batches_turns_with_different_image_counts_like_one_by_one(turns, idefics):
+    pol = fresh(idefics).train(False)
+    pol.check_data(turns)
+    by_count = {len(t.images): t for t in turns if t.images}
+    assert len(by_count) >= 2, "the dataset should hold turns with different image counts"
+    batch = [*by_count.values()][:3]
+    shapes = [pol.prompt_inputs(t)["pixel_values"].shape for t in batch]
+    assert len({s[1] for s in shapes}) >= 2  # rows of different image-tile counts
+    with torch.no_grad():
+        together = pol.logprobs(batch).logprob
+        alone = torch.cat([pol.logprobs([t]).logprob for t in batch])
+    assert torch.allclose(together, alone, atol=1e-4), (together, alone)
+
+
+def test_idefics_sft_lowers_the_loss_and_its_checkpoint_serves_with_rollout_tokens(
+    turns, idefics, tmp_path
+):
+    pol = fresh(idefics).train()
+    batch = [t for t in turns if t.images][:4]
+    opt = torch.optim.AdamW(pol.parameters(), lr=3e-3)
+
+    def loss() -> torch.Tensor:
+        out = pol.logprobs(batch)
+        return -(out.logprob / out.n_tokens).mean()
+
+    first = float(loss())
+    before = [p.detach().clone() for p in pol.parameters()]
+    for _ in range(8):
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+    assert float(loss()) < first - 0.5
+    assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters(), strict=True))
+    # the saved checkpoint generates (hf engine) what it learnt: the trained reply's tokens
+    pol.save(tmp_path / "ckpt")
+    model, proc = load_model(tmp_path / "ckpt")
+    gen = HFGenerator(model, proc)
+    msgs = _messages(batch[0])
+    inputs = model_inputs(proc, [msgs])
+    enc = pol.encode(batch[0])
+    assert inputs["input_ids"][0].tolist()[-len(enc.prompt_ids) :] == enc.prompt_ids
+    [out] = gen.run_batch([msgs], 12)
+    assert out.token_logprobs and out.completion_tokens > 0

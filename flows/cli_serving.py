@@ -1,0 +1,66 @@
+"""``webloop serve-model --engine vllm|hf --model PATH|tiny-idefics [--port N]``: start and
+supervise a model server (see :mod:`flows.serving`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_common import UserError, console
+
+
+def _engine(value: str) -> str:
+    from flows.serving import ENGINES
+
+    if value not in ENGINES:
+        raise typer.BadParameter(f"unknown engine {value!r}; choose from {', '.join(ENGINES)}")
+    return value
+
+
+def serve_model(
+    model: Annotated[
+        str,
+        typer.Option(help="Checkpoint folder, or 'tiny-idefics' (a tiny offline Idefics3)."),
+    ],
+    engine: Annotated[
+        str, typer.Option(help="hf (webloop's transformers server) or vllm.", callback=_engine)
+    ] = "hf",
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (or --host).")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
+    log: Annotated[Path | None, typer.Option(help="Write the engine's output here.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 300,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="vLLM: context limit (default: the model's own).")
+    ] = None,
+    kv_cache_gib: Annotated[int, typer.Option(help="vLLM on CPUs: KV cache GiB.")] = 1,
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (``/v1``) until Ctrl-C / SIGTERM,
+    which stop the engine and every process it started."""
+    from flows.serving import ServerError, ServerSpec, command, resolve_model, supervise
+
+    try:
+        path = resolve_model(model)
+        spec = ServerSpec(
+            engine,
+            path,
+            host=host,
+            port=port,
+            name=name or model,
+            max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib,
+        )
+        command(spec)  # refuses early, e.g. when the vLLM environment is missing
+        code = supervise(
+            spec, log=log, echo=lambda s: console.print(s, highlight=False), timeout_s=timeout
+        )
+    except ServerError as exc:
+        raise UserError(str(exc)) from None
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve-model`` to ``app``."""
+    app.command("serve-model")(serve_model)

@@ -1,0 +1,291 @@
+"""Model servers as supervised subprocesses: vLLM (from ``.venv-vllm``) or webloop's own ``hf``
+engine (:mod:`flows.serve_model`), both speaking the OpenAI protocol at ``http://HOST:PORT/v1``.
+
+A :class:`ModelServer` starts the engine in its own process group, waits until ``/health``
+answers, and stops the whole group (SIGTERM, then SIGKILL after a grace period), so no engine
+process outlives it: vLLM's API server forks an engine-core process that a plain
+``terminate()`` of the parent would orphan. :meth:`ModelServer.restart` swaps the served
+checkpoint (weight sync for online RL) and measures how long the server was away.
+
+vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub access and float32
+(facts in STACK-NOTES); on a CUDA machine the same command serves on the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("hf", "vllm")
+TINY_IDEFICS = "tiny-idefics"
+
+
+class ServerError(RuntimeError):
+    """The model server could not start, or died."""
+
+
+def vllm_python(root: Path = ROOT) -> Path | None:
+    """The python of the vLLM environment (``make vllm``), or None when it is not built."""
+    py = root / ".venv-vllm" / "bin" / "python"
+    return py if py.exists() else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tiny_idefics_dir() -> Path:
+    """Where the ``tiny-idefics`` preset is built (``$WEBLOOP_HOME/models/tiny-idefics``)."""
+    home = Path(os.environ.get("WEBLOOP_HOME") or ".webloop").absolute()
+    return home / "models" / TINY_IDEFICS
+
+
+def resolve_model(model: str) -> str:
+    """A checkpoint folder for ``model``: ``tiny-idefics`` is built offline on first use (the
+    tiny Idefics3 preset), anything else must be an existing folder with a ``config.json``."""
+    if model == TINY_IDEFICS:
+        out = tiny_idefics_dir()
+        if not (out / "config.json").exists():
+            from training.models import build_tiny_idefics
+
+            build_tiny_idefics(out)
+        return str(out)
+    path = Path(model)
+    if not (path / "config.json").exists():
+        raise ServerError(f"--model {model!r}: not a checkpoint folder (no config.json)")
+    return str(path.absolute())
+
+
+@dataclass
+class ServerSpec:
+    """What to serve, and how. ``name``: the model name clients send (default: the folder).
+    ``max_model_len``: vLLM's context limit (None: the model's own; a large model on a CPU
+    needs a smaller one to fit the KV cache). ``extra``: more engine arguments (vLLM flags,
+    e.g. ``--max-num-seqs 8``)."""
+
+    engine: str
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    name: str | None = None
+    max_model_len: int | None = None  # vLLM: None = the model's own maximum
+    kv_cache_gib: int = 1
+    dtype: str = "float32"  # vLLM: float32 on CPUs (facts in STACK-NOTES), bfloat16 on GPUs
+    extra: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ServerError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.model
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+
+def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``spec``'s engine."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if spec.engine == "hf":
+        argv = [sys.executable, "-m", "flows.serve_model", "--model", spec.model]
+        argv += ["--host", spec.host, "--port", str(spec.port), "--name", spec.served_name]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        return argv + spec.extra, env
+    py = vllm_python()
+    if py is None:
+        raise ServerError("--engine vllm needs the vLLM environment: run `make vllm` first")
+    argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+    argv += ["--served-model-name", spec.served_name, "--host", spec.host]
+    argv += ["--port", str(spec.port)]
+    if spec.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    argv += ["--dtype", spec.dtype, "--disable-log-stats"]
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=str(spec.kv_cache_gib),
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        TRANSFORMERS_OFFLINE="1",
+    )
+    env.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
+    return argv + spec.extra, env
+
+
+class ModelServer:
+    """One supervised engine process group (see the module doc). A context manager::
+
+    with ModelServer(ServerSpec("vllm", path, port=free_port())).start() as srv:
+        OpenAI(base_url=srv.base_url, api_key="-")...
+    """
+
+    def __init__(self, spec: ServerSpec, log: str | Path | None = None) -> None:
+        self.spec = spec
+        self.log_path = Path(log) if log else None
+        self.proc: subprocess.Popen | None = None
+        self._log: IO[str] | None = None
+        self.started_s = 0.0  # seconds the last start took until healthy
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    @property
+    def pgid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout_s: float = 300) -> ModelServer:
+        """Start the engine and wait until it is healthy (ServerError with its log tail when
+        it dies or ``timeout_s`` passes)."""
+        argv, env = command(self.spec)
+        t0 = time.monotonic()
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the server
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
+        try:
+            self.wait_healthy(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_s = time.monotonic() - t0
+        return self
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.spec.host}:{self.spec.port}/health"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise ServerError(f"the {self.spec.engine} server exited: {self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"the {self.spec.engine} server was not healthy in {timeout_s:.0f} s")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log; pass log= to see it)"
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 30) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL for whatever is left after
+        ``grace_s``. Returns once no process of the group is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(pgid, self.proc):
+            time.sleep(0.1)
+        if _group_alive(pgid, self.proc):
+            _signal_group(pgid, signal.SIGKILL)
+            while _group_alive(pgid, self.proc):
+                time.sleep(0.1)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def restart(self, model: str | None = None, timeout_s: float = 300) -> float:
+        """Serve ``model`` (default: the same folder again, re-read from disk) in place of the
+        current checkpoint, under the same name and port; the seconds it took until healthy."""
+        t0 = time.monotonic()
+        self.stop()
+        if model is not None:
+            self.spec = replace(self.spec, model=model)
+        self.start(timeout_s)
+        return time.monotonic() - t0
+
+    def __enter__(self) -> ModelServer:
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int, leader: subprocess.Popen) -> bool:
+    leader.poll()  # reap the leader when it has exited, or it stays a zombie in the group
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of process group ``pgid`` (Linux ``/proc``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def supervise(
+    spec: ServerSpec, log: str | Path | None = None, echo: Any = print, timeout_s: float = 300
+) -> int:
+    """Run ``spec``'s server in the foreground until Ctrl-C or SIGTERM (then stop its process
+    group) or until the engine dies; the exit status (0 after a requested stop)."""
+    server = ModelServer(spec, log)
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start(timeout_s)
+        echo(f"serving {spec.served_name} ({spec.engine}) at {server.base_url}")
+        echo(f"ready in {server.started_s:.1f} s; Ctrl-C stops")
+        while server.alive():
+            time.sleep(0.5)
+        echo(f"the {spec.engine} server exited: {server.log_tail(1000)}")
+        return 1
+    except KeyboardInterrupt:
+        echo("stopping the server …")
+        return 0
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        server.stop()

@@ -1,0 +1,132 @@
+"""`webloop serve-model` supervises its engine: health wait, the base URL printed, a clean stop
+on SIGTERM / Ctrl-C that leaves no engine process behind (the engine's process group is gone),
+clear errors for bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from flows import serving
+from flows.cli_common import UserError
+from flows.cli_serving import register
+from flows.serving import ServerError, ServerSpec, command, free_port, group_members
+
+CLI = (
+    "import typer; from flows.cli_serving import register\n"
+    "app = typer.Typer()\n"
+    "@app.callback()\n"
+    "def main() -> None: ...\n"
+    "register(app); app()\n"
+)
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def start_cli(model: Path, port: int, log: Path) -> subprocess.Popen:
+    args = ["serve-model", "--engine", "hf", "--model", str(model), "--port", str(port)]
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *args, "--log", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=serving.ROOT,
+    )
+
+
+def wait_for_url(proc: subprocess.Popen, timeout_s: float = 600) -> str:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"serve-model exited early: {''.join(seen)}")
+        seen.append(line)
+        if "http://" in line:
+            return line.split(" at ")[1].split()[0]
+    raise AssertionError(f"no URL printed: {''.join(seen)}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_model_prints_the_url_and_stops_its_process_group(sig, idefics, tmp_path):
+    port = free_port()
+    proc = start_cli(idefics, port, tmp_path / "engine.log")
+    try:
+        url = wait_for_url(proc)
+        assert url == f"http://127.0.0.1:{port}/v1"
+        assert httpx.get(url + "/models", timeout=30).json()["data"][0]["id"] == str(idefics)
+        [engine] = children(proc.pid)  # the engine runs in its own process group
+        assert os.getpgid(engine) == engine != os.getpgid(proc.pid)
+        assert group_members(engine)
+        proc.send_signal(sig)
+        assert proc.wait(120) == 0
+        assert group_members(engine) == []  # nothing of the engine is left
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/models", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+
+
+def test_model_server_restart_serves_the_new_checkpoint(idefics, tmp_path):
+    from training.models import build_tiny_idefics
+
+    other = build_tiny_idefics(tmp_path / "other", seed=1)
+    spec = ServerSpec("hf", str(idefics), port=free_port(), name="m")
+    server = serving.ModelServer(spec, log=tmp_path / "log")
+    ask = {"model": "m", "messages": [{"role": "user", "content": "Action:"}], "max_tokens": 6}
+
+    def reply() -> str:
+        r = httpx.post(server.base_url + "/chat/completions", json=ask, timeout=120)
+        return r.json()["choices"][0]["message"]["content"]
+
+    with server.start(timeout_s=600):
+        before, pgid = reply(), server.pgid
+        took = server.restart(str(other), timeout_s=600)
+        assert took > 0 and server.pgid != pgid and group_members(pgid) == []
+        assert server.spec.model == str(other) and reply() != before
+    assert not server.alive()
+
+
+def test_bad_input_is_refused_clearly(tmp_path, monkeypatch):
+    with pytest.raises(ServerError, match="unknown engine 'tgi'"):
+        ServerSpec("tgi", "x")
+    with pytest.raises(ServerError, match=r"no config\.json"):
+        serving.resolve_model(str(tmp_path))
+    monkeypatch.setattr(serving, "vllm_python", lambda root=serving.ROOT: None)
+    with pytest.raises(ServerError, match="make vllm"):
+        command(ServerSpec("vllm", str(tmp_path)))
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    register(app)
+    runner = CliRunner()
+    bad = runner.invoke(app, ["serve-model", "--engine", "tgi", "--model", "x"])
+    assert bad.exit_code != 0 and "unknown engine" in bad.output
+    missing = runner.invoke(app, ["serve-model", "--model", str(tmp_path / "nope")])
+    assert isinstance(missing.exception, UserError) and "config.json" in str(missing.exception)
+
+
+def test_vllm_command_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(serving, "vllm_python", lambda root=serving.ROOT: Path("/v/bin/python"))
+    argv, env = command(ServerSpec("vllm", "/m", port=9001, name="tiny", kv_cache_gib=2))
+    assert argv[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--served-model-name") + 1] == "tiny"
+    assert argv[argv.index("--port") + 1] == "9001"
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["HF_HUB_OFFLINE"] == "1"
+    assert "PYTHONPATH" not in env
