@@ -48,9 +48,30 @@ def nothing_yet(what: str, how: str) -> None:
 
 
 def set_param(name: str, value: object | None) -> None:
-    """Keep a deep-link query parameter in step with the page (None removes it)."""
+    """Keep a deep-link query parameter in step with the page (None removes it); a value the
+    page set itself is not taken for a new deep link on the next run (:func:`deep_link`)."""
     if value is None:
         if name in st.query_params:
             del st.query_params[name]
-    elif st.query_params.get(name) != str(value):
+        st.session_state.pop(f"_linked_{name}", None)
+        return
+    st.session_state[f"_linked_{name}"] = str(value)
+    if st.query_params.get(name) != str(value):
         st.query_params[name] = str(value)
+
+
+def deep_link(name: str, options: list[str], state_key: str) -> tuple[list[str], bool]:
+    """Select the option named by query parameter ``name`` when it is a new deep link (not the
+    value the page set itself): it is added to ``options`` if a filter left it out, and put in
+    ``st.session_state[state_key]``. Otherwise keep the current selection if it is still an
+    option, else select the first. Returns (options, whether a new link was followed)."""
+    wanted = st.query_params.get(name)
+    new = wanted is not None and wanted != st.session_state.get(f"_linked_{name}")
+    if new:
+        st.session_state[f"_linked_{name}"] = wanted
+        if wanted not in options:
+            options = [wanted, *options]
+        st.session_state[state_key] = wanted
+    elif options and st.session_state.get(state_key) not in options:
+        st.session_state[state_key] = options[0]
+    return options, new

@@ -19,12 +19,7 @@ with ui.guarded("The groups"):
             "Groups are the G samples of one task (collect with `--samples G`).",
         )
         st.stop()
-    ids = groups.get_column("group_id").to_list()
-    wanted = st.query_params.get("group")
-    if wanted and wanted not in ids:
-        ids = [wanted, *ids]
-    if st.session_state.get("group_sel") not in ids:
-        st.session_state["group_sel"] = wanted if wanted in ids else ids[0]
+    ids, _ = ui.deep_link("group", groups.get_column("group_id").to_list(), "group_sel")
     info = {r["group_id"]: r for r in groups.iter_rows(named=True)}
     gid = st.selectbox(
         "Group",

@@ -14,10 +14,7 @@ ui.require_warehouse()
 
 with ui.guarded("The labelling queue"):
     queue: pl.DataFrame = data.get("label_queue", 200)
-    wanted = st.query_params.get("traj")
-    ids = queue.get_column("traj_id").to_list()
-    if wanted and wanted not in ids:
-        ids = [wanted, *ids]
+    ids, _ = ui.deep_link("traj", queue.get_column("traj_id").to_list(), "label_sel")
     st.caption(
         f"{queue.height} unlabelled trajectories in the queue"
         + (" (first 200)" if queue.height >= 200 else "")
@@ -33,8 +30,6 @@ with ui.guarded("The labelling queue"):
         counts = queue.group_by("reason").len().sort("reason")
         st.dataframe(counts, hide_index=True, key="queue_counts")
     reasons = dict(queue.select("traj_id", "reason").iter_rows())
-    if st.session_state.get("label_sel") not in ids:
-        st.session_state["label_sel"] = wanted if wanted in ids else ids[0]
     traj_id = st.selectbox(
         "Trajectory",
         ids,

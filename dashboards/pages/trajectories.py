@@ -68,15 +68,12 @@ def filters(opts: dict[str, list[str]]) -> TrajectoryFilter:
 
 
 def pick_trajectory(listing: pl.DataFrame) -> str | None:
-    ids = listing.get_column("traj_id").to_list()
-    wanted = st.query_params.get("traj")
-    if wanted and wanted not in ids:
-        ids = [wanted, *ids]  # a deep link to a trajectory outside the filter still opens
+    ids, linked = ui.deep_link("traj", listing.get_column("traj_id").to_list(), "traj_sel")
     if not ids:
         return None
-    if st.session_state.get("traj_sel") not in ids:
-        st.session_state["traj_sel"] = wanted if wanted in ids else ids[0]
-        st.session_state["step_sel"] = int(st.query_params.get("step", 0) or 0)
+    if linked:
+        step = st.query_params.get("step", "0")
+        st.session_state["step_sel"] = int(step) if step.isdigit() else 0
     labels = {
         r["traj_id"]: f"{r['traj_id']} · {r['task_id']} · {r['status']}"
         for r in listing.select("traj_id", "task_id", "status").iter_rows(named=True)

@@ -19,4 +19,4 @@ FROM members AS m
 LEFT JOIN trajectories AS t USING (traj_id)
 LEFT JOIN tasks AS k ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1)
 GROUP BY ALL
-ORDER BY site, split, policy
+ORDER BY 1, 2, 3
