@@ -231,3 +231,21 @@ def test_a_failure_inside_a_prefect_flow_is_one_line_without_prefect_noise(
     text = log.read_text()
     assert "Traceback" in text and "select_tasks" in text  # ours, and Prefect's log records
     assert "Flow run" in text or "Task run" in text
+
+
+def test_the_policy_check_does_not_import_torch():
+    """``--policy`` is checked against the registered policy names; listing them must not load
+    torch (1-2 s per command): the ranker builds its model class on first use."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from flows.cli_common import _policies\n"
+        "names = _policies()\n"
+        "assert 'ranker' in names and 'expert' in names, names\n"
+        "assert 'torch' not in sys.modules, 'listing the policies imported torch'\n"
+        "from rollouts.ranker import RankerModel\n"
+        "assert 'torch' in sys.modules and RankerModel.__module__ == 'rollouts.ranker'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
