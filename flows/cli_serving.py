@@ -54,7 +54,10 @@ def serve_model(
         )
         command(spec)  # refuses early, e.g. when the vLLM environment is missing
         code = supervise(
-            spec, log=log, echo=lambda s: console.print(s, highlight=False), timeout_s=timeout
+            spec,
+            log=log,
+            echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
+            timeout_s=timeout,
         )
     except ServerError as exc:
         raise UserError(str(exc)) from None

@@ -276,8 +276,9 @@ def supervise(
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start(timeout_s)
-        echo(f"serving {spec.served_name} ({spec.engine}) at {server.base_url}")
-        echo(f"ready in {server.started_s:.1f} s; Ctrl-C stops")
+        echo(f"serving {spec.served_name} ({spec.engine}), ready in {server.started_s:.1f} s")
+        echo(f"base URL: {server.base_url}")
+        echo("Ctrl-C stops")
         while server.alive():
             time.sleep(0.5)
         echo(f"the {spec.engine} server exited: {server.log_tail(1000)}")

@@ -56,8 +56,8 @@ def wait_for_url(proc: subprocess.Popen, timeout_s: float = 600) -> str:
         if not line:
             raise AssertionError(f"serve-model exited early: {''.join(seen)}")
         seen.append(line)
-        if "http://" in line:
-            return line.split(" at ")[1].split()[0]
+        if line.startswith("base URL: "):
+            return line.split()[-1]
     raise AssertionError(f"no URL printed: {''.join(seen)}")
 
 
