@@ -808,20 +808,6 @@ def models_build_tiny(
     console.print(f"wrote {build_tiny_vlm(out, seed)}")
 
 
-@app.command("serve-model")
-def serve_model(
-    model: Annotated[str, typer.Option(help="Checkpoint folder (or hub id, with network).")],
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (or --host).")] = 8000,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
-) -> None:
-    """Serve a transformers model over an OpenAI-compatible HTTP API."""
-    from flows.serve_model import serve
-
-    console.print(f"serving {model} at http://{host}:{port}/v1 (Ctrl-C stops)")
-    serve(model, host=host, port=port, name=name)
-
-
 # -- demo -------------------------------------------------------------------------------------
 
 
@@ -934,11 +920,19 @@ def _one_line(exc: BaseException) -> str:
 
 
 # Commands defined in their own modules (they import the helpers above).
-from flows import cli_curation, cli_interventions, cli_training  # noqa: E402
+from flows import (  # noqa: E402
+    cli_curation,
+    cli_deploy,
+    cli_interventions,
+    cli_serving,
+    cli_training,
+)
 
 cli_curation.register(app)
 cli_interventions.register(app)
 cli_training.register(app)
+cli_serving.register(app)
+cli_deploy.register(app)
 
 
 def main() -> None:
