@@ -1,87 +1,114 @@
-"""The demo flow, through a real (temporary) Prefect server, real Chromium and the sites.
-
-The flow runs once on the session's sites server and Chromium (lent to it); the re-run gets
-nothing lent and must not need anything: every stage finds its work stored."""
+"""The demo (the flywheel at CPU scale), through the session's Prefect harness, sites server and
+Chromium (lent to it), on a tiny one-round configuration; then ``webloop demo`` again, which must
+find everything done and start nothing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from flows import collect as collect_module
+from flows import intervene as intervene_module
 from flows import score_steps as score_steps_module
 from warehouse import Warehouse, WarehouseConfig
-from warehouse.migrations import latest_version
 
 pytestmark = pytest.mark.browser
+
+TINY = dict(
+    bundled_tasks=60,
+    expert_tasks=4,
+    policy_tasks=2,
+    group_size=2,
+    prm_states=2,
+    prm_k=2,
+    interventions=1,
+    epochs=2,
+    eval_n=3,
+    eval_max_steps=8,
+    concurrency=2,
+)
 
 
 def refuse(*args, **kwargs):
     raise AssertionError("started a sites server or browsers although nothing was left to do")
 
 
-def test_demo_flow_collects_real_rollouts_and_is_idempotent(
+def test_demo_runs_the_loop_and_a_second_demo_finds_it_done(
     prefect_harness, sites, chromium, tmp_path: Path, monkeypatch
 ):
-    from flows.demo import Lent, demo_flow
+    from flows import demo as demo_module
+    from flows.cli_flywheel import register
+    from flows.demo import Lent, demo_config, demo_state, run_demo, summary_lines
 
     home = str(tmp_path / "home")
-    kw = {
-        "home": home,
-        "seed": 0,
-        "bundled_tasks": 60,
-        "collect_tasks": 4,
-        "samples": 2,
-        "concurrency": 2,
-        "prm_states": 3,
-        "prm_k": 2,
-    }
-    lent = Lent(sites, chromium.browser, chromium.run)
-    state = demo_flow(**kw, lent=lent, return_state=True)
-    assert state.is_completed()
-    out = state.result()
-    assert out["bundled"]["generated"] == 60 and out["bundled"]["new"] == 60
-    assert out["collected"]["ran"] == 8
-    assert set(out["collected"]["by_status"]) <= {"success", "failure"}
-    assert sum(r["trajectories"] for r in out["summary"]) == 8
-    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        assert wh.sql("SELECT count(*) FROM trajectories").item() == 8
+    cfg = demo_config(seed=3, rounds=1, **TINY)
+    assert demo_state(cfg, home) == "new"
+    out = run_demo(cfg, home, Lent(sites, chromium.browser, chromium.run))
+    assert out["state"] == "new" and demo_state(cfg, home) == "done"
+    (r,) = out["rounds"]
+    assert r["collected"]["expert"]["ran"] == 4 and r["collected"]["policy"]["ran"] == 4
+    assert r["dataset"]["counts"]["sft"] > 0 and r["steps_run"] > 0
+    lines = summary_lines(out)
+    text = "\n".join(lines)
+    assert f"{out['untrained']['n_success']}/{out['untrained']['n']}" in text
+    assert "success before (untrained ranker)" in text and "success after (1 round)" in text
+    assert f"{r['dataset']['counts']['sft']} SFT rows" in text
+    assert str(Path(home).resolve()) in text or home in text
+    assert "webloop dashboard" in text and "prefect server start" in text
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
         assert wh.sql("SELECT count(*) FROM tasks WHERE suite = 'bundled'").item() == 60
-        steps = wh.sql("SELECT count(*) FROM steps").item()
-        assert steps == out["collected"]["steps"] > 0
-        shot = wh.sql("SELECT screenshot_hash FROM steps LIMIT 1").item()
-        assert wh.blobs.get(shot).startswith(b"\x89PNG")
-        assert wh.sql("SELECT status FROM runs WHERE kind = 'collect'").item() == "completed"
-        verdicts = wh.sql("SELECT count(*) FROM judgments WHERE judge = 'programmatic'").item()
-        assert verdicts == 8 == out["judged"]["judged"]
-        assert out["scored"]["states"] == 3 and out["scored"]["errors"] == 0
-        assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() == 6
-        # the curated dataset: judged successes only (expert samples that made no mistake are
-        # one trajectory twice: deduplicated), every step an SFT example, members registered
-        successes = wh.sql(
-            "SELECT count(*) FROM judgments WHERE judge = 'programmatic' AND verdict = 'success'"
-        ).item()
-        ds = out["dataset"]
-        assert 0 < ds["counts"]["trajectories"] <= successes
-        members = wh.sql(
-            "SELECT count(*) FROM dataset_members WHERE dataset_id = ? AND step_idx IS NOT NULL",
-            [ds["dataset_id"]],
-        ).item()
-        assert ds["counts"]["sft"] == ds["counts"]["steps"] == members > 0
-    # the re-run: nothing lent, and starting a server, the engine or the exact scorer fails it
-    monkeypatch.setattr(collect_module, "SiteServer", refuse)
+        n = {t: wh.sql(f"SELECT count(*) FROM {t}").item() for t in TABLES}
+    assert n["evaluations"] == 2 and n["datasets"] == 1 and n["checkpoints"] >= 1
+
+    # the second demo, through the CLI: it says everything is done, and starts nothing
+    for module in (collect_module, intervene_module):
+        monkeypatch.setattr(module, "SiteServer", refuse)
     monkeypatch.setattr(collect_module, "Engine", refuse)
     monkeypatch.setattr(score_steps_module, "_exact_scorer", refuse)
-    again = demo_flow(**kw)
-    assert again["collected"]["ran"] == 0 and again["collected"]["skipped"] == 8
-    assert again["judged"]["judged"] == 0 and again["scored"]["states"] == 0  # nothing redone
-    assert again["dataset"]["dataset_id"] == ds["dataset_id"]  # same data, same dataset
+    monkeypatch.setattr(demo_module, "lend", refuse)
+    monkeypatch.setattr(demo_module, "demo_config", lambda seed, rounds: cfg)
+    monkeypatch.setenv("WEBLOOP_HOME", home)
+    monkeypatch.delenv("WEBLOOP_WAREHOUSE", raising=False)
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def main() -> None:
+        """(a group, so that ``demo`` is a subcommand)"""
+
+    res = CliRunner().invoke(app, ["demo", "--seed", "3", "--rounds", "1"])
+    assert res.exit_code == 0, res.output
+    assert "an earlier demo finished" in res.output
+    assert "found everything done" in res.output
+    assert "success after (1 round)" in res.output
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+        assert {t: wh.sql(f"SELECT count(*) FROM {t}").item() for t in TABLES} == n
 
 
-def test_demo_tasks_run_without_the_engine(tmp_path: Path):
-    from flows.demo import generate_bundled_tasks, prepare_warehouse
+TABLES = (
+    "trajectories",
+    "steps",
+    "judgments",
+    "datasets",
+    "training_runs",
+    "checkpoints",
+    "evaluations",
+    "interventions",
+)
 
-    home = str(tmp_path / "h")
-    assert prepare_warehouse.fn(home)["schema_version"] == latest_version()
-    assert generate_bundled_tasks.fn(home, 30, 1)["generated"] == 30
+
+def test_demo_config_is_the_cpu_scale_flywheel():
+    from flows.demo import demo_config
+    from flows.flywheel import FlywheelError
+
+    cfg = demo_config(seed=1, rounds=2)
+    cfg.check()
+    assert (cfg.rounds, cfg.seed) == (2, 1)
+    assert cfg.flywheel_id != demo_config(seed=2, rounds=2).flywheel_id
+    assert cfg.flywheel_id == demo_config(seed=1, rounds=2, concurrency=1).flywheel_id
+    assert cfg.horizon(1) < cfg.horizon(2) == cfg.horizon(5)  # the recipe's schedule
+    with pytest.raises(FlywheelError, match="--rounds"):
+        demo_config(rounds=0).check()

@@ -1,0 +1,259 @@
+"""The flywheel flow, end to end on a tiny configuration, through the session's Prefect harness,
+sites server and Chromium: the rows each round leaves, a re-run that adds nothing, and a run
+killed (SIGKILL of its process group) in round 2 and re-run that ends where an uninterrupted run
+ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warehouse import Warehouse, WarehouseConfig
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).parents[2]
+TINY: dict[str, Any] = dict(
+    rounds=2,
+    bundled_tasks=60,
+    expert_tasks=4,
+    policy_tasks=3,
+    group_size=2,
+    prm_states=2,
+    prm_k=2,
+    interventions=1,
+    epochs=2,
+    later_epochs=1,
+    eval_n=4,
+    eval_max_steps=10,
+    concurrency=2,
+)
+
+
+def tiny_config() -> Any:
+    from flows.flywheel import FlywheelConfig
+
+    return FlywheelConfig(**TINY)
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("started a sites server or browsers although nothing was left to do")
+
+
+def snapshot(home: str, fid: str) -> dict[str, Any]:
+    """What the flywheel stored: ids of its named runs' trajectories, and counts of the rest."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+
+        def one(q: str, *p: Any) -> Any:
+            return wh.sql(q, list(p)).item()
+
+        named = wh.sql(
+            "SELECT run_id, traj_id, policy FROM trajectories WHERE starts_with(run_id, ?) "
+            "ORDER BY traj_id",
+            [fid],
+        )
+        return {
+            "named": named.rows(),
+            "trajectories": one("SELECT count(*) FROM trajectories"),
+            "distinct_trajectories": one("SELECT count(DISTINCT traj_id) FROM trajectories"),
+            "steps": one("SELECT count(*) FROM steps"),
+            "distinct_steps": one("SELECT count(DISTINCT (traj_id, step_idx)) FROM steps"),
+            "judgments": one("SELECT count(*) FROM judgments"),
+            "distinct_judgments": one(
+                "SELECT count(DISTINCT (traj_id, judge, judge_version)) FROM judgments"
+            ),
+            "datasets": one("SELECT count(*) FROM datasets"),
+            "training_runs": one("SELECT count(*) FROM training_runs"),
+            "checkpoints": one("SELECT count(*) FROM checkpoints"),
+            "metrics": one("SELECT count(*) FROM metrics"),
+            "distinct_metrics": one(
+                "SELECT count(DISTINCT (training_run_id, step, name)) FROM metrics"
+            ),
+            "evaluations": one("SELECT count(*) FROM evaluations"),
+            "eval_trajectories": one(
+                "SELECT count(*) FROM trajectories WHERE run_id IN (SELECT run_id FROM evaluations)"
+            ),
+            "interventions": one("SELECT count(*) FROM interventions"),
+            "step_scores": one("SELECT count(*) FROM step_scores"),
+        }
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prefect_harness, sites, chromium, tmp_path_factory) -> dict[str, Any]:
+    """The tiny flywheel, once, on the session's sites and Chromium."""
+    from flows.flywheel import Lent, flywheel_flow
+
+    cfg = tiny_config()
+    home = str(tmp_path_factory.mktemp("flywheel") / "home")
+    out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
+    return {"cfg": cfg, "home": home, "out": out, "stored": snapshot(home, cfg.flywheel_id)}
+
+
+def test_each_round_leaves_its_rows(uninterrupted):
+    from flows.flywheel import flywheel_status, round_recipe, run_name
+
+    cfg, home, out = uninterrupted["cfg"], uninterrupted["home"], uninterrupted["out"]
+    fid = cfg.flywheel_id
+    assert [r["round"] for r in out["rounds"]] == [1, 2]
+    assert flywheel_status(cfg, home) == "completed"
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+        by_run = dict(
+            wh.sql(
+                "SELECT run_id, count(*) FROM trajectories WHERE starts_with(run_id, ?) "
+                "GROUP BY run_id",
+                [fid],
+            ).rows()
+        )
+        # round 1: the noisy expert (1 sample per task) and the untrained ranker (G per task)
+        assert by_run[run_name(cfg, 1, "expert")] == 4
+        assert by_run[run_name(cfg, 1, "policy")] == 3 * 2
+        # round 2: the round-1 checkpoint, sampled, G per task
+        assert by_run[run_name(cfg, 2, "policy")] == 3 * 2
+        policies = dict(
+            wh.sql(
+                "SELECT run_id, any_value(policy) FROM trajectories WHERE run_id IN (?, ?, ?) "
+                "GROUP BY run_id",
+                [run_name(cfg, r, w) for r, w in ((1, "expert"), (1, "policy"), (2, "policy"))],
+            ).rows()
+        )
+        assert policies[run_name(cfg, 1, "expert")] == "expert"
+        assert policies[run_name(cfg, 2, "policy")].startswith("ranker")
+        # every trajectory of the three collect runs has one programmatic judgment
+        judged = wh.sql(
+            "SELECT count(DISTINCT j.traj_id) FROM judgments j JOIN trajectories t "
+            "USING (traj_id) WHERE t.run_id IN (?, ?, ?) AND j.judge = 'programmatic'",
+            [run_name(cfg, r, w) for r, w in ((1, "expert"), (1, "policy"), (2, "policy"))],
+        ).item()
+        assert judged == 16
+        assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() > 0
+        # one dataset per round; round 2's recipe reads round 1's runs too
+        ds = [r["dataset"] for r in out["rounds"]]
+        assert wh.sql("SELECT count(*) FROM datasets").item() == 2
+        assert ds[0]["dataset_id"] != ds[1]["dataset_id"]
+        assert run_name(cfg, 1, "expert") in round_recipe(cfg, 2).sources.runs
+        members = set(
+            wh.sql(
+                "SELECT DISTINCT traj_id FROM dataset_members WHERE dataset_id = ?",
+                [ds[1]["dataset_id"]],
+            )["traj_id"]
+        )
+        round1 = set(
+            wh.sql(
+                "SELECT DISTINCT traj_id FROM dataset_members WHERE dataset_id = ?",
+                [ds[0]["dataset_id"]],
+            )["traj_id"]
+        )
+        assert round1 and round1 <= members  # successes so far: round 1's stay in
+        # round 2's checkpoint: trained on round 2's data, starting from round 1's checkpoint
+        c1, c2 = (r["trained"] for r in out["rounds"])
+        lin = wh.sql(
+            "SELECT c.checkpoint_id, r.dataset_id, r.base_model FROM checkpoints c "
+            "JOIN training_runs r USING (training_run_id) WHERE c.checkpoint_id = ?",
+            [c2["checkpoint_id"]],
+        ).row(0, named=True)
+        assert lin["dataset_id"] == ds[1]["dataset_id"]
+        assert lin["base_model"] == c1["checkpoint"]
+        # evaluations: the untrained ranker, then each round's checkpoint, on held-out tasks
+        evals = wh.sql("SELECT checkpoint_id, split, n FROM evaluations ORDER BY created_at")
+        assert evals.height == 3
+        assert set(evals["split"]) == {"test"}
+        trained = {c1["checkpoint_id"], c2["checkpoint_id"]}
+        assert set(evals["checkpoint_id"].drop_nulls()) == trained
+    for r in out["rounds"]:
+        md = r["markdown"]
+        assert f"round {r['round']}/2" in md and "success after" in md and "[" in md
+        assert 0.0 <= r["after"]["ci_low"] <= r["after"]["rate"] <= r["after"]["ci_high"] <= 1.0
+    assert out["rounds"][1]["before"]["evaluation_id"] == out["rounds"][0]["after"]["evaluation_id"]
+
+
+def test_a_rerun_adds_nothing(uninterrupted, monkeypatch):
+    from flows import collect as collect_module
+    from flows import intervene as intervene_module
+    from flows import score_steps as score_steps_module
+    from flows.flywheel import flywheel_flow
+
+    cfg, home = uninterrupted["cfg"], uninterrupted["home"]
+    for module in (collect_module, intervene_module):
+        monkeypatch.setattr(module, "SiteServer", refuse)
+    monkeypatch.setattr(collect_module, "Engine", refuse)
+    monkeypatch.setattr(score_steps_module, "_exact_scorer", refuse)
+    again = flywheel_flow(cfg, home)  # nothing lent: nothing may need starting
+    for r in again["rounds"]:
+        assert all(c["ran"] == 0 for c in r["collected"].values())
+        assert all(j["judged"] == 0 for j in r["judged"].values())
+        assert r["dataset"]["built"] is False
+        assert r["steps_run"] == 0
+    assert snapshot(home, cfg.flywheel_id) == uninterrupted["stored"]
+
+
+def test_killed_in_round_two_and_rerun_ends_like_an_uninterrupted_run(
+    uninterrupted, prefect_subprocess_env, sites, chromium, tmp_path
+):
+    from flows.flywheel import Lent, flywheel_flow, flywheel_status, run_name
+
+    cfg = uninterrupted["cfg"]
+    home = str(tmp_path / "home")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    env = {**prefect_subprocess_env, "WEBLOOP_HOME": home, "HF_HUB_OFFLINE": "1"}
+    env.pop("WEBLOOP_WAREHOUSE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli_flywheel", "flywheel", *args],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,  # its own process group: the sites server and Chromium too
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    round2 = run_name(cfg, 2, "policy")
+    killed = False
+    try:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _round2_started(home, round2):
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.3)
+    finally:
+        if proc.poll() is None and not killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert killed, f"the flywheel never reached round 2: {proc.stderr.read().decode()[-2000:]}"
+    assert flywheel_status(cfg, home) == "running"  # killed: never marked completed
+    before = snapshot(home, cfg.flywheel_id)
+    assert before["datasets"] == 1 and before["evaluations"] == 2  # round 2 had not finished
+    out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
+    assert [r["round"] for r in out["rounds"]] == [1, 2]
+    assert out["rounds"][0]["dataset"]["built"] is False  # round 1 was not redone
+    assert flywheel_status(cfg, home) == "completed"
+    after = snapshot(home, cfg.flywheel_id)
+    ref = uninterrupted["stored"]
+    # the same trajectory ids in every named run, nothing twice, the same counts everywhere
+    assert after["named"] == ref["named"]
+    for k in ("trajectories", "steps", "judgments", "metrics"):
+        assert after[k] == after[f"distinct_{k}"], k
+    counts = ("trajectories", "judgments", "datasets", "training_runs", "checkpoints")
+    counts += ("evaluations", "eval_trajectories", "interventions")
+    assert {k: after[k] for k in counts} == {k: ref[k] for k in counts}
+
+
+def _round2_started(home: str, run_id: str) -> bool:
+    """Whether round 2's collect run has written (polled while the flywheel runs)."""
+    if not (Path(home) / "lake").exists():
+        return False
+    try:
+        with Warehouse.open(
+            WarehouseConfig.from_env(home=home, warehouse=""), read_only=True
+        ) as wh:
+            return bool(
+                wh.sql("SELECT count(*) FROM trajectories WHERE run_id = ?", [run_id]).item()
+            )
+    except Exception:  # the catalog is being created or written: poll again
+        return False
