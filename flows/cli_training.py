@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,20 +52,11 @@ def _user_errors(fn: Any) -> Any:
         raise UserError(str(exc)) from None
 
 
-def _engine_progress() -> Any:
-    last = [0.0]
+def _live(label: str) -> Any:
+    """The live progress bar (counts and rates) of a long command."""
+    from flows.progress import LiveProgress
 
-    def progress(st: Any) -> None:
-        now = time.monotonic()
-        if now - last[0] < 5 and st.finished < st.total:
-            return
-        last[0] = now
-        console.print(
-            f"  {st.finished}/{st.total} episodes · {st.by_status.get('success', 0)} successful · "
-            f"{st.steps} steps · {st.steps_per_s:.1f} steps/s"
-        )
-
-    return progress
+    return LiveProgress(label, console=console)
 
 
 def _print_eval(res: dict[str, Any]) -> None:
@@ -133,7 +123,8 @@ def register(app: typer.Typer) -> None:
             lora_r=lora_r,
             text_only=text_only,
         )
-        res = _user_errors(lambda: run(cfg, on_progress=console.print))
+        with _live("train sft") as bar:
+            res = _user_errors(lambda: run(cfg, on_progress=bar))
         resumed = f" (resumed from step {res['resumed_from']})" if res["resumed_from"] else ""
         console.print(
             f"training run {res['training_run_id']}: {res['steps_run']} steps{resumed}; "
@@ -184,7 +175,8 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             concurrency=concurrency,
         )
-        res = _user_errors(lambda: run(cfg, on_progress=console.print))
+        with _live("train rl") as bar:
+            res = _user_errors(lambda: run(cfg, on_progress=bar))
         for r in res["iterations"]:
             console.print(
                 f"  iteration {r['iteration']}: mean reward {r['mean_reward']:.3f} over "
@@ -228,7 +220,9 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             concurrency=concurrency,
         )
-        _print_eval(_user_errors(lambda: run(cfg, on_progress=_engine_progress())))
+        with _live("eval") as bar:
+            res = _user_errors(lambda: run(cfg, on_progress=bar))
+        _print_eval(res)
 
     @eval_app.command("compare")
     def eval_compare(

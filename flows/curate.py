@@ -19,6 +19,7 @@ from prefect import flow, task  # noqa: E402
 
 from curation.build import build_dataset  # noqa: E402
 from curation.recipe import load_recipe  # noqa: E402
+from flows.artifacts import artifact_key, markdown_table, publish  # noqa: E402
 from flows.runs import code_version  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig  # noqa: E402
 
@@ -26,6 +27,39 @@ from warehouse import Warehouse, WarehouseConfig  # noqa: E402
 def default_out(home: str | None = None) -> Path:
     """``$WEBLOOP_HOME/datasets`` (the CLI's default export folder)."""
     return WarehouseConfig.from_env(home=home).home / "datasets"
+
+
+def dataset_composition(wh: Warehouse, dataset_id: str) -> list[dict[str, Any]]:
+    """Members of a dataset per site, split, policy and trajectory status: trajectories and
+    steps (a step member counts its trajectory once)."""
+    df = wh.sql(
+        """
+        SELECT k.site, k.split, t.policy, t.status,
+               count(DISTINCT m.traj_id) AS trajectories,
+               count(*) FILTER (WHERE m.step_idx IS NOT NULL) AS steps
+        FROM dataset_members m
+        JOIN trajectories t USING (traj_id)
+        LEFT JOIN (SELECT DISTINCT task_id, site, split FROM tasks) k USING (task_id)
+        WHERE m.dataset_id = $d
+        GROUP BY ALL ORDER BY ALL
+        """,
+        {"d": dataset_id},
+    )
+    return df.to_dicts()
+
+
+COMPOSITION_COLUMNS = ("site", "split", "policy", "status", "trajectories", "steps")
+
+
+def composition_markdown(record: Any, composition: list[dict[str, Any]]) -> str:
+    """The dataset's counts and its composition table as markdown."""
+    counts = markdown_table([{"part": k, "rows": v} for k, v in (record.counts or {}).items()])
+    return (
+        f"# Dataset {record.name}\n\n`{record.dataset_id}` at warehouse snapshot "
+        f"{record.snapshot_id}; export `{record.export_path}`\n\n## Counts\n\n{counts}\n\n"
+        "## Composition (members by site, split, policy, outcome)\n\n"
+        + markdown_table(composition, COMPOSITION_COLUMNS)
+    )
 
 
 @task(name="build-dataset")
@@ -44,6 +78,12 @@ def build(
             progress=prefect_env.progress_of("curate"),
             code_version=code_version(),
         )
+        composition = dataset_composition(wh, record.dataset_id)
+    publish(
+        artifact_key("dataset", record.name),
+        composition_markdown(record, composition),
+        f"dataset {record.name} ({record.dataset_id}): composition",
+    )
     return {
         "dataset_id": record.dataset_id,
         "name": record.name,

@@ -22,9 +22,10 @@ prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
 
+from flows.artifacts import artifact_key, flow_run_id, markdown_table, percent, publish  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
-from training.evaluate import record  # noqa: E402
-from training.load import resolve_policy  # noqa: E402
+from training.evaluate import compare, record  # noqa: E402
+from training.load import POLICY_OF, model_kind, resolve_policy  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig  # noqa: E402
 
 
@@ -89,20 +90,140 @@ async def run_evaluation(
         split=cfg.split,
         policy=cfg.policy,
         checkpoint_id=policy.checkpoint_id,
-        extra={"config": dataclasses.asdict(cfg)},
+        extra={"config": dataclasses.asdict(cfg), "flow_run_id": flow_run_id()},
     )
     return {**dataclasses.asdict(ev), "summary": dataclasses.asdict(summary), "collect": res}
+
+
+def earlier_evaluations(wh: Warehouse, ev: dict[str, Any], limit: int = 5) -> list[dict[str, Any]]:
+    """The newest other evaluations on the same suite and split (at most ``limit``)."""
+    return wh.sql(
+        "SELECT * FROM evaluations WHERE suite = $suite AND split = $split "
+        "AND evaluation_id <> $id ORDER BY created_at DESC, evaluation_id LIMIT $limit",
+        {"suite": ev["suite"], "split": ev["split"], "id": ev["evaluation_id"], "limit": limit},
+    ).to_dicts()
+
+
+def _interval_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    return [
+        {
+            key: r.get(key),
+            "success": f"{r['n_success']}/{r['n']}",
+            "rate": percent(r["rate"]),
+            "95% CI": f"[{percent(r['ci_low'])}, {percent(r['ci_high'])}]",
+        }
+        for r in rows
+    ]
+
+
+def evaluation_markdown(res: dict[str, Any], deltas: list[dict[str, Any]]) -> str:
+    """Success with 95% Wilson intervals (overall, per site, per difficulty) and the deltas to
+    earlier evaluations on the same split (Newcombe intervals), as markdown."""
+    s = res["summary"]
+    who = res["policy"] + (f" checkpoint `{res['checkpoint_id']}`" if res["checkpoint_id"] else "")
+    overall = [{"suite/split": f"{res['suite']}/{res['split']}", **s}]
+    lines = [
+        f"# Evaluation `{res['evaluation_id']}`",
+        "",
+        f"{who}; collect run `{res['run_id']}`"
+        + (f"; left out {s['excluded']}" if s["excluded"] else ""),
+        "",
+        "## Success (95% Wilson intervals)",
+        "",
+        markdown_table(_interval_rows(overall, "suite/split")),
+        "",
+        markdown_table(_interval_rows(s["by_site"], "site")),
+        "",
+        markdown_table(_interval_rows(s["by_difficulty"], "difficulty")),
+        "",
+        "## Deltas to earlier evaluations on this split (this − earlier, 95% Newcombe)",
+        "",
+        markdown_table(
+            [
+                {
+                    "earlier": d["a"],
+                    "checkpoint": d["checkpoint"],
+                    "earlier rate": percent(d["rate_a"]),
+                    "this rate": percent(d["rate_b"]),
+                    "delta": f"{d['diff']:+.1%}",
+                    "95% CI": f"[{d['ci_low']:+.1%}, {d['ci_high']:+.1%}]",
+                    "separated": d["separated"],
+                }
+                for d in deltas
+            ],
+            ["earlier", "checkpoint", "earlier rate", "this rate", "delta", "95% CI", "separated"],
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def publish_evaluation(wh: Warehouse, res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The evaluation's markdown artifact; returns the deltas it shows."""
+    ev = {k: res[k] for k in ("evaluation_id", "suite", "split", "n", "n_success")}
+    ev.update(success_rate=res["success_rate"], ci_low=res["ci_low"], ci_high=res["ci_high"])
+    deltas = [
+        {**compare(other, ev), "checkpoint": other.get("checkpoint_id") or other.get("policy")}
+        for other in earlier_evaluations(wh, ev)
+    ]
+    publish(
+        artifact_key("evaluation", res["suite"], res["split"]),
+        evaluation_markdown(res, deltas),
+        f"evaluation {res['evaluation_id']} on {res['suite']}/{res['split']}",
+    )
+    return deltas
 
 
 @task(name="evaluate-policy")
 def evaluate_policy(cfg: EvalConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return asyncio.run(run_evaluation(wh, cfg, prefect_env.progress_of("evaluate")))
+        res = asyncio.run(run_evaluation(wh, cfg, prefect_env.progress_of("evaluate")))
+        res["deltas"] = publish_evaluation(wh, res)
+        return res
 
 
 @flow(name="evaluate")
 def evaluate_flow(cfg: EvalConfig, home: str | None = None) -> dict[str, Any]:
     """Evaluate a policy on a split; the result is stored in ``evaluations``."""
+    return evaluate_policy(cfg, home)
+
+
+def newest_checkpoint(wh: Warehouse) -> tuple[str, str]:
+    """(rollout policy, checkpoint id) of the newest registered checkpoint."""
+    df = wh.sql(
+        "SELECT checkpoint_id, path FROM checkpoints ORDER BY created_at DESC, step DESC LIMIT 1"
+    )
+    if df.is_empty():
+        raise LookupError("no checkpoints registered yet (train one: webloop train sft)")
+    cid, path = df.row(0)
+    return POLICY_OF[model_kind(path)], cid
+
+
+@task(name="find-newest-checkpoint")
+def find_newest_checkpoint(home: str | None = None) -> tuple[str, str]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home), read_only=True) as wh:
+        return newest_checkpoint(wh)
+
+
+@flow(name="evaluate_newest")
+def evaluate_newest_flow(
+    split: str = "ood",
+    n: int = 100,
+    suite: str = "bundled",
+    max_steps: int = 30,
+    concurrency: int = 8,
+    home: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate the newest registered checkpoint on a split (the nightly schedule)."""
+    policy, checkpoint = find_newest_checkpoint(home)
+    cfg = EvalConfig(
+        policy=policy,
+        checkpoint=checkpoint,
+        split=split,
+        n=n,
+        suite=suite,
+        max_steps=max_steps,
+        concurrency=concurrency,
+    )
     return evaluate_policy(cfg, home)
 
 

@@ -45,6 +45,7 @@ from curation.interventions import (  # noqa: E402
     verify,
 )
 from curation.rationales import RationalesConfig, run_rationales_async  # noqa: E402
+from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
 from flows.collect import bundled_grader  # noqa: E402
 from flows.runs import recorded_run  # noqa: E402
 from flows.score_steps import bundled_probe  # noqa: E402
@@ -366,7 +367,8 @@ async def run_intervene_async(
     if not items:
         return summary
     seed = site_seed(items)
-    with recorded_run(wh, run_id, "intervene", dataclasses.asdict(cfg), cfg.run_name):
+    config = {**dataclasses.asdict(cfg), "flow_run_id": flow_run_id()}
+    with recorded_run(wh, run_id, "intervene", config, cfg.run_name):
         async with AsyncExitStack() as stack:
             if server is None:
                 server = SiteServer(seed=seed, mode="process").start()
@@ -450,10 +452,30 @@ def run_intervene(
     return asyncio.run(run_intervene_async(wh, cfg, progress, server=server))
 
 
+SUMMARY_FIELDS = ("selected", "intervened", "verified", "not_verified", "no_error_found", "errors")
+
+
+def intervene_markdown(summary: dict[str, Any]) -> str:
+    """An intervene run's counts, skipped trajectories and error examples as markdown."""
+    counts = [{"what": k.replace("_", " "), "trajectories": summary[k]} for k in SUMMARY_FIELDS]
+    counts.insert(1, {"what": "skipped", "trajectories": len(summary["skipped"])})
+    lines = [f"# Interventions, run `{summary['run_id']}`", "", markdown_table(counts)]
+    for title, key in (("Skipped", "skipped"), ("Error examples", "error_examples")):
+        if summary[key]:
+            lines += ["", f"## {title}", ""] + [f"- {x}" for x in summary[key][:20]]
+    return "\n".join(lines)
+
+
 @task(name="intervene-trajectories")
 def intervene_trajectories(cfg: InterveneConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return run_intervene(wh, cfg, prefect_env.progress_of("intervene"))
+        summary = run_intervene(wh, cfg, prefect_env.progress_of("intervene"))
+    publish(
+        artifact_key("interventions", cfg.teacher_name),
+        intervene_markdown(summary),
+        f"intervene run {summary['run_id']}",
+    )
+    return summary
 
 
 @flow(name="intervene")

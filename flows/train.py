@@ -25,6 +25,7 @@ prefect_env.configure()
 
 from prefect import flow, task  # noqa: E402
 
+from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
 from flows.runs import code_version  # noqa: E402
 from training import registry  # noqa: E402
@@ -109,7 +110,7 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         base_model=cfg.model,
         dataset_id=ds.dataset_id,
         source_run=None,
-        config={**cfg.identity(), "dataset": ds.dataset_id},
+        config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": flow_run_id()},
         progress=say,
     )
     res.pop("row")
@@ -186,6 +187,11 @@ def _fit(
 
 
 def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
+    """The trainer's step counter: a live bar's ``steps`` (:class:`flows.progress.LiveProgress`)
+    when ``say`` has one, else a line per tenth of the run."""
+    steps = getattr(say, "steps", None)
+    if callable(steps):
+        return steps
     last = [-1]
 
     def progress(done: int, total: int) -> None:
@@ -253,7 +259,9 @@ async def run_rl(
         it_dir = out_root / f"iter-{it}"
         coll = _collect_config(cfg, it, current, run_id)
         say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
-        col = await run_collect(wh, coll, server=server, browser=browser)
+        # a live bar (it has ``steps``) also shows the collection's episodes
+        live = say if callable(getattr(say, "steps", None)) else None
+        col = await run_collect(wh, coll, live, server=server, browser=browser)
         turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **cfg.estimator_options)
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
@@ -271,7 +279,11 @@ async def run_rl(
             base_model=start.model or cfg.policy,
             dataset_id=None,
             source_run=col["run_id"],
-            config={**cfg.identity(), "start_checkpoint": start.checkpoint_id},
+            config={
+                **cfg.identity(),
+                "start_checkpoint": start.checkpoint_id,
+                "flow_run_id": flow_run_id(),
+            },
             progress=say,
             step_offset=step_offset,
             out_dir=it_dir,
@@ -344,13 +356,53 @@ def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
     )
 
 
+# -- artifacts ------------------------------------------------------------------------------------
+
+
+def metrics_summary(wh: Warehouse, training_run_id: str) -> list[dict[str, Any]]:
+    """Per metric of a training run: steps logged, first, last, min and max value."""
+    return wh.sql(
+        "SELECT name AS metric, count(*) AS steps, arg_min(value, step) AS first, "
+        "arg_max(value, step) AS last, min(value) AS min, max(value) AS max "
+        "FROM metrics WHERE training_run_id = ? GROUP BY name ORDER BY name",
+        [training_run_id],
+    ).to_dicts()
+
+
+def training_markdown(stage: str, res: dict[str, Any], metrics: list[dict[str, Any]]) -> str:
+    """A training run's result and metrics summary (and RL iterations) as markdown."""
+    lines = [
+        f"# {stage} training run `{res['training_run_id']}`",
+        "",
+        f"checkpoint `{res['checkpoint_id']}`: `{res['checkpoint']}`",
+        "",
+        "## Metrics (first → last over the logged steps)",
+        "",
+        markdown_table(metrics, ["metric", "steps", "first", "last", "min", "max"]),
+    ]
+    if res.get("iterations"):
+        cols = ["iteration", "collect_run", "trajectories", "mean_reward", "steps_run"]
+        lines += ["", "## Iterations", "", markdown_table(res["iterations"], cols)]
+    return "\n".join(lines)
+
+
+def publish_training(wh: Warehouse, stage: str, res: dict[str, Any]) -> None:
+    publish(
+        artifact_key("training", stage),
+        training_markdown(stage, res, metrics_summary(wh, res["training_run_id"])),
+        f"{stage} training run {res['training_run_id']}",
+    )
+
+
 # -- Prefect --------------------------------------------------------------------------------------
 
 
 @task(name="train-sft")
 def train_sft_task(cfg: SFTConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return run_sft(wh, cfg, prefect_env.progress_of("train"))
+        res = run_sft(wh, cfg, prefect_env.progress_of("train"))
+        publish_training(wh, "sft", res)
+        return res
 
 
 @flow(name="train_sft")
@@ -362,7 +414,9 @@ def train_sft_flow(cfg: SFTConfig, home: str | None = None) -> dict[str, Any]:
 @task(name="train-rl")
 def train_rl_task(cfg: RLConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        return asyncio.run(run_rl(wh, cfg, prefect_env.progress_of("train")))
+        res = asyncio.run(run_rl(wh, cfg, prefect_env.progress_of("train")))
+        publish_training(wh, "rl", res)
+        return res
 
 
 @flow(name="train_rl")

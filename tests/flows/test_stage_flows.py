@@ -1,0 +1,251 @@
+"""Every stage flow under the session's Prefect harness, on one small warehouse that the stages
+fill in order: collect → judge → score_steps → intervene → curate → train_sft → evaluate →
+train_rl → evaluate_newest → maintain_warehouse. Each leaves the expected rows; the stages that
+record a ``runs`` row are checked for it, and the Prefect flow-run id where the stage records it;
+the curate, train and evaluate artifacts are read back through the Prefect client.
+
+The flows run as users run them: each stage that needs the sites or a browser starts its own
+(a sites server process, Chromium), only while it has work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.collect import CollectConfig, collect_flow
+from flows.curate import curate_flow
+from flows.evaluate import EvalConfig, evaluate_flow, evaluate_newest_flow
+from flows.intervene import InterveneConfig, intervene_flow
+from flows.judge import JudgeConfig, judge_flow
+from flows.maintain import maintain_warehouse
+from flows.score_steps import ScoreStepsConfig, score_steps_flow
+from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
+from sites.tasks import generate
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.tasks import put_tasks
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.prefect]
+TEMPLATES = ["wiki_fact", "shop_add_to_cart", "mail_archive", "shop_product_fact"]
+RECIPE = """\
+name: stage-set
+sources: {{splits: [train], runs: [{run}]}}
+filters:
+  - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
+  - drop_invalid_steps: {{noop: false}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
+SHORT = dict(max_steps=8, action_timeout_s=1.5, concurrency=2)
+
+
+@pytest.fixture(scope="module")
+def home(prefect_harness, tmp_path_factory) -> str:
+    """A warehouse with the short bundled tasks (train, test) and nothing else yet."""
+    h = tmp_path_factory.mktemp("stages") / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
+        put_tasks(wh, generate(24, 0, templates=TEMPLATES))
+    return str(h)
+
+
+@pytest.fixture(scope="module")
+def done() -> dict[str, Any]:
+    """What the stages returned, by stage (the tests run in file order)."""
+    return {}
+
+
+def run(flow: Any, *args: Any, **kwargs: Any) -> tuple[Any, str]:
+    """Run ``flow``; (its result, its Prefect flow-run id)."""
+    state = flow(*args, **kwargs, return_state=True)
+    assert state.is_completed(), state
+    return state.result(), str(state.state_details.flow_run_id)
+
+
+def sql(home: str, query: str, params: Any = None) -> list[tuple]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home), read_only=True) as wh:
+        return wh.sql(query, params).rows()
+
+
+def run_row(home: str, run_id: str) -> dict[str, Any]:
+    rows = sql(home, "SELECT kind, status, config FROM runs WHERE run_id = ?", [run_id])
+    assert len(rows) == 1, f"run {run_id} not in runs"
+    kind, status, config = rows[0]
+    return {"kind": kind, "status": status, "config": _json(config)}
+
+
+def _json(value: Any) -> dict[str, Any]:
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
+async def _artifacts(key: str) -> list[Any]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        return await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+
+
+def artifact(key: str, flow_run_id: str) -> str:
+    """The markdown of artifact ``key`` that flow run ``flow_run_id`` created."""
+    mine = [a for a in asyncio.run(_artifacts(key)) if str(a.flow_run_id) == flow_run_id]
+    assert len(mine) == 1, f"{len(mine)} artifacts {key!r} of flow run {flow_run_id}"
+    assert mine[0].type == "markdown"
+    return mine[0].data
+
+
+def test_collect(home: str, done: dict):
+    cfg = CollectConfig(
+        split="train", n_tasks=3, samples=2, noise=0.4, prompt_mode="a11y", seed=1, **SHORT
+    )
+    out, _ = run(collect_flow, cfg, home)
+    assert out["ran"] == 6 and sum(out["by_status"].values()) == 6
+    rows = sql(home, "SELECT status, n_steps FROM trajectories WHERE run_id = ?", [out["run_id"]])
+    assert len(rows) == 6 and sum(n for _, n in rows) == out["steps"] > 0
+    statuses = {s for s, _ in rows}
+    assert "success" in statuses and "failure" in statuses, statuses  # both, for the stages on
+    assert run_row(home, out["run_id"])["status"] == "completed"
+    done["collect"] = out
+
+
+def test_judge(home: str, done: dict):
+    run_id = done["collect"]["run_id"]
+    out, _ = run(judge_flow, JudgeConfig(judge="programmatic", run=run_id), home)
+    assert out["judged"] == 6 and out["errors"] == 0
+    verdicts = dict(
+        sql(
+            home,
+            "SELECT t.status, j.verdict FROM judgments j JOIN trajectories t USING (traj_id) "
+            "WHERE t.run_id = ? AND j.judge = 'programmatic' GROUP BY ALL",
+            [run_id],
+        )
+    )
+    assert verdicts == {"success": "success", "failure": "failure"}  # the checker's outcome
+    assert run_row(home, out["run_id"])["kind"] == "judge"
+
+
+def test_score_steps(home: str, done: dict):
+    cfg = ScoreStepsConfig(run=done["collect"]["run_id"], k=2, max_states=2, concurrency=1)
+    out, _ = run(score_steps_flow, cfg, home)
+    assert (out["states"], out["candidates"], out["errors"]) == (2, 4, 0)
+    scores = sql(home, "SELECT score, advantage FROM step_scores WHERE scorer = 'exact'")
+    assert len(scores) == 4 and all(s is not None for s, _ in scores)
+    assert abs(sum(a for _, a in scores)) < 1e-6  # group-relative: they sum to 0 per state
+    assert run_row(home, out["run_id"])["status"] == "completed"
+
+
+def test_intervene(home: str, done: dict):
+    cfg = InterveneConfig(run=done["collect"]["run_id"], max_trajectories=1, concurrency=1)
+    out, fr = run(intervene_flow, cfg, home)
+    assert out["selected"] == 1 and out["intervened"] + out["no_error_found"] == 1
+    rows = sql(home, "SELECT traj_id, verified_outcome FROM interventions")
+    assert len(rows) == 1
+    assert run_row(home, out["run_id"])["config"]["flow_run_id"] == fr
+    assert f"run `{out['run_id']}`" in artifact("interventions-expert", fr)
+
+
+def test_curate(home: str, done: dict, tmp_path_factory):
+    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
+    recipe.write_text(RECIPE.format(run=done["collect"]["run_id"]))
+    out_dir = str(tmp_path_factory.mktemp("datasets"))
+    out, fr = run(curate_flow, str(recipe), out_dir, None, home)
+    successes = sum(
+        1 for (s,) in sql(home, "SELECT status FROM trajectories WHERE run_id = ?",
+                          [done["collect"]["run_id"]]) if s == "success"
+    )  # fmt: skip
+    members = sql(
+        home,
+        "SELECT count(DISTINCT traj_id), count(*) FILTER (WHERE step_idx IS NOT NULL) "
+        "FROM dataset_members WHERE dataset_id = ?",
+        [out["dataset_id"]],
+    )[0]
+    assert members[0] == successes and members[1] == out["counts"]["sft"] > 0
+    md = artifact("dataset-stage-set", fr)
+    assert out["dataset_id"] in md and f"| sft | {out['counts']['sft']} |" in md
+    comp = [line for line in md.splitlines() if line.startswith("| ") and "| expert |" in line]
+    assert comp and all("| success |" in line for line in comp)  # the verdict filter
+    assert sum(int(line.split("|")[5]) for line in comp) == successes
+    assert sum(int(line.split("|")[6]) for line in comp) == members[1]
+    done["dataset"] = out
+
+
+def test_train_sft(home: str, done: dict):
+    cfg = SFTConfig(dataset=done["dataset"]["dataset_id"], epochs=2, batch_size=4, lr=3e-3)
+    out, fr = run(train_sft_flow, cfg, home)
+    rows = sql(
+        home, "SELECT status, config FROM training_runs WHERE training_run_id = ?",
+        [out["training_run_id"]],
+    )  # fmt: skip
+    assert rows[0][0] == "completed" and _json(rows[0][1])["flow_run_id"] == fr
+    losses = sql(
+        home,
+        "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
+        [out["training_run_id"]],
+    )
+    assert len(losses) == out["last_step"] > 0
+    assert Path(out["checkpoint"], "config.json").exists()
+    md = artifact("training-sft", fr)
+    assert f"| loss | {len(losses)} |" in md and out["checkpoint_id"] in md
+    done["sft"] = out
+
+
+def test_evaluate(home: str, done: dict):
+    cfg = EvalConfig(policy="ranker", checkpoint=done["sft"]["checkpoint_id"], split="test", n=2,
+                     **SHORT)  # fmt: skip
+    out, fr = run(evaluate_flow, cfg, home)
+    s = out["summary"]
+    assert s["n"] + sum(s["excluded"].values()) == 2 and out["deltas"] == []
+    row = sql(home, "SELECT n, n_success, checkpoint_id, breakdown FROM evaluations "
+                    "WHERE evaluation_id = ?", [out["evaluation_id"]])  # fmt: skip
+    assert row[0][:3] == (s["n"], s["n_success"], done["sft"]["checkpoint_id"])
+    assert _json(row[0][3])["flow_run_id"] == fr
+    md = artifact("evaluation-bundled-test", fr)
+    assert f"| bundled/test | {s['n_success']}/{s['n']} |" in md
+    assert run_row(home, out["run_id"])["kind"] == "collect"
+    done["eval_sft"] = out
+
+
+def test_train_rl(home: str, done: dict):
+    # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
+    # learning signal even where the samples of a task end alike
+    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="turn", iterations=1,
+                   group_size=2, n_tasks=3, seed=1, **SHORT)  # fmt: skip
+    out, fr = run(train_rl_flow, cfg, home)
+    it = out["iterations"][0]
+    assert it["trajectories"] == 6 and it["nonzero_advantage"] > 0
+    rows = sql(home, "SELECT count(*) FROM trajectories WHERE run_id = ?", [it["collect_run"]])
+    assert rows[0][0] == 6 and run_row(home, it["collect_run"])["status"] == "completed"
+    q = "SELECT status, config FROM training_runs WHERE training_run_id = ?"
+    status, config = sql(home, q, [out["training_run_id"]])[0]
+    assert status == "completed" and _json(config)["flow_run_id"] == fr
+    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
+    assert "## Iterations" in artifact("training-rl", fr)
+    done["rl"] = out
+
+
+def test_evaluate_newest_shows_the_delta(home: str, done: dict):
+    out, fr = run(evaluate_newest_flow, split="test", n=2, max_steps=8, concurrency=2, home=home)
+    assert out["checkpoint_id"] == done["rl"]["checkpoint_id"]  # the newest
+    [delta] = out["deltas"]
+    first = done["eval_sft"]
+    assert delta["a"] == first["evaluation_id"] and delta["b"] == out["evaluation_id"]
+    assert delta["diff"] == pytest.approx(out["success_rate"] - first["success_rate"])
+    md = artifact("evaluation-bundled-test", fr)
+    assert f"| {first['evaluation_id']} | {done['sft']['checkpoint_id']} |" in md
+    assert f"{delta['diff']:+.1%}" in md
+
+
+def test_maintain_warehouse(home: str):
+    before = sql(home, "SELECT count(*) FROM trajectories")[0][0]
+    out, fr = run(maintain_warehouse, keep_recent_minutes=0.0, home=home)
+    assert out["files_after"] <= out["files_before"] and out["snapshots_expired"]
+    assert sql(home, "SELECT count(*) FROM trajectories")[0][0] == before  # nothing lost
+    row = run_row(home, out["run_id"])
+    assert (row["kind"], row["status"], row["config"]["flow_run_id"]) == (
+        "maintain", "completed", fr,
+    )  # fmt: skip
+    assert f"{out['files_before']} → {out['files_after']}" in artifact("maintain-warehouse", fr)
