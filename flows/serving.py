@@ -5,7 +5,10 @@ A :class:`ModelServer` starts the engine in its own process group, waits until `
 answers, and stops the whole group (SIGTERM, then SIGKILL after a grace period), so no engine
 process outlives it: vLLM's API server forks an engine-core process that a plain
 ``terminate()`` of the parent would orphan. :meth:`ModelServer.restart` swaps the served
-checkpoint (weight sync for online RL) and measures how long the server was away.
+checkpoint (weight sync for online RL) and measures how long the server was away;
+:meth:`ModelServer.reload_weights` is vLLM's in-place alternative (0.32's dev-mode RPC
+``reload_weights`` + ``reset_prefix_cache``: new weights from a folder into the running engine,
+same port, no restart); :meth:`ModelServer.sync_weights` uses it where it can.
 
 vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub access and float32
 (facts in STACK-NOTES); on a CUDA machine the same command serves on the GPU.
@@ -85,6 +88,7 @@ class ServerSpec:
     max_model_len: int | None = None  # vLLM: None = the model's own maximum
     kv_cache_gib: int = 1
     dtype: str = "float32"  # vLLM: float32 on CPUs (facts in STACK-NOTES), bfloat16 on GPUs
+    dev_mode: bool = True  # vLLM: its dev endpoints, for in-place weight reloads (loopback only)
     extra: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,6 +127,8 @@ def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
         VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         TRANSFORMERS_OFFLINE="1",
     )
+    if spec.dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
     return argv + spec.extra, env
 
@@ -219,6 +225,40 @@ class ModelServer:
             self.spec = replace(self.spec, model=model)
         self.start(timeout_s)
         return time.monotonic() - t0
+
+    def reload_weights(self, path: str, timeout_s: float = 600) -> float:
+        """vLLM: load the weights of checkpoint folder ``path`` (same architecture) into the
+        running engine and drop its prefix cache (KV computed with the old weights); the
+        seconds it took. ServerError when the engine cannot (hf engine, no dev mode, a
+        failure)."""
+        if self.spec.engine != "vllm" or not self.spec.dev_mode:
+            raise ServerError("in-place weight reload needs the vllm engine in dev mode")
+        root = f"http://{self.spec.host}:{self.spec.port}"
+        t0 = time.monotonic()
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        for url, payload in (
+            (f"{root}/collective_rpc", body),
+            (f"{root}/reset_prefix_cache", None),
+        ):
+            try:
+                r = httpx.post(url, json=payload, timeout=timeout_s)
+            except httpx.HTTPError as exc:
+                raise ServerError(f"weight reload: {url} failed: {exc}") from exc
+            if r.status_code != 200:
+                raise ServerError(f"weight reload: {url} answered {r.status_code}: {r.text[:300]}")
+        self.spec = replace(self.spec, model=str(path))
+        return time.monotonic() - t0
+
+    def sync_weights(self, path: str, timeout_s: float = 600) -> tuple[str, float]:
+        """Serve checkpoint ``path`` from now on: in place where the engine can
+        (:meth:`reload_weights`), else by :meth:`restart`; (how, seconds)."""
+        if self.spec.engine == "vllm" and self.spec.dev_mode:
+            try:
+                return "reload", self.reload_weights(path, timeout_s)
+            except ServerError:
+                if not self.alive():
+                    raise
+        return "restart", self.restart(path, timeout_s)
 
     def __enter__(self) -> ModelServer:
         if self.proc is None:
