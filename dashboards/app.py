@@ -1,6 +1,7 @@
 """The webloop review app: ``webloop dashboard`` (or ``streamlit run dashboards/app.py``).
 
-One entry script; each page is a file under ``pages/`` (UI only); data comes through the
+One entry script; each page is a file under ``views/`` (UI only; not ``pages/``, which
+Streamlit would also serve on its own, bypassing the navigation); data comes through the
 cached query functions of :mod:`dashboards.data`. Deep links: ``/trajectories?traj=<id>&step=<n>``,
 ``/groups?group=<id>``, ``/label?traj=<id>``.
 """
@@ -33,7 +34,7 @@ def main() -> None:
     st.set_page_config(page_title="webloop review", layout="wide")
     pages = [
         st.Page(
-            str(HERE / "pages" / f"{name}.py"),
+            str(HERE / "views" / f"{name}.py"),
             title=title,
             icon=icon,
             url_path=name,

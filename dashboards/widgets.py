@@ -9,7 +9,7 @@ import streamlit as st
 from dashboards import data
 from warehouse.records import LABELS
 
-PAGES = Path(__file__).resolve().parent / "pages"
+PAGES = Path(__file__).resolve().parent / "views"
 LABEL_NAMES = {"success": "success", "failure": "failure", "not_executable": "not executable"}
 
 

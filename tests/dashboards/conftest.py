@@ -43,7 +43,7 @@ def open_page(monkeypatch, dash_home) -> Iterator[Callable]:
         at = AppTest.from_file(str(APP), default_timeout=120)
         for k, v in query.items():
             at.query_params[k] = v
-        at.switch_page(f"pages/{name}.py")
+        at.switch_page(f"views/{name}.py")
         return at.run()
 
     yield run

@@ -58,6 +58,6 @@ with ui.guarded("The groups"):
                 if png is None:
                     st.caption(f"no final screenshot: {why}")
                 else:
-                    st.image(png, width="stretch")
+                    st.image(png, width="stretch", output_format="PNG")
                 widgets.untrusted("Answer", m["answer"])
                 widgets.trajectory_link(m["traj_id"], label="open")

@@ -84,7 +84,7 @@ def pick_trajectory(listing: pl.DataFrame) -> str | None:
         st.session_state["traj_sel"] = ids[max(0, min(len(ids) - 1, i))]
         st.session_state["step_sel"] = 0
 
-    c1, c2, c3 = st.columns([6, 1, 1], vertical_alignment="bottom")
+    c1, c2, c3 = st.columns([4, 1, 1], vertical_alignment="bottom")
     c1.selectbox(
         "Trajectory",
         ids,
@@ -104,7 +104,7 @@ def pick_step(n: int) -> int:
     def move(delta: int) -> None:
         st.session_state["step_sel"] = max(0, min(n - 1, st.session_state["step_sel"] + delta))
 
-    c1, c2, c3 = st.columns([6, 1, 1], vertical_alignment="bottom")
+    c1, c2, c3 = st.columns([4, 1, 1], vertical_alignment="bottom")
     c1.number_input("Step", min_value=0, max_value=n - 1, step=1, key="step_sel")
     c2.button("◀ step", on_click=move, args=(-1,), shortcut="Left", key="prev_step")
     c3.button("step ▶", on_click=move, args=(1,), shortcut="Right", key="next_step")
@@ -141,8 +141,7 @@ def step_view(view, idx: int, norm1000: bool) -> None:
         if png is None:
             st.warning(f"No screenshot: {what}")
         else:
-            st.image(png, width="stretch")
-            st.caption("marker")
+            st.image(png, width="stretch", output_format="PNG")
             st.text(f"Drawn: {what}")
         st.text(f"URL: {s['url'] or '-'}\nTitle: {s['title'] or '-'}")
     with right:

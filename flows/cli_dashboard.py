@@ -1,0 +1,91 @@
+"""``webloop dashboard``: start the Streamlit review app (``dashboards/app.py``).
+
+The app reads the warehouse of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (and
+``WEBLOOP_DATA_PATH`` / ``WEBLOOP_BLOBS``), passed through to the Streamlit process;
+``--home`` sets ``WEBLOOP_HOME`` for it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_common import UserError, console
+from warehouse import WarehouseConfig
+
+APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+PASSED = ("WEBLOOP_HOME", "WEBLOOP_WAREHOUSE", "WEBLOOP_DATA_PATH", "WEBLOOP_BLOBS")
+
+
+def dashboard_command(
+    port: int, *, home: Path | None = None, address: str = "127.0.0.1", headless: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """The ``streamlit run`` command line and environment that serve the app on ``port``."""
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port}: a TCP port is 1-65535")
+    env = dict(os.environ)
+    if home is not None:
+        env["WEBLOOP_HOME"] = str(home.expanduser().absolute())
+    env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+    argv = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.port",
+        str(port),
+        "--server.address",
+        address,
+        "--server.headless",
+        "true" if headless else "false",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+    return argv, env
+
+
+def port_free(port: int, address: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``webloop dashboard`` to the ``webloop`` app."""
+
+    @app.command("dashboard")
+    def dashboard(
+        port: Annotated[int, typer.Option(help="Port to serve the app on.")] = 8501,
+        home: Annotated[
+            Path | None,
+            typer.Option(help="Data directory (default $WEBLOOP_HOME or ./.webloop)."),
+        ] = None,
+        address: Annotated[
+            str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")
+        ] = "127.0.0.1",
+        open_browser: Annotated[
+            bool, typer.Option("--open/--no-open", help="Open a browser tab.")
+        ] = False,
+    ) -> None:
+        """Start the review app: trajectories step by step, labels, groups, judges, datasets,
+        training and evaluations, read-only SQL."""
+        argv, env = dashboard_command(port, home=home, address=address, headless=not open_browser)
+        if not port_free(port, address):
+            raise UserError(f"port {port} on {address} is in use: choose another with --port")
+        shown = WarehouseConfig.from_env(home=env.get("WEBLOOP_HOME")).describe()  # no password
+        console.print(f"webloop dashboard on http://{address}:{port} (warehouse: {shown})")
+        try:
+            code = subprocess.call(argv, env=env)
+        except KeyboardInterrupt:
+            code = 0
+        raise typer.Exit(code)

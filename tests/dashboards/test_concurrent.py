@@ -1,0 +1,85 @@
+"""The app works while flows write: another process writes trajectories in transactions
+while the app's pages read (every count seen is a whole number of batches, never half a
+transaction, and never goes back), and a label saved through the Label page meanwhile lands in
+``human_labels``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.dashboards.conftest import use_home
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.records import Step, Trajectory
+
+ROOT = Path(__file__).parents[2]
+BATCHES, PER_BATCH = 40, 5
+WRITER = """
+import sys, time
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.records import Step, Trajectory
+home, batches, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+    for b in range(batches):
+        trajs = [Trajectory(f"w{b}-{i}", "run-w", "task-w", "writer", "success", n_steps=1)
+                 for i in range(per)]
+        steps = [Step(traj_id=t.traj_id, step_idx=0, action_text="click(1, 1)") for t in trajs]
+        wh.write_trajectories(trajs, steps)
+        print(b, flush=True)
+        time.sleep(0.5)
+"""
+
+
+def trajectories_shown(at) -> int:
+    return int(next(m.value for m in at.metric if m.label == "Trajectories").replace(",", ""))
+
+
+def test_pages_read_and_label_while_another_process_writes(open_page, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    cfg = WarehouseConfig.from_env(home=home, warehouse="")
+    with Warehouse.open(cfg) as wh:
+        wh.write_trajectories(
+            [Trajectory("seed", "run-s", "task-s", "expert", "failure", n_steps=1)],
+            [Step(traj_id="seed", step_idx=0, action_text="click(2, 2)")],
+        )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(home), str(BATCHES), str(PER_BATCH)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout.readline().strip() == "0", writer.stderr.read()  # it is writing
+        seen = []
+        at = open_page("overview", home=home)
+        assert not at.exception and not at.error
+        seen.append(trajectories_shown(at))
+        at = open_page("label", home=home, traj="seed")
+        at.radio(key="queue_label").set_value("not_executable")
+        at.text_input(key="queue_reviewer").set_value("carol")
+        at.button[-1].click().run()
+        saved_while_writing = writer.poll() is None
+        assert not at.exception and not at.error
+        assert any(s.value.startswith("Saved: not_executable by carol") for s in at.success)
+        while writer.poll() is None and len(seen) < 50:
+            at = open_page("overview", home=home)
+            assert not at.exception and not at.error
+            seen.append(trajectories_shown(at))
+        writer.wait(300)
+        assert writer.returncode == 0, writer.stderr.read()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    at = open_page("overview", home=home)
+    seen.append(trajectories_shown(at))
+    assert saved_while_writing
+    assert seen == sorted(seen), seen  # never goes back
+    assert all((n - 1) % PER_BATCH == 0 for n in seen), seen  # whole transactions only
+    assert seen[-1] == 1 + BATCHES * PER_BATCH
+    assert seen[0] < seen[-1]  # the first read happened while the writer was writing
+    use_home(monkeypatch, home)
+    with Warehouse.open(cfg, migrate=False, read_only=True) as wh:
+        rows = wh.sql("SELECT traj_id, label, reviewer, source FROM human_labels").rows()
+    assert rows == [("seed", "not_executable", "carol", "dashboard")]
