@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
     ap.add_argument("--arms", default="hf,vllm", help="comma list of hf, vllm, hf-http")
     args = ap.parse_args(argv)
     if args.quick:
@@ -134,7 +135,7 @@ def run_one(
         )
     else:
         engine = "vllm" if arm == "vllm" else "hf"
-        spec = ServerSpec(engine, model, port=free_port(), name=NAME)
+        spec = ServerSpec(engine, model, port=free_port(), name=NAME, enforce_eager=args.eager)
         server = ModelServer(spec, log=tmp / f"{arm}.log").start(timeout_s=900)
         say(f"  {arm}: server healthy in {server.started_s:.1f} s")
         policy = OpenAIPolicy(

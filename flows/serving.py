@@ -89,6 +89,7 @@ class ServerSpec:
     kv_cache_gib: int = 1
     dtype: str = "float32"  # vLLM: float32 on CPUs (facts in STACK-NOTES), bfloat16 on GPUs
     dev_mode: bool = True  # vLLM: its dev endpoints, for in-place weight reloads (loopback only)
+    enforce_eager: bool = False  # vLLM: skip torch.compile / CUDA graphs (faster start-up)
     extra: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -120,6 +121,8 @@ def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     argv += ["--port", str(spec.port)]
     if spec.max_model_len is not None:
         argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
     argv += ["--dtype", spec.dtype, "--disable-log-stats"]
     env.update(
         VLLM_CPU_KVCACHE_SPACE=str(spec.kv_cache_gib),

@@ -23,9 +23,10 @@ def idefics(tmp_path_factory) -> Path:
 
 
 def _serve(engine: str, model: Path, logs: Path) -> Iterator[ModelServer]:
-    spec = ServerSpec(engine, str(model), port=free_port(), name=NAME)
+    # eager vLLM: torch.compile of a tiny model only costs start-up time
+    spec = ServerSpec(engine, str(model), port=free_port(), name=NAME, enforce_eager=True)
     server = ModelServer(spec, log=logs / f"{engine}.log")
-    server.start(timeout_s=600)  # a deadline for loaded machines
+    server.start(timeout_s=1800)  # a deadline for (very) loaded machines
     try:
         yield server
     finally:

@@ -10,4 +10,6 @@ from flows.serving import vllm_python
 HAVE_VLLM = vllm_python() is not None
 SKIP_REASON = "the vllm tier needs .venv-vllm: run `make vllm` (CI does) to run these tests"
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason=SKIP_REASON)
-VLLM = [pytest.mark.vllm, requires_vllm]  # the marks of a vllm-tier test
+# the marks of a vllm-tier test; its own timeout, as its first test also starts vLLM (30-70 s
+# here, many minutes on a machine loaded by other jobs)
+VLLM = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(2400)]
