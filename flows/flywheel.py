@@ -46,6 +46,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from curation.build import build_dataset  # noqa: E402
+from curation.interventions import RETRIED_OUTCOMES  # noqa: E402
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
 from flows.evaluate import EvalConfig, run_evaluation  # noqa: E402
@@ -310,18 +311,30 @@ def score(
 def intervene(
     home: str | None, cfg: FlywheelConfig, round_: int, run_id: str, lent: Lent | None = None
 ) -> dict[str, Any] | None:
-    """The expert teacher corrects the first error of a few failed policy trajectories."""
+    """The expert teacher corrects the first error of the run's first ``cfg.interventions``
+    failed trajectories (by id). Those already settled count: a re-run does only what is left,
+    never the next failures."""
     if not cfg.interventions:
         return None
-    icfg = InterveneConfig(
-        teacher="expert",
-        run=run_id,
-        max_trajectories=cfg.interventions,
-        concurrency=min(2, cfg.concurrency),
-        run_name=run_name(cfg, round_, "intervene"),
-    )
     with _open(home) as wh:
-        return _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
+        settled = wh.sql(
+            "SELECT count(DISTINCT i.traj_id) FROM interventions i JOIN trajectories t "
+            "USING (traj_id) WHERE t.run_id = ? AND i.proposer = 'expert' "
+            "AND NOT list_contains(?, i.verified_outcome)",
+            [run_id, list(RETRIED_OUTCOMES)],
+        ).item()
+        left = cfg.interventions - settled
+        if left <= 0:
+            return {"selected": 0, "settled": settled, "verified": 0, "not_verified": 0}
+        icfg = InterveneConfig(
+            teacher="expert",
+            run=run_id,
+            max_trajectories=left,
+            concurrency=min(2, cfg.concurrency),
+            run_name=run_name(cfg, round_, "intervene"),
+        )
+        res = _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
+    return {**res, "settled": settled}
 
 
 @task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -456,7 +469,10 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
 def _iv_line(iv: dict[str, Any] | None) -> str:
     if not iv:
         return "none"
-    return f"{iv['selected']} selected, {iv['verified']} verified, {iv['not_verified']} not"
+    return (
+        f"{iv['settled']} done before, {iv['selected']} now: {iv['verified']} verified, "
+        f"{iv['not_verified']} not"
+    )
 
 
 @task(cache_policy=NO_CACHE)

@@ -15,7 +15,7 @@ from flows import intervene as intervene_module
 from flows import score_steps as score_steps_module
 from warehouse import Warehouse, WarehouseConfig
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]  # the loop on a shared machine
 
 TINY = dict(
     bundled_tasks=60,
@@ -42,9 +42,12 @@ def test_demo_runs_the_loop_and_a_second_demo_finds_it_done(
     from flows import demo as demo_module
     from flows.cli_flywheel import register
     from flows.demo import Lent, demo_config, demo_state, run_demo, summary_lines
+    from flows.flywheel import DEFAULT_RECIPE
 
     home = str(tmp_path / "home")
-    cfg = demo_config(seed=3, rounds=1, **TINY)
+    recipe = tmp_path / "short-horizon.yaml"  # the policy's rollouts: 4 steps
+    recipe.write_text(DEFAULT_RECIPE.replace("horizon: [10, 20]", "horizon: [4]"))
+    cfg = demo_config(seed=3, rounds=1, recipe=str(recipe), **TINY)
     assert demo_state(cfg, home) == "new"
     out = run_demo(cfg, home, Lent(sites, chromium.browser, chromium.run))
     assert out["state"] == "new" and demo_state(cfg, home) == "done"

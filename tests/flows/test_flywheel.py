@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from flows.flywheel import DEFAULT_RECIPE
 from warehouse import Warehouse, WarehouseConfig
 
-pytestmark = pytest.mark.browser
+# every stage of the loop (twice, and once more killed), on a shared 2-core machine
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).parents[2]
 TINY: dict[str, Any] = dict(
@@ -26,21 +28,31 @@ TINY: dict[str, Any] = dict(
     expert_tasks=4,
     policy_tasks=3,
     group_size=2,
-    prm_states=2,
+    prm_states=1,
     prm_k=2,
     interventions=1,
     epochs=2,
     later_epochs=1,
-    eval_n=4,
-    eval_max_steps=10,
+    eval_n=3,
+    eval_max_steps=8,
     concurrency=2,
 )
+# the default recipe with a short horizon schedule: the policy's rollouts get 5, then 8 steps
+TINY_RECIPE = DEFAULT_RECIPE.replace("horizon: [10, 20]", "horizon: [5, 8]")
 
 
-def tiny_config() -> Any:
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory) -> str:
+    assert TINY_RECIPE != DEFAULT_RECIPE
+    path = tmp_path_factory.mktemp("recipe") / "flywheel-tiny.yaml"
+    path.write_text(TINY_RECIPE)
+    return str(path)
+
+
+def tiny_config(recipe: str) -> Any:
     from flows.flywheel import FlywheelConfig
 
-    return FlywheelConfig(**TINY)
+    return FlywheelConfig(**TINY, recipe=recipe)
 
 
 def refuse(*args, **kwargs):
@@ -86,11 +98,13 @@ def snapshot(home: str, fid: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(prefect_harness, sites, chromium, tmp_path_factory) -> dict[str, Any]:
+def uninterrupted(
+    prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory
+) -> dict[str, Any]:
     """The tiny flywheel, once, on the session's sites and Chromium."""
     from flows.flywheel import Lent, flywheel_flow
 
-    cfg = tiny_config()
+    cfg = tiny_config(tiny_recipe)
     home = str(tmp_path_factory.mktemp("flywheel") / "home")
     out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
     return {"cfg": cfg, "home": home, "out": out, "stored": snapshot(home, cfg.flywheel_id)}
@@ -112,10 +126,15 @@ def test_each_round_leaves_its_rows(uninterrupted):
             ).rows()
         )
         # round 1: the noisy expert (1 sample per task) and the untrained ranker (G per task)
+        assert cfg.horizon(1) == 5 and cfg.horizon(2) == cfg.horizon(3) == 8
         assert by_run[run_name(cfg, 1, "expert")] == 4
         assert by_run[run_name(cfg, 1, "policy")] == 3 * 2
         # round 2: the round-1 checkpoint, sampled, G per task
         assert by_run[run_name(cfg, 2, "policy")] == 3 * 2
+        longest = wh.sql(
+            "SELECT max(n_steps) FROM trajectories WHERE run_id = ?", [run_name(cfg, 1, "policy")]
+        ).item()
+        assert longest <= 5  # the recipe's horizon for round 1
         policies = dict(
             wh.sql(
                 "SELECT run_id, any_value(policy) FROM trajectories WHERE run_id IN (?, ?, ?) "
@@ -194,13 +213,14 @@ def test_a_rerun_adds_nothing(uninterrupted, monkeypatch):
 
 
 def test_killed_in_round_two_and_rerun_ends_like_an_uninterrupted_run(
-    uninterrupted, prefect_subprocess_env, sites, chromium, tmp_path
+    uninterrupted, prefect_subprocess_env, sites, chromium, tiny_recipe, tmp_path
 ):
     from flows.flywheel import Lent, flywheel_flow, flywheel_status, run_name
 
     cfg = uninterrupted["cfg"]
     home = str(tmp_path / "home")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    args.append(f"--recipe={tiny_recipe}")
     env = {**prefect_subprocess_env, "WEBLOOP_HOME": home, "HF_HUB_OFFLINE": "1"}
     env.pop("WEBLOOP_WAREHOUSE", None)
     proc = subprocess.Popen(
