@@ -32,7 +32,13 @@ def code_version() -> str:
 def recorded_run(
     wh: Warehouse, run_id: str, kind: str, config: dict[str, Any], name: str | None = None
 ) -> Iterator[None]:
-    """Record the run around the ``with`` body; its start time survives the final update."""
+    """Record the run around the ``with`` body; its start time survives the final update. Inside a
+    Prefect flow run, the config also names it (``flow_run_id``: the run's page in the UI)."""
+    from flows.artifacts import flow_run_id
+
+    prefect_id = flow_run_id()
+    if prefect_id is not None:
+        config = {**config, "flow_run_id": prefect_id}
     started = utcnow()
     row = dict(
         run_id=run_id,

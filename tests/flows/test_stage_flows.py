@@ -102,19 +102,20 @@ def test_collect(home: str, done: dict):
     cfg = CollectConfig(
         split="train", n_tasks=3, samples=2, noise=0.4, prompt_mode="a11y", seed=1, **SHORT
     )
-    out, _ = run(collect_flow, cfg, home)
+    out, fr = run(collect_flow, cfg, home)
     assert out["ran"] == 6 and sum(out["by_status"].values()) == 6
     rows = sql(home, "SELECT status, n_steps FROM trajectories WHERE run_id = ?", [out["run_id"]])
     assert len(rows) == 6 and sum(n for _, n in rows) == out["steps"] > 0
     statuses = {s for s, _ in rows}
     assert "success" in statuses and "failure" in statuses, statuses  # both, for the stages on
-    assert run_row(home, out["run_id"])["status"] == "completed"
+    row = run_row(home, out["run_id"])
+    assert (row["status"], row["config"]["flow_run_id"]) == ("completed", fr)
     done["collect"] = out
 
 
 def test_judge(home: str, done: dict):
     run_id = done["collect"]["run_id"]
-    out, _ = run(judge_flow, JudgeConfig(judge="programmatic", run=run_id), home)
+    out, fr = run(judge_flow, JudgeConfig(judge="programmatic", run=run_id), home)
     assert out["judged"] == 6 and out["errors"] == 0
     verdicts = dict(
         sql(
@@ -125,17 +126,19 @@ def test_judge(home: str, done: dict):
         )
     )
     assert verdicts == {"success": "success", "failure": "failure"}  # the checker's outcome
-    assert run_row(home, out["run_id"])["kind"] == "judge"
+    row = run_row(home, out["run_id"])
+    assert (row["kind"], row["config"]["flow_run_id"]) == ("judge", fr)
 
 
 def test_score_steps(home: str, done: dict):
     cfg = ScoreStepsConfig(run=done["collect"]["run_id"], k=2, max_states=2, concurrency=1)
-    out, _ = run(score_steps_flow, cfg, home)
+    out, fr = run(score_steps_flow, cfg, home)
     assert (out["states"], out["candidates"], out["errors"]) == (2, 4, 0)
     scores = sql(home, "SELECT score, advantage FROM step_scores WHERE scorer = 'exact'")
     assert len(scores) == 4 and all(s is not None for s, _ in scores)
     assert abs(sum(a for _, a in scores)) < 1e-6  # group-relative: they sum to 0 per state
-    assert run_row(home, out["run_id"])["status"] == "completed"
+    row = run_row(home, out["run_id"])
+    assert (row["status"], row["config"]["flow_run_id"]) == ("completed", fr)
 
 
 def test_intervene(home: str, done: dict):
