@@ -494,7 +494,6 @@ def collect(
     ] = None,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
-    import time
 
     from flows.collect import CollectConfig
     from flows.collect import collect as run_flow
@@ -523,24 +522,14 @@ def collect(
         concurrency=concurrency,
         run_name=run,
     )
-    last = [0.0]
-
-    def progress(st: Any) -> None:
-        now = time.monotonic()
-        if now - last[0] < 5 and st.finished < st.total:
-            return
-        last[0] = now
-        failed = sum(v for k, v in st.by_status.items() if k != "success")
-        console.print(
-            f"  {st.finished}/{st.total} finished · {st.running} running · "
-            f"{failed} not successful · {st.steps} steps · {st.steps_per_s:.1f} steps/s"
-        )
-
     console.print(
         f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
         f"policy {policy}, concurrency {concurrency}"
     )
-    out = run_flow(cfg, on_progress=progress)
+    from flows.progress import LiveProgress
+
+    with LiveProgress("collect", console=console) as bar:
+        out = run_flow(cfg, on_progress=bar)
     console.print(
         f"run {out['run_id']}: ran {out['ran']} trajectories "
         f"(skipped {out['skipped']} already stored), {out['steps']} steps, "
@@ -614,10 +603,10 @@ def judge(
         judge=judge_name, options=options, run=run, concurrency=concurrency, attempts=attempts
     )
 
-    def progress(summary) -> None:
-        console.print(f"  … {summary.line()}")
+    from flows.progress import LiveProgress
 
-    out = judge_flow(cfg, None, progress)
+    with LiveProgress("judge", console=console) as bar:
+        out = judge_flow(cfg, None, bar)
     console.print(f"{out['judge']} {out['version']}: {out['line']}")
     for example in out["error_examples"]:
         console.print(f"  judge error: {example}")
@@ -756,13 +745,10 @@ def score_steps(
         concurrency=concurrency,
     )
 
-    def progress(summary: Any) -> None:
-        console.print(
-            f"  … {summary.states} states, {summary.scored} candidates scored, "
-            f"{summary.errors} scorer errors"
-        )
+    from flows.progress import LiveProgress
 
-    out = run_flow(cfg, None, progress)
+    with LiveProgress("score-steps", console=console) as bar:
+        out = run_flow(cfg, None, bar)
     console.print(
         f"score-steps {scorer}: {out['selected']} states selected, {out['states']} scored now "
         f"({out['candidates']} candidates: {out['scored']} ok, {out['errors']} scorer errors); "

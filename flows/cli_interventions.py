@@ -56,13 +56,10 @@ def intervene(
         run_name=name,
     )
 
-    def progress(summary: dict[str, Any]) -> None:
-        console.print(
-            f"  … {summary['verified']} verified, {summary['not_verified']} not verified, "
-            f"{summary['no_error_found']} without an error, {summary['errors']} errors"
-        )
+    from flows.progress import LiveProgress
 
-    out = run_flow(cfg, None, progress)
+    with LiveProgress("intervene", console=console) as bar:
+        out = run_flow(cfg, None, bar)
     console.print(
         f"intervene ({cfg.teacher_name}): {out['selected']} failed trajectories selected; "
         f"{out['verified']} corrections verified, {out['not_verified']} not verified, "
