@@ -794,54 +794,6 @@ def models_build_tiny(
     console.print(f"wrote {build_tiny_vlm(out, seed)}")
 
 
-# -- demo -------------------------------------------------------------------------------------
-
-
-@app.command()
-def demo(
-    seed: Annotated[int, typer.Option(help="Seed of tasks and rollouts.")] = 0,
-    collect_tasks: Annotated[int, typer.Option(help="Tasks to roll out.")] = 8,
-    samples: Annotated[int, typer.Option(help="Rollouts per task.")] = 2,
-) -> None:
-    """The main job: bundled tasks → expert rollouts in Chromium → judge → PRM → curated
-    dataset → SQL summary."""
-    console.print("[bold]webloop demo[/bold]: starting the Prefect flow 'demo' …")
-    from flows.demo import demo_flow
-
-    out = demo_flow(home=None, seed=seed, collect_tasks=collect_tasks, samples=samples)
-    where, b, c = out["warehouse"], out["bundled"], out["collected"]
-    console.print(f"warehouse: {where['catalog']} (schema v{where['schema_version']})")
-    console.print(
-        f"bundled suite: {b['generated']} tasks ({b['new']} new): "
-        + ", ".join(f"{k} {v}" for k, v in b.items() if k not in ("generated", "new"))
-    )
-    console.print(
-        f"rollouts: run {c['run_id']}: {c['ran']} collected, {c['skipped']} already stored, "
-        f"{c['steps']} steps ({c['steps_per_s']} steps/s); outcomes {c['by_status']}"
-    )
-    j = out["judged"]
-    console.print(f"judge: programmatic {j['version']}: {j['line']}")
-    if out["scored"]:
-        p = out["scored"]
-        console.print(
-            f"score-steps: exact PRM over {p['selected']} states ({p['states']} scored now, "
-            f"{p['candidates']} candidates, {p['errors']} scorer errors)"
-        )
-    d = out["dataset"]
-    console.print(
-        f"curate: dataset {d['name']} {d['dataset_id']} at snapshot {d['snapshot_id']}: "
-        + ", ".join(f"{k} {v}" for k, v in d["counts"].items())
-        + f" → {d['export_path']}"
-    )
-    import polars as pl
-
-    print_frame(pl.DataFrame(out["summary"]), title="success by suite / site / split / policy")
-    console.print(
-        'next: webloop sql "SELECT step_idx, cand_idx, score, advantage FROM step_scores '
-        'LIMIT 9"  ·  webloop datasets show filtered-bc  ·  webloop warehouse info'
-    )
-
-
 USAGE, RUNTIME = 2, 1
 
 
@@ -908,7 +860,9 @@ def _one_line(exc: BaseException) -> str:
 # Commands defined in their own modules (they import the helpers above).
 from flows import (  # noqa: E402
     cli_curation,
+    cli_dashboard,
     cli_deploy,
+    cli_flywheel,
     cli_interventions,
     cli_serving,
     cli_training,
@@ -919,6 +873,8 @@ cli_interventions.register(app)
 cli_training.register(app)
 cli_serving.register(app)
 cli_deploy.register(app)
+cli_flywheel.register(app)
+cli_dashboard.register(app)
 
 
 def main() -> None:
