@@ -59,23 +59,25 @@ def test_every_template_conforms(server: SiteServer, chromium):
 
 
 def test_generated_tasks_are_solvable(server: SiteServer, chromium):
-    """A sample of generated tasks (not the hand-picked ones above): the first two of every
-    template in ``generate(40, seed=123)``, so every site, template and split, with parameters
-    other than test_every_template_conforms's."""
+    """A sample of generated tasks (not the hand-picked ones above): the first of every template
+    in ``generate(40, seed=123)``, so every site, template and split, with parameters other than
+    test_every_template_conforms's (tests/rollouts/test_expert_actions.py solves one more task
+    of every template, with seed 3)."""
     tasks, per_template = [], {}
     for t in generate(40, seed=123):
-        if per_template.setdefault(t.meta["template"], 0) < 2:
+        if per_template.setdefault(t.meta["template"], 0) < 1:
             per_template[t.meta["template"]] += 1
             tasks.append(t)
-    assert per_template == {name: 2 for name in TEMPLATES}
+    assert per_template == dict.fromkeys(TEMPLATES, 1)
     assert {t.site for t in tasks} == set(SITES) and {t.split for t in tasks} == {
         "train",
         "test",
         "ood",
     }
     results = expert(chromium, tasks, server, concurrency=4)
+    assert len(results) == len(tasks)
     failed = [(r.task_id, r.error, r.verdict.reasons) for r in results if not r.verdict.success]
-    assert len(failed) <= len(tasks) * 0.01, failed
+    assert not failed, failed
 
 
 def test_a_wrong_answer_or_partial_work_fails(server: SiteServer, chromium):
