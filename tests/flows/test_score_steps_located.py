@@ -29,7 +29,7 @@ def test_expert_candidates_continue_from_the_aligned_reference_step(tmp_path, si
         actions = wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"]
         assert not set(actions.to_list()) & set(ref)  # model-facing, not the reference's text
 
-        score = ScoreStepsConfig(run="refs", k=2, noise=0.0, concurrency=1)
+        score = ScoreStepsConfig(run="refs", k=2, noise=0.0, concurrency=4)
         res = chromium.run(run_score_steps_async(wh, score, server=sites, browser=chromium.browser))
         assert res["errors"] == 0
         rows = wh.sql(
