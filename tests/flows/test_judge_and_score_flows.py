@@ -157,16 +157,16 @@ def expected_agreement(pred: dict, ref: dict) -> dict:
 def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
     home: Path, sites, chromium, monkeypatch
 ):
-    cfg = ScoreStepsConfig(run="clean", k=3, max_states=6, every=2, concurrency=2)
+    cfg = ScoreStepsConfig(run="clean", k=3, max_states=4, every=2, concurrency=4)
     with open_wh(home) as wh:
         first = chromium.run(run_score_steps_async(wh, cfg, server=sites, browser=chromium.browser))
-        assert first["states"] == 6 and first["candidates"] == 18 and first["errors"] == 0
+        assert first["states"] == 4 and first["candidates"] == 12 and first["errors"] == 0
         with monkeypatch.context() as m:  # nothing left to do: no sites server, no browser
             m.setattr(score_steps_module, "_exact_scorer", refuse)
             again = run_score_steps(wh, cfg)  # no new candidates, no rescoring
         assert (again["states"], again["candidates"]) == (0, 0)
         n_cands = wh.sql("SELECT count(*) FROM candidates").item()
-        assert n_cands == 18
+        assert n_cands == 12
         adv = wh.sql(
             "SELECT traj_id, step_idx, sum(advantage), max(score) - min(score) FROM step_scores "
             "WHERE scorer = 'exact' GROUP BY ALL"
@@ -186,15 +186,15 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
             vcfg = ScoreStepsConfig(
                 run="clean",
                 k=3,
-                max_states=6,
+                max_states=4,
                 every=2,
                 scorer="vlm",
                 scorer_base_url=fake.url,
                 scorer_model="prm",
             )
             out = run_score_steps(wh, vcfg)
-        assert out["candidates"] == 18 and out["errors"] == 0
-        assert len(fake.requests) == 18
+        assert out["candidates"] == 12 and out["errors"] == 0
+        assert len(fake.requests) == 12
         # every stored VLM score is the fake PRM's rule applied to that candidate's action
         rows = wh.sql(
             "SELECT s.traj_id, s.step_idx, s.cand_idx, s.scorer, s.score, "
@@ -209,10 +209,10 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
                 assert sc == pytest.approx(0.9 if "click(" in (text or "") else 0.2)
         agree = scorer_agreement(wh, "vlm", "exact", "clean")
         assert agree == pytest.approx(expected_agreement(vlm, exact))
-        assert agree["states"] == 6 and agree["pairs"] > 0
+        assert agree["states"] == 4 and agree["pairs"] > 0
     proc = webloop(home, "score-steps", "agreement", "--scorer", "vlm", "--format", "json")
     row = json.loads(proc.stdout)[0]
-    assert row["states"] == 6 and row["reference"] == "exact"
+    assert row["states"] == 4 and row["reference"] == "exact"
 
 
 def test_judge_and_score_steps_run_as_prefect_flows_from_the_cli(prefect_harness, home: Path):
