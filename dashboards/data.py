@@ -1,11 +1,13 @@
 """Cached access to the warehouse for the pages (Streamlit caches over :mod:`dashboards.queries`).
 
-One read-only warehouse connection per process (``st.cache_resource``); every query runs on
-its own cursor of it, so sessions on different threads never share a transaction. Results are
+One warehouse connection per process (``st.cache_resource``); every query and every label
+write runs on its own cursor of it, so sessions on different threads never share a
+transaction. Results are
 cached (``st.cache_data``) keyed by the query, its arguments and the warehouse's current
 DuckLake snapshot: a page shows what flows wrote as soon as they commit, and a rerun over an
-unchanged warehouse costs one snapshot lookup. Labels go through a separate writable
-connection and need no cache clearing (the write makes a new snapshot).
+unchanged warehouse costs one snapshot lookup. Label writes need no cache clearing (the
+write makes a new snapshot). The SQL page runs on a separate sandboxed, read-only connection
+(:mod:`warehouse.readonly`).
 
 The warehouse is the one of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (``webloop dashboard``
 passes them through).
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import duckdb
 import streamlit as st
 
 from dashboards import queries
@@ -25,6 +29,7 @@ from dashboards.marker import draw_action
 from warehouse.config import WarehouseConfig
 from warehouse.connection import LAKE
 from warehouse.readonly import QueryResult, open_readonly, run_readonly
+from warehouse.retry import retrying
 from warehouse.store import Warehouse
 
 _write_lock = threading.Lock()
@@ -41,14 +46,27 @@ def _key(cfg: WarehouseConfig) -> str:
 
 @st.cache_resource(show_spinner=False)
 def _reader(key: str) -> Warehouse:
-    """The process's read-only warehouse (raises NoWarehouseError when there is none yet;
-    errors are not cached, so a warehouse created later is found on the next rerun)."""
-    return Warehouse.open(config(), migrate=False, read_only=True)
+    """The process's one warehouse connection, for reads and label writes (each on its own
+    cursor). A read-only probe first: it raises NoWarehouseError, creating nothing, when there
+    is no warehouse yet (errors are not cached, so a warehouse created later is found on the
+    next rerun).
+
+    One connection, opened once, on purpose: opening the warehouse writable runs a Python
+    ``sqlite3`` open/close of a SQLite catalog (``warehouse.connection._prepare_sqlite``), and
+    closing that handle drops the POSIX locks DuckDB's SQLite holds on the same file in this
+    process; a reader then saw "disk I/O error" / "database disk image is malformed" while
+    another process committed. Likewise a READ_ONLY attachment failed with "disk I/O error".
+    """
+    cfg = config()
+    Warehouse.open(cfg, migrate=False, read_only=True).close()
+    return Warehouse.open(cfg, migrate=False)
 
 
-@st.cache_resource(show_spinner=False)
-def _writer(key: str) -> Warehouse:
-    return Warehouse.open(config(), migrate=False)
+def _io_error(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.Error) and "disk I/O error" in str(exc)
+
+
+_io_retry = retrying(attempts=8, retry_on=_io_error, base_delay=0.05, max_delay=0.5)
 
 
 @st.cache_resource(show_spinner=False)
@@ -69,16 +87,35 @@ def reading() -> Iterator[Warehouse]:
         cur.close()
 
 
+_SNAPSHOT_TTL_S = 1.0
+_snapshots: dict[str, tuple[float, int]] = {}
+
+
 def snapshot() -> int:
-    """The warehouse's current snapshot id: the cache key that makes results live."""
-    with reading() as wh:
-        return int(wh.sql(f"SELECT max(snapshot_id) FROM {LAKE}.snapshots()").item())
+    """The warehouse's current snapshot id: the cache key that makes results live. Looked up
+    at most once a second per warehouse (a page asks for it once per query it shows)."""
+    key = _key(config())
+    now = time.monotonic()
+    hit = _snapshots.get(key)
+    if hit is not None and now - hit[0] < _SNAPSHOT_TTL_S:
+        return hit[1]
+
+    def lookup() -> int:
+        with reading() as wh:
+            return int(wh.sql(f"SELECT max(snapshot_id) FROM {LAKE}.snapshots()").item())
+
+    snap = _io_retry(lookup)
+    _snapshots[key] = (now, snap)
+    return snap
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
 def _cached(name: str, snap: int, key: str, args: tuple[Any, ...]) -> Any:
-    with reading() as wh:
-        return getattr(queries, name)(wh, *args)
+    def run() -> Any:
+        with reading() as wh:
+            return getattr(queries, name)(wh, *args)
+
+    return _io_retry(run)
 
 
 def get(name: str, *args: Any) -> Any:
@@ -119,16 +156,22 @@ def raw_screenshot(digest: str | None) -> tuple[bytes | None, str | None]:
         return queries.screenshot(wh, digest)
 
 
-def element_box(a11y_hash: str | None, ref: str | None) -> tuple[float, ...] | None:
+@st.cache_data(show_spinner=False, max_entries=1024)
+def _element_box(a11y_hash: str | None, ref: str | None, key: str) -> tuple[float, ...] | None:
     with reading() as wh:
         return queries.element_box(wh, a11y_hash, ref)
+
+
+def element_box(a11y_hash: str | None, ref: str | None) -> tuple[float, ...] | None:
+    """The element's box from the stored accessibility snapshot (blobs never change: cached)."""
+    return _element_box(a11y_hash, ref, _key(config()))
 
 
 def save_label(traj_id: str, label: str, reviewer: str, **kw: Any) -> Any:
     """Write a label through the warehouse API (see :func:`queries.save_label`)."""
     cfg = config()
     with _write_lock:
-        base = _writer(_key(cfg))
+        base = _reader(_key(cfg))
         cur = base.con.cursor()
         try:
             cur.execute(f"USE {LAKE}")

@@ -7,6 +7,7 @@ Page content (instructions, answers, page text, model output) is untrusted: it i
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import duckdb
@@ -16,6 +17,14 @@ from dashboards import data
 from warehouse.blobs import BlobError
 from warehouse.connection import NoWarehouseError, WarehouseError
 
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!<>|~$])")
+
+
+def md_escape(text: object) -> str:
+    """``text`` with Markdown's special characters escaped, for messages (``st.error`` and
+    friends render Markdown) that quote ids, paths or errors."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
+
 
 @contextlib.contextmanager
 def guarded(what: str) -> Iterator[None]:
@@ -24,9 +33,9 @@ def guarded(what: str) -> Iterator[None]:
     try:
         yield
     except NoWarehouseError as exc:
-        st.info(f"No warehouse yet. {exc}")
+        st.info(f"No warehouse yet. {md_escape(exc)}")
     except (WarehouseError, duckdb.Error, BlobError, OSError, ValueError) as exc:
-        st.error(f"{what} could not be shown: {type(exc).__name__}: {exc}")
+        st.error(f"{what} could not be shown: {type(exc).__name__}: {md_escape(exc)}")
 
 
 def require_warehouse() -> int:
@@ -34,10 +43,10 @@ def require_warehouse() -> int:
     try:
         return data.snapshot()
     except NoWarehouseError as exc:
-        st.info(f"No warehouse yet. {exc}")
+        st.info(f"No warehouse yet. {md_escape(exc)}")
         st.stop()
     except (WarehouseError, duckdb.Error) as exc:
-        st.error(f"The warehouse cannot be read: {exc}")
+        st.error(f"The warehouse cannot be read: {md_escape(exc)}")
         st.stop()
     raise AssertionError("unreachable")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards import data
+from dashboards import data, ui
 from warehouse.records import LABELS
 
 PAGES = Path(__file__).resolve().parent / "views"
@@ -45,10 +45,10 @@ def label_form(traj_id: str, n_steps: int, *, key: str) -> None:
                 note=note,
             )
         except ValueError as exc:
-            st.error(f"Not saved: {exc}")
+            st.error(f"Not saved: {ui.md_escape(exc)}")
             return
         st.session_state["reviewer"] = rec.reviewer
-        st.success(f"Saved: {rec.label} by {rec.reviewer} ({rec.label_id})")
+        st.success(f"Saved: {rec.label} by {ui.md_escape(rec.reviewer)} ({rec.label_id})")
 
 
 def trajectory_link(traj_id: str, step: int | None = None, *, label: str | None = None) -> None:

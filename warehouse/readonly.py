@@ -25,6 +25,7 @@ import polars as pl
 
 from warehouse.config import WarehouseConfig, redact
 from warehouse.connection import NoWarehouseError, SqlRefusedError, WarehouseError, run_user_sql
+from warehouse.retry import retrying
 from warehouse.sandbox import open_sandboxed
 from warehouse.store import Warehouse
 
@@ -74,10 +75,11 @@ def run_readonly(wh: Warehouse, query: str, *, max_rows: int = DEFAULT_MAX_ROWS)
     of the result are fetched."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    try:
+
+    def attempt() -> tuple[pl.DataFrame | None, int]:
         result, n = run_user_sql(wh.con, query, write=False)
         if result is None or not result.description:
-            return QueryResult(pl.DataFrame(), False, n)
+            return None, n
         reader = result.fetch_record_batch(min(max_rows + 1, 100_000))
         batches, rows = [], 0
         for batch in reader:
@@ -85,13 +87,27 @@ def run_readonly(wh: Warehouse, query: str, *, max_rows: int = DEFAULT_MAX_ROWS)
             rows += batch.num_rows
             if rows > max_rows:
                 break
-        frame = _frame(batches, reader.schema)
+        return _frame(batches, reader.schema), n
+
+    try:
+        frame, n = _io_retry(attempt)
+        if frame is None:
+            return QueryResult(pl.DataFrame(), False, n)
     except SqlRefusedError as exc:
         raise ReadOnlyQueryError(str(exc)) from None
     except duckdb.Error as exc:
         msg = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, wh.cfg.secret)
         raise ReadOnlyQueryError(f"the query failed: {msg}") from None
     return QueryResult(frame.head(max_rows), frame.height > max_rows, n)
+
+
+def _io_error(exc: BaseException) -> bool:
+    """A SQLite catalog attached READ_ONLY can answer "disk I/O error" while another process
+    commits; the read succeeds when tried again."""
+    return isinstance(exc, duckdb.Error) and "disk I/O error" in str(exc)
+
+
+_io_retry = retrying(attempts=8, retry_on=_io_error, base_delay=0.05, max_delay=0.5)
 
 
 def read_query(

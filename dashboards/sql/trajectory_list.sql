@@ -19,6 +19,16 @@ WITH base AS (
         ($run IS NULL OR t.run_id = $run)
         AND ($task IS NULL OR contains(t.task_id, $task))
         AND ($statuses IS NULL OR list_contains($statuses, t.status))
+    ORDER BY t.created_at DESC, t.traj_id
+    -- without filters on judgments, labels or tasks, only the newest $limit need their
+    -- verdicts and labels looked up (a page of 500 of 100k trajectories)
+    LIMIT CASE
+        WHEN
+            $site IS NULL AND $split IS NULL AND $disagreement IS NULL AND $label IS NULL
+            AND $verdict IS NULL
+            THEN coalesce($limit, 500)
+        ELSE 9223372036854775807
+    END
 ),
 
 latest_judgment AS (

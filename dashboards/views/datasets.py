@@ -17,7 +17,7 @@ with ui.guarded("The datasets"):
     ds: pl.DataFrame = data.get("datasets")
     if ds.is_empty():
         ui.nothing_yet(
-            "datasets", "Build one with `webloop curate build --recipe curation/recipes/….yaml`."
+            "datasets", "Build one with `webloop curate --recipe curation/recipes/….yaml`."
         )
         st.stop()
     st.dataframe(

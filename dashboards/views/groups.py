@@ -30,7 +30,7 @@ with ui.guarded("The groups"):
     ui.set_param("group", gid)
     members: pl.DataFrame = data.get("group_members", gid)
     if members.is_empty():
-        st.info(f"No trajectories in group {gid!r}.")
+        st.info(f"No trajectories in group {ui.md_escape(repr(gid))}.")
         st.stop()
     rewarded = members.filter(pl.col("reward").is_not_null())
     mean = rewarded.get_column("reward").mean() if rewarded.height else None

@@ -39,7 +39,7 @@ with ui.guarded("The labelling queue"):
     ui.set_param("traj", traj_id)
     view = data.get("trajectory_view", traj_id)
     if view is None:
-        st.error(f"No trajectory {traj_id!r} in the warehouse.")
+        st.error(f"No trajectory {ui.md_escape(repr(traj_id))} in the warehouse.")
         st.stop()
     t = view.trajectory
     st.text(f"{t['status']} · {t['n_steps']} steps · {t['policy']} · task {t['task_id']}")

@@ -32,7 +32,7 @@ if st.button("Run", type="primary", key="sql_run", shortcut="Ctrl+Enter"):
         try:
             res = data.user_query(query, int(max_rows))
         except ReadOnlyQueryError as exc:
-            st.error(f"Refused: {exc}")
+            st.error(f"Refused: {ui.md_escape(exc)}")
         else:
             if res.frame.width == 0:
                 st.info(f"ok ({res.statements} statement(s), no rows)")

@@ -139,7 +139,7 @@ def step_view(view, idx: int, norm1000: bool) -> None:
     with left:
         png, what = data.annotated_screenshot(s["screenshot_hash"], s["action"], box, norm1000)
         if png is None:
-            st.warning(f"No screenshot: {what}")
+            st.warning(f"No screenshot: {ui.md_escape(what)}")
         else:
             st.image(png, width="stretch", output_format="PNG")
             st.text(f"Drawn: {what}")
@@ -192,7 +192,7 @@ with ui.guarded("The trajectory list"):
         st.stop()
     view = data.get("trajectory_view", traj_id)
     if view is None:
-        st.error(f"No trajectory {traj_id!r} in the warehouse.")
+        st.error(f"No trajectory {ui.md_escape(repr(traj_id))} in the warehouse.")
         st.stop()
     t = view.trajectory
     ui.set_param("traj", traj_id)
