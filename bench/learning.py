@@ -7,7 +7,8 @@
    and ``unfiltered`` (every graded trajectory, failures included);
 2. the candidate generator's oracle coverage on the curated SFT rows (share of expert steps
    whose action is a candidate), overall and per site;
-3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset, then on-policy RL
+3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset (``--quick``: on
+   the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL
    (GRPO over G sampled rollouts per task, PPO-clip) from the curated SFT checkpoint; SFT
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
 4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
@@ -47,21 +48,32 @@ FULL = dict(
     eval_max_steps=30,
     rl_iterations=2,
     rl_tasks=64,
+    rl_max_steps=30,
     group=4,
     vlm_steps=5,
+    vlm_batch=8,
+    sft_unfiltered=True,
 )
+# The quick size checks that every stage runs and feeds the next, not what the figures are: one
+# ranker SFT (the unfiltered dataset is still built, but a second SFT on it is the same code
+# path), short evaluations, one RL iteration of 3 tasks x 4 samples, one small tiny-VLM step. The
+# ranker SFT gets the full size's epochs: after the first, an epoch reuses the cached encodings
+# (cheap), and a barely trained policy gives RL batches without any success to learn from.
 QUICK = dict(
     tasks=160,
     collect=24,
     noise=0.12,
-    epochs=4,
+    epochs=12,
     batch=16,
-    eval_n=4,
-    eval_max_steps=12,
+    eval_n=3,
+    eval_max_steps=8,
     rl_iterations=1,
-    rl_tasks=6,
-    group=2,
+    rl_tasks=3,
+    rl_max_steps=12,
+    group=4,
     vlm_steps=1,
+    vlm_batch=2,
+    sft_unfiltered=False,
 )
 
 CURATED = """
@@ -218,14 +230,15 @@ def vlm_throughput(b: Bench, ds: Any) -> None:
     from training.load import load_trainable
     from training.losses import sft_loss
 
-    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path)[: 8 * b.a.vlm_steps]
+    size = b.a.vlm_batch
+    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path)[: size * b.a.vlm_steps]
     model = load_trainable("tiny", home=b.wh.cfg.home)
     opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3)
     model.train(True)
     t0 = time.perf_counter()
     done = 0
-    for i in range(0, len(turns), 8):
-        batch = turns[i : i + 8]
+    for i in range(0, len(turns), size):
+        batch = turns[i : i + size]
         loss = sft_loss(model.logprobs(batch), [t.weight for t in batch])
         opt.zero_grad()
         loss.backward()
@@ -268,21 +281,37 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
     return res
 
 
+RL_ATTEMPTS = 3
+
+
 async def rl(b: Bench, start: str) -> dict[str, Any]:
+    """On-policy GRPO from ``start``. A batch in which every group's samples got the same reward
+    has no learning signal (the trainer refuses it); as an RL loop would, draw another batch
+    (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say so."""
     from flows.train import RLConfig, run_rl
+    from training.interface import DataMismatch
 
     t0 = time.perf_counter()
-    cfg = RLConfig(
-        policy=start,
-        estimator="grpo",
-        iterations=b.a.rl_iterations,
-        group_size=b.a.group,
-        n_tasks=b.a.rl_tasks,
-        temperature=1.0,
-        lr=5e-4,
-        ppo_epochs=2,
-    )
-    res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+    for seed in range(RL_ATTEMPTS):
+        cfg = RLConfig(
+            policy=start,
+            estimator="grpo",
+            iterations=b.a.rl_iterations,
+            group_size=b.a.group,
+            n_tasks=b.a.rl_tasks,
+            max_steps=b.a.rl_max_steps,
+            temperature=1.0,
+            lr=5e-4,
+            ppo_epochs=2,
+            seed=seed,
+        )
+        try:
+            res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+            break
+        except DataMismatch as exc:
+            if "nothing to train" not in str(exc) or seed == RL_ATTEMPTS - 1:
+                raise
+            say(f"rl (seed {seed}): no learning signal in this batch ({exc}); next seed")
     b.timed("rl", t0)
     for r in res["iterations"]:
         say(
@@ -345,14 +374,15 @@ async def run_all(b: Bench, home: Path) -> None:
     unfiltered = build(b, UNFILTERED.format(run=json.dumps(run)), home / "datasets")
     coverage(b, curated)
     sft_c = sft(b, curated, "curated")
-    sft_u = sft(b, unfiltered, "unfiltered")
+    sft_u = sft(b, unfiltered, "unfiltered") if b.a.sft_unfiltered else None
     vlm_throughput(b, curated)
     say(
         f"evaluation (ranker, greedy, {b.a.eval_n} tasks per split, "
         f"max {b.a.eval_max_steps} steps):"
     )
     await evaluate(b, "untrained", untrained(b), "test")
-    await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
+    if sft_u is not None:
+        await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
     await evaluate(b, "sft curated", sft_c["checkpoint"], "test")
     await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
     rl_res = await rl(b, sft_c["checkpoint"])
@@ -366,7 +396,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
     p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
     for k, v in FULL.items():
-        p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
+        if isinstance(v, bool):
+            p.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction)
+        else:
+            p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
     args = p.parse_args(argv)
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:

@@ -1,8 +1,8 @@
 """``bench/learning.py --quick`` runs in the suite: every stage of the loop (noisy expert →
-judge → curated and unfiltered datasets → ranker SFT on each → tiny VLM SFT → evaluations →
-on-policy RL → evaluations) produces what the next needs; the bench exits non-zero when a stage
-produced nothing or an SFT loss did not fall. Figures are re-read from its output; no assertion
-on speed or on success rates (the quick size is far too small to measure them)."""
+judge → curated and unfiltered datasets → ranker SFT on the curated one → tiny VLM SFT →
+evaluations → on-policy RL → evaluations) produces what the next needs; the bench exits non-zero
+when a stage produced nothing or an SFT loss did not fall. Figures are re-read from its output; no
+assertion on speed or on success rates (the quick size is far too small to measure them)."""
 
 from __future__ import annotations
 
@@ -31,20 +31,19 @@ def test_learning_bench_quick_runs_the_whole_loop():
     assert 0 < int(sizes["curated"]) < int(sizes["unfiltered"])  # failures filtered out
     cov = float(re.search(r"oracle coverage of the candidate generator: ([\d.]+)%", out)[1])
     assert 80.0 <= cov <= 100.0
-    for label in ("curated", "unfiltered"):
-        m = re.search(rf"sft {label}: \d+ steps, loss ([\d.]+) -> ([\d.]+)", out)
-        assert m and float(m[2]) < float(m[1])
+    m = re.search(r"sft curated: \d+ steps, loss ([\d.]+) -> ([\d.]+)", out)
+    assert m and float(m[2]) < float(m[1])
+    assert "sft unfiltered" not in out  # (the same code path: the full size runs it)
     assert re.search(r"sft tiny VLM: \d+ examples in [\d.]+ s", out)
     evals = re.findall(r"^  (untrained|sft \w+|rl)\s+(test|ood)\s+(\d+)/(\d+)", out, re.M)
     assert [(a, b) for a, b, *_ in evals] == [
         ("untrained", "test"),
-        ("sft unfiltered", "test"),
         ("sft curated", "test"),
         ("sft curated", "ood"),
         ("rl", "test"),
         ("rl", "ood"),
     ]
-    assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 4 for *_, k, n in evals)
+    assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 3 for *_, k, n in evals)
     assert re.search(r"rl iteration 0: mean reward of the samples [\d.]+ \(\d+ trajectories", out)
     diffs = re.findall(r"^  (test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
-    assert [d[0] for d in diffs] == ["test", "test", "test", "ood"]
+    assert [d[0] for d in diffs] == ["test", "test", "ood"]
