@@ -239,16 +239,18 @@ class ModelServer:
         root = f"http://{self.spec.host}:{self.spec.port}"
         t0 = time.monotonic()
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        for url, payload in (
-            (f"{root}/collective_rpc", body),
-            (f"{root}/reset_prefix_cache", None),
-        ):
-            try:
-                r = httpx.post(url, json=payload, timeout=timeout_s)
-            except httpx.HTTPError as exc:
-                raise ServerError(f"weight reload: {url} failed: {exc}") from exc
-            if r.status_code != 200:
-                raise ServerError(f"weight reload: {url} answered {r.status_code}: {r.text[:300]}")
+        _post(f"{root}/collective_rpc", body, timeout_s)
+        # everything computed with the old weights goes: the multimodal input caches of the
+        # front end and the engine (the worker's alone would desync them: "cache miss"), the
+        # vision encoder outputs (scheduler and worker) and the KV prefix cache
+        _post(f"{root}/reset_mm_cache", None, timeout_s)
+        _post(f"{root}/reset_encoder_cache", None, timeout_s)
+        for _ in range(50):  # fails while blocks are held by running requests: retry
+            if _post(f"{root}/reset_prefix_cache", None, timeout_s).get("success", True):
+                break
+            time.sleep(0.2)
+        else:
+            raise ServerError("weight reload: the prefix cache could not be reset (busy)")
         self.spec = replace(self.spec, model=str(path))
         return time.monotonic() - t0
 
@@ -270,6 +272,21 @@ class ModelServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _post(url: str, payload: Any, timeout_s: float) -> dict[str, Any]:
+    """POST for the weight reload; its JSON body ({} when none); ServerError on failure."""
+    try:
+        r = httpx.post(url, json=payload, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ServerError(f"weight reload: {url} failed: {exc}") from exc
+    if r.status_code != 200:
+        raise ServerError(f"weight reload: {url} answered {r.status_code}: {r.text[:300]}")
+    try:
+        body = r.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -108,11 +108,13 @@ def test_completions_endpoint(engine, server_of):
         assert ch.finish_reason == "length"
         assert len(ch.logprobs.token_logprobs) == 5
         assert all(v <= 0 for v in ch.logprobs.token_logprobs)
-    greedy = c.completions.create(model="tiny-idefics", prompt="Thought:", max_tokens=5)
+    greedy = c.completions.create(
+        model="tiny-idefics", prompt="Thought:", max_tokens=5, temperature=0
+    )
     text = "".join(
         ch.choices[0].text
         for ch in c.completions.create(
-            model="tiny-idefics", prompt="Thought:", max_tokens=5, stream=True
+            model="tiny-idefics", prompt="Thought:", max_tokens=5, stream=True, temperature=0
         )
         if ch.choices
     )
