@@ -147,7 +147,7 @@ def run_one(
         if server is not None:
             server.stop()
     rate = steps / elapsed
-    say(f"  {arm}: {n} trajectories, {steps} steps in {elapsed:.1f} s = {rate:.2f} steps/s")
+    say(f"  {arm}: {n} trajectories, {steps} steps in {elapsed:.1f} s = {rate:.4f} steps/s")
     return rate
 
 

@@ -29,8 +29,8 @@ def test_quick_serving_bench_prints_both_arms_and_their_ratio():
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    arms = {
-        m.group(1): (int(m.group(2)), int(m.group(3)), float(m.group(5)))
+    arms = {  # name: (trajectories, steps, steps per second from the printed seconds)
+        m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(3)) / float(m.group(4)))
         for m in re.finditer(
             rf"  (hf|vllm): (\d+) trajectories, (\d+) steps in {NUM} s = {NUM} steps/s", out
         )
@@ -39,5 +39,5 @@ def test_quick_serving_bench_prints_both_arms_and_their_ratio():
     assert arms["hf"][:2] == arms["vllm"][:2] == (2, 6)  # the same work: 2 tasks x 3 steps
     assert all(rate > 0 for _, _, rate in arms.values())
     m = re.search(rf"ratio vllm/hf: {NUM}x steps/s", out)
-    assert m and float(m.group(1)) == pytest.approx(arms["vllm"][2] / arms["hf"][2], rel=0.02)
+    assert m and float(m.group(1)) == pytest.approx(arms["vllm"][2] / arms["hf"][2], rel=0.05)
     assert re.search(rf"vllm: server healthy in {NUM} s", out)
