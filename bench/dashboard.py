@@ -195,13 +195,13 @@ def measure(home: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=100_000)
-    ap.add_argument("--quick", action="store_true", help="2k trajectories, 200 tasks, 40 screens")
+    ap.add_argument("--quick", action="store_true", help="2k trajectories, 50 tasks, 20 screens")
     ap.add_argument("--keep", type=Path, help="work here and keep it; reuse a filled warehouse")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
         return measure(args.measure)
-    n, tasks, screens = (2_000, 200, 40) if args.quick else (args.trajectories, 2_000, 300)
+    n, tasks, screens = (2_000, 50, 20) if args.quick else (args.trajectories, 2_000, 300)
     load = os.getloadavg()
     print(
         f"dashboard bench: {n:,} trajectories; load average {load[0]:.2f} {load[1]:.2f} "
