@@ -3,7 +3,7 @@
 Used by the conformance tests, ``bench/sites.py`` and ``webloop sites check``. Each task gets a
 fresh browser context (its own session, so its own server-side state); the final state comes from
 the inspection endpoint and is graded by the task's programmatic checker
-(:func:`sites.grading.grade_session`).
+(:func:`flows.grading.grade`, the one grading function of collect, score-steps and this).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 
+from flows.grading import grade
 from rollouts.browser import launch
 from rollouts.expert import run_reference
 from sites.checkers import Verdict, check
-from sites.grading import grade_session
 from sites.server import SiteServer
 from sites.tasks import resolve_start_url
 from warehouse.records import Task
@@ -47,13 +47,9 @@ async def run_expert_task(
         page = await context.new_page()
         response = await page.goto(resolve_start_url(task.start_url, server.urls))
         status = response.status if response else None
-        fresh = (
-            await grade_session(client, server, task, context.cookies, None)
-            if check_fresh
-            else None
-        )
+        fresh = await grade(client, server, task, context.cookies, None) if check_fresh else None
         run = await run_reference(page, list(task.reference or []))
-        verdict = await grade_session(client, server, task, context.cookies, run.answer)
+        verdict = await grade(client, server, task, context.cookies, run.answer)
         return ExpertResult(task.task_id, task.site or "", verdict, fresh, run.error, status)
     finally:
         await context.close()

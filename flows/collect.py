@@ -4,12 +4,19 @@ engine with a policy, and record the run. Thin: the work is in ``rollouts`` (eng
 
 The run id is derived from the configuration (or given with ``--run``), so re-running the same
 command resumes the same run: stored trajectories are skipped, unfinished ones are redone.
+
+One collector writes a run at a time: the run's lease (``warehouse.leases``) is held while it
+runs; a second collector on the same run waits up to ``lease_wait_s`` and then refuses, naming
+the holder. With ``workers`` or ``dask_address`` the tasks are sharded across Dask workers
+(:mod:`flows.dask_scale`): the flow process holds the lease and records the run, each worker
+runs its own sites server and browsers and writes its shard to the shared warehouse.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,20 +28,24 @@ prefect_env.configure()
 import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
+from flows import dask_scale  # noqa: E402
+from flows.grading import engine_grader  # noqa: E402
 from flows.runs import recorded_run  # noqa: E402
 from rollouts.browser import SharedSlot  # noqa: E402
-from rollouts.engine import Engine, EngineConfig, Job, Outcome, Stats, make_jobs  # noqa: E402
+from rollouts.engine import Engine, EngineConfig, Job, Stats, make_jobs  # noqa: E402
 from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
 from rollouts.policies import expert_action_space, make_policy  # noqa: E402
 from rollouts.prompts import PromptConfig  # noqa: E402
 from rollouts.writer import BatchWriter, WriterStats  # noqa: E402
-from sites.grading import grade_session  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
 from warehouse.ids import run_id_for, stable_hash, traj_id_for  # noqa: E402
+from warehouse.leases import Claim, hold  # noqa: E402
 from warehouse.records import INFRA_ERROR, Task  # noqa: E402
 from warehouse.tasks import latest_tasks  # noqa: E402
+
+VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s")
 
 
 @dataclass(frozen=True)
@@ -63,13 +74,16 @@ class CollectConfig:
     # None: captured unless the prompt shows none (prompt_mode "a11y": text-only policies, fast)
     screenshots: bool | None = None
     temperature: float = 0.0  # model policies (hf, ranker, openai): 0 greedy, else sampled
-    concurrency: int = 8
+    concurrency: int = 8  # trajectories at once (per Dask worker when sharded)
     run_name: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
+    workers: int = 0  # > 0: shard across a local Dask cluster of this many worker processes
+    dask_address: str | None = None  # shard across this existing Dask cluster (tcp://host:port)
+    lease_wait_s: float = 0.0  # another collector holds the run: wait this long, then refuse
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for volatile in ("concurrency", "run_name"):
+        for volatile in VOLATILE:
             d.pop(volatile)
         if not d["inject_answer"]:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
@@ -164,19 +178,38 @@ def captures_screenshots(cfg: CollectConfig) -> bool:
     return cfg.prompt_mode != "a11y" or cfg.set_of_marks
 
 
-def bundled_grader(server: SiteServer | None, client: httpx.AsyncClient) -> Callable:
-    """Programmatic grading for bundled tasks; other tasks end as ``finished`` (judged later)."""
+# The engine's grader (flows.grading.engine_grader), under the name other modules import.
+bundled_grader = engine_grader
 
-    async def grade(env: BrowserEnv, job: Job, answer: str | None) -> Outcome:
-        t = job.task
-        if server is None or not t.start_url.startswith(BUNDLED_SCHEME):
-            return Outcome("finished")
-        verdict = await grade_session(client, server, t, env.cookies, answer)
-        return Outcome(
-            "success" if verdict.success else "failure", {"criteria": verdict.to_dict()["criteria"]}
+
+def _lease_waiting(run_id: str, wait_s: float) -> Callable[[Claim], None]:
+    def say(holder: Claim) -> None:
+        print(
+            f"run {run_id} is being written by another collector ({holder.describe()}); "
+            f"waiting up to {wait_s:.0f} s for it",
+            file=sys.stderr,
         )
 
-    return grade
+    return say
+
+
+def stored_statuses(wh: Warehouse, run_id: str) -> dict[str, str]:
+    """traj_id → status of the run's stored trajectories."""
+    return dict(
+        wh.sql("SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]).iter_rows()
+    )
+
+
+def pending_tasks(tasks: list[Task], run_id: str, samples: int, done: dict[str, str]) -> list[Task]:
+    """The tasks with a sample not stored yet (or stored as an infrastructure error)."""
+    return [
+        t
+        for t in tasks
+        if any(
+            done.get(traj_id_for(run_id, t.task_id, k)) in (None, INFRA_ERROR)
+            for k in range(samples)
+        )
+    ]
 
 
 async def run_collect(
@@ -201,16 +234,21 @@ async def run_collect(
     run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
     tasks = select_tasks(wh, cfg)
     policy = make_policy_for(cfg)
-    done = {
-        tid: st
-        for tid, st in wh.sql(
-            "SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]
-        ).iter_rows()
-    }
-    with recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name):
+    with (
+        hold(
+            wh,
+            run_id,
+            holder="collect",
+            wait_s=cfg.lease_wait_s,
+            on_wait=_lease_waiting(run_id, cfg.lease_wait_s),
+        ) as lease,
+        recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name),
+    ):
+        done = stored_statuses(wh, run_id)  # read under the lease: no other writer now
         stats, wstats, jobs = await _collect(
-            wh, cfg, run_id, tasks, policy, done, on_progress, server, browser
+            wh, cfg, run_id, tasks, policy, done, on_progress, server, browser, lease.check
         )
+        lease.check()
     return {
         "run_id": run_id,
         "tasks": len(tasks),
@@ -234,17 +272,13 @@ async def _collect(
     on_progress: Callable[[Stats], None] | None,
     server: SiteServer | None = None,
     browser: Any = None,
+    fence: Callable[[], None] | None = None,
 ) -> tuple[Stats, Any, list[Job]]:
     """Start the sites when needed (unless given), run the engine over what is not stored yet,
-    write. Nothing to run: no server, no browser, no writer."""
-    pending = [
-        t
-        for t in tasks
-        if any(
-            done.get(traj_id_for(run_id, t.task_id, k)) in (None, INFRA_ERROR)
-            for k in range(cfg.samples)
-        )
-    ]
+    write. Nothing to run: no server, no browser, no writer. ``fence`` runs before every
+    trajectory is handed to the writer (the lease check: a collector that lost its lease stops
+    writing)."""
+    pending = pending_tasks(tasks, run_id, cfg.samples, done)
     if not pending:
         if hasattr(policy, "aclose"):
             await policy.aclose()
@@ -275,11 +309,17 @@ async def _collect(
         shared = SharedSlot(browser) if browser is not None else None
         async with httpx.AsyncClient() as client:
             writer = BatchWriter(wh).start()
+
+            async def put(finished: Any) -> None:
+                if fence is not None:
+                    fence()
+                await writer.put(finished)
+
             engine = Engine(
                 run_id,
                 policy,
-                bundled_grader(server, client),
-                writer.put,
+                engine_grader(server, client),
+                put,
                 config=engine_cfg,
                 env_config=env_cfg,
                 on_progress=on_progress,
@@ -297,22 +337,116 @@ async def _collect(
     return stats, wstats, jobs
 
 
-@task(name="collect-rollouts")
+# Browsers and HTTP fail transiently (a crashed Chromium, a refused connection): the tasks are
+# retried (flows.dask_scale.RETRIES). Safe: a run resumes (stored trajectories are skipped,
+# writes are idempotent by key). Bad input and a held lease (WarehouseError) are not retried.
+RETRIES, RETRY_DELAY_S = dask_scale.RETRIES, dask_scale.RETRY_DELAY_S
+retry_unless_bad_input = dask_scale.retry_unless_bad_input
+
+
+@task(
+    name="collect-rollouts",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=retry_unless_bad_input,
+)
 def collect_rollouts(cfg: CollectConfig, home: str | None = None) -> dict[str, Any]:
     """Run the engine (library code) for the run; resumable, so Prefect retries are safe."""
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         return asyncio.run(run_collect(wh, cfg, prefect_env.progress_of("collect")))
 
 
+@task(
+    name="collect-shard",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=retry_unless_bad_input,
+)
+def collect_shard(
+    cfg: CollectConfig, run_id: str, task_ids: list[str], warehouse: str, home: str | None = None
+) -> dict[str, Any]:
+    """One Dask worker's share of a run: the given tasks, with its own sites server and
+    browsers, written to the shared warehouse (described by ``warehouse``; the flow process
+    holds the run's lease). Skips what is stored, so a rerun after a dead worker is safe."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        dask_scale.check_same_warehouse(warehouse, wh.cfg)
+        wanted = set(task_ids)
+        tasks = [t for t in select_tasks(wh, cfg) if t.task_id in wanted]
+        done = stored_statuses(wh, run_id)
+        stats, wstats, jobs = asyncio.run(
+            _collect(wh, cfg, run_id, tasks, make_policy_for(cfg), done, None)
+        )
+    return {
+        "ran": len(jobs),
+        "by_status": dict(stats.by_status),
+        "steps": stats.steps,
+        "written": wstats.trajectories,
+        "transactions": wstats.transactions,
+    }
+
+
+def collect_sharded(wh: Warehouse, cfg: CollectConfig, home: str | None) -> dict[str, Any]:
+    """The flow body on Dask: hold the lease and record the run here, shard the pending tasks
+    across the workers, add up what they did."""
+    run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
+    tasks = select_tasks(wh, cfg)
+    make_policy_for(cfg)  # bad policy options fail here, before any worker starts
+    env_config(cfg)
+    n_workers = dask_scale.cluster_size(cfg.workers, cfg.dask_address)
+    with (
+        hold(
+            wh,
+            run_id,
+            holder="collect (dask)",
+            wait_s=cfg.lease_wait_s,
+            on_wait=_lease_waiting(run_id, cfg.lease_wait_s),
+        ) as lease,
+        recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name),
+    ):
+        pending = pending_tasks(tasks, run_id, cfg.samples, stored_statuses(wh, run_id))
+        parts = dask_scale.shards(
+            [t.task_id for t in pending], dask_scale.shard_count(n_workers, len(pending))
+        )
+        where = dask_scale.warehouse_identity(wh.cfg)
+        futures = [collect_shard.submit(cfg, run_id, part, where, home) for part in parts]
+        results = [f.result() for f in futures]
+        lease.check()
+    by_status: dict[str, int] = {}
+    for r in results:
+        for k, v in r["by_status"].items():
+            by_status[k] = by_status.get(k, 0) + v
+    ran = sum(r["ran"] for r in results)
+    return {
+        "run_id": run_id,
+        "tasks": len(tasks),
+        "skipped": len(tasks) * cfg.samples - ran,
+        "ran": ran,
+        "by_status": by_status,
+        "steps": sum(r["steps"] for r in results),
+        "steps_per_s": 0.0,
+        "written": sum(r["written"] for r in results),
+        "transactions": sum(r["transactions"] for r in results),
+        "shards": len(parts),
+        "workers": n_workers,
+    }
+
+
 @flow(name="collect")
 def collect_flow(cfg: CollectConfig, home: str | None = None) -> dict[str, Any]:
-    """Collect rollouts for ``cfg`` into the warehouse (recorded in ``runs``)."""
+    """Collect rollouts for ``cfg`` into the warehouse (recorded in ``runs``); sharded across
+    Dask workers when ``cfg.workers`` or ``cfg.dask_address`` is set."""
+    if dask_scale.sharded(cfg.workers, cfg.dask_address):
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            return collect_sharded(wh, cfg, home)
     return collect_rollouts(cfg, home)
 
 
 def collect(
     cfg: CollectConfig, home: str | None = None, on_progress: Callable[[Stats], None] | None = None
 ) -> dict[str, Any]:
-    """Run the collect flow; ``on_progress`` receives engine stats about once a second."""
+    """Run the collect flow; ``on_progress`` receives engine stats about once a second (not
+    when sharded: the engines run in the Dask workers)."""
+    if dask_scale.sharded(cfg.workers, cfg.dask_address):
+        return dask_scale.run_flow(collect_flow, cfg.workers, cfg.dask_address, cfg, home)
     with prefect_env.progress_to("collect", on_progress):
         return collect_flow(cfg, home)

@@ -5,7 +5,9 @@ state with a policy (stored once in ``candidates``; re-runs reuse them), score t
 registered scorer, store scores and group-relative advantages in ``step_scores``. The exact scorer
 gets browsers and the bundled sites (server, inspection, checker) from here, or from the caller.
 Re-running skips states whose candidates all have a score from this scorer version (checked
-before any server or browser starts); scorer errors are retried.
+before any server or browser starts); scorer errors are retried. With ``workers`` or
+``dask_address`` the trajectories are sharded across Dask workers (:mod:`flows.dask_scale`),
+each with its own sites server and browsers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ prefect_env.configure()
 import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
+from flows import dask_scale  # noqa: E402
+from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input  # noqa: E402
+from flows.grading import criteria_grader  # noqa: E402
 from flows.runs import recorded_run  # noqa: E402
 from judging.base import load_views  # noqa: E402
 from judging.prm import (  # noqa: E402
@@ -42,7 +47,6 @@ from rollouts.browser import SharedSlot  # noqa: E402
 from rollouts.env import BrowserEnv, BrowserSlot, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
 from sites.client import fetch_state, session_of  # noqa: E402
-from sites.grading import grade_session  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
@@ -66,24 +70,36 @@ class ScoreStepsConfig:
     every: int = 1  # every n-th step of a trajectory is a state
     max_states: int | None = None
     seed: int = 0
-    concurrency: int = 4
+    concurrency: int = 4  # per Dask worker when sharded
+    workers: int = 0  # > 0: shard across a local Dask cluster of this many worker processes
+    dask_address: str | None = None  # shard across this existing Dask cluster
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d.pop("concurrency")
+        for volatile in ("concurrency", "workers", "dask_address"):
+            d.pop(volatile)
         return d
 
 
-def select_states(wh: Warehouse, cfg: ScoreStepsConfig) -> list[State]:
-    ids = wh.sql(
+def selected_trajectories(wh: Warehouse, cfg: ScoreStepsConfig) -> list[str]:
+    """The finished trajectories with steps whose states are scored (all, before ``max_states``)."""
+    return wh.sql(
         "SELECT traj_id FROM trajectories WHERE status IN ('success', 'failure', 'finished', "
         "'timeout') AND ($run IS NULL OR run_id = $run) AND n_steps > 0 ORDER BY traj_id",
         {"run": cfg.run},
     )["traj_id"].to_list()
+
+
+def select_states(
+    wh: Warehouse, cfg: ScoreStepsConfig, only: set[str] | None = None
+) -> list[State]:
+    """The states to score, in a stable order; ``only``: of these trajectories (a shard)."""
+    ids = selected_trajectories(wh, cfg)
     states = [
         State(v, i) for v in load_views(wh, ids) for i in range(0, len(v.steps), max(1, cfg.every))
     ]
-    return states[: cfg.max_states] if cfg.max_states else states
+    states = states[: cfg.max_states] if cfg.max_states else states
+    return [s for s in states if s.traj.traj_id in only] if only is not None else states
 
 
 def candidate_policy(cfg: ScoreStepsConfig):
@@ -179,14 +195,8 @@ def done_states(wh: Warehouse, scorer: Any, states: list[State], k: int) -> set[
     return set(df.iter_rows())
 
 
-def bundled_grade(server: SiteServer, client: httpx.AsyncClient):
-    """The exact scorer's grade: the checker's criteria on the replayed session's state."""
-
-    async def grade(env: BrowserEnv, task: Any, answer: str | None) -> list[dict[str, Any]]:
-        verdict = await grade_session(client, server, task, env.cookies, answer)
-        return verdict.to_dict()["criteria"]
-
-    return grade
+# The exact scorer's grade (flows.grading.criteria_grader), under the name others import.
+bundled_grade = criteria_grader
 
 
 def bundled_probe(server: SiteServer, client: httpx.AsyncClient):
@@ -300,7 +310,7 @@ async def _exact_scorer(
         "exact",
         envs=envs,
         resolve=resolve,
-        grade=bundled_grade(server, client),
+        grade=criteria_grader(server, client),
         probe=bundled_probe(server, client),
     )
 
@@ -362,15 +372,74 @@ def scorer_agreement(
     return ranking_agreement(scores(scorer), scores(reference))
 
 
-@task(name="score-candidates")
+# The exact scorer drives browsers, the vlm scorer and openai candidates call HTTP: retried
+# (a retry skips the states already scored and reuses stored candidates).
+@task(
+    name="score-candidates",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=retry_unless_bad_input,
+)
 def score_candidates(cfg: ScoreStepsConfig, home: str | None = None) -> dict[str, Any]:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         return run_score_steps(wh, cfg, prefect_env.progress_of("score_steps"))
 
 
+@task(
+    name="score-shard",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=retry_unless_bad_input,
+)
+def score_shard(
+    cfg: ScoreStepsConfig, run_id: str, traj_ids: list[str], warehouse: str, home: str | None = None
+) -> dict[str, Any]:
+    """One Dask worker's share: the states of ``traj_ids``, with its own sites server and
+    browsers. Skips scored states, so a rerun after a dead worker is safe."""
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        dask_scale.check_same_warehouse(warehouse, wh.cfg)
+        states = select_states(wh, cfg, set(traj_ids))
+        summary = asyncio.run(_score(wh, cfg, states, run_id, None)) if states else ScoreSummary()
+    return dataclasses.asdict(summary)
+
+
+def score_sharded(wh: Warehouse, cfg: ScoreStepsConfig, home: str | None) -> dict[str, Any]:
+    """The flow body on Dask: record the run here, shard the trajectories, add up the shards."""
+    if cfg.k < 2:
+        raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
+    run_id = run_id_for("score_steps", cfg.identity())
+    states = select_states(wh, cfg)
+    if not states:
+        raise WarehouseError("no finished trajectories with steps to score (check --run)")
+    if cfg.scorer == "exact":
+        exact_site_seed(states)  # refuse what the exact scorer cannot replay, before any worker
+    ids = sorted({s.traj.traj_id for s in states})
+    n_workers = dask_scale.cluster_size(cfg.workers, cfg.dask_address)
+    total = ScoreSummary()
+    with recorded_run(wh, run_id, "score_steps", dataclasses.asdict(cfg)):
+        parts = dask_scale.shards(ids, dask_scale.shard_count(n_workers, len(ids)))
+        where = dask_scale.warehouse_identity(wh.cfg)
+        futures = [score_shard.submit(cfg, run_id, part, where, home) for part in parts]
+        for f in futures:
+            part = f.result()
+            for key in ("states", "candidates", "scored", "errors"):
+                setattr(total, key, getattr(total, key) + part[key])
+            total.error_examples += part["error_examples"][: 5 - len(total.error_examples)]
+    return {
+        "run_id": run_id,
+        "selected": len(states),
+        **dataclasses.asdict(total),
+        "shards": len(parts),
+    }
+
+
 @flow(name="score_steps")
 def score_steps_flow(cfg: ScoreStepsConfig, home: str | None = None) -> dict[str, Any]:
-    """PRM scores and group-relative advantages for candidate actions at visited states."""
+    """PRM scores and group-relative advantages for candidate actions at visited states
+    (sharded across Dask workers when ``cfg.workers`` or ``cfg.dask_address`` is set)."""
+    if dask_scale.sharded(cfg.workers, cfg.dask_address):
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            return score_sharded(wh, cfg, home)
     return score_candidates(cfg, home)
 
 
@@ -379,5 +448,7 @@ def score_steps(
     home: str | None = None,
     on_progress: Callable[[ScoreSummary], None] | None = None,
 ) -> dict[str, Any]:
+    if dask_scale.sharded(cfg.workers, cfg.dask_address):
+        return dask_scale.run_flow(score_steps_flow, cfg.workers, cfg.dask_address, cfg, home)
     with prefect_env.progress_to("score_steps", on_progress):
         return score_steps_flow(cfg, home)

@@ -38,7 +38,7 @@ from warehouse.connection import LAKE, WarehouseError, with_retry
 from warehouse.store import Warehouse
 
 CLAIMS, BEATS = "run_leases", "run_lease_beats"
-DEFAULT_TTL_S = 60.0
+DEFAULT_TTL_S = 120.0  # same-host holders expire at once when their process dies
 
 
 class LeaseHeldError(WarehouseError):
