@@ -9,10 +9,12 @@ judgment with criteria and 4 scored PRM candidates per step.
 Measured (in a child process, so "cold" is a fresh process with empty caches and a fresh
 DuckDB connection; imports are done before the clock starts):
 
-* ``page cold``: the first Streamlit ``AppTest`` run of ``/trajectories?traj=bench-30&step=15``
-  (the whole page script: filters, the trajectory list, the view, the screenshot with the
-  action drawn);
-* ``page cached``: later runs of the same page in the same process (Streamlit's data cache
+* ``page cold``: the first Streamlit ``AppTest`` session of
+  ``/trajectories?traj=bench-30&step=15``: the page script's run (filters, the trajectory list,
+  the view, the screenshot with the action drawn), timed by the app itself (wall, and CPU of
+  the script thread); the whole AppTest call, which adds the harness's own work (it scans the
+  installed packages for components on every run), is printed beside it;
+* ``page cached``: new sessions of the same page in the same process (Streamlit's data cache
   keyed by the warehouse snapshot: one snapshot lookup plus the page script), median of 5;
 * the data functions the page calls, cold and again, for where the time goes.
 
@@ -139,15 +141,21 @@ def measure(home: Path) -> None:
     app = str(ROOT / "dashboards" / "app.py")
 
     cpu: list[float] = []
+    harness: list[float] = []
 
     def page_run() -> tuple[float, object]:
+        """One fresh session's render of the page: the script run's own wall and CPU time
+        (measured by the app around ``st.navigation(...).run()``, on the script thread), and
+        the AppTest call around it (which adds the harness's own work)."""
         at = AppTest.from_file(app, default_timeout=600)
         at.query_params["traj"], at.query_params["step"] = TRAJ, str(STEP)
         at.switch_page("views/trajectories.py")
-        t, c = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         at.run()
-        cpu.append(time.process_time() - c)
-        return time.perf_counter() - t, at
+        harness.append(time.perf_counter() - t)
+        wall, thread_cpu = at.session_state["render_s"]
+        cpu.append(thread_cpu)
+        return wall, at
 
     cold, at = page_run()
     if at.exception or at.error:
@@ -158,13 +166,14 @@ def measure(home: Path) -> None:
     print(f"page shows: {TRAJ} step {shown} of {N_STEPS}, {drawn[0] if drawn else 'no image'}")
     print(
         f"page cold: {cold:.3f} s wall, {cpu[0]:.3f} s CPU (aim < {AIM_COLD} s) "
-        f"{'OK' if cold < AIM_COLD else 'OVER'}"
+        f"{'OK' if cold < AIM_COLD else 'OVER'}; AppTest call {harness[0]:.3f} s"
     )
     med = statistics.median(cached)
     print(
         f"page cached: median {med:.3f} s wall of {len(cached)} (min {min(cached):.3f}, max "
         f"{max(cached):.3f}), median {statistics.median(cpu[1:]):.3f} s CPU "
-        f"(aim < {AIM_CACHED} s) {'OK' if med < AIM_CACHED else 'OVER'}"
+        f"(aim < {AIM_CACHED} s) {'OK' if med < AIM_CACHED else 'OVER'}; AppTest call median "
+        f"{statistics.median(harness[1:]):.3f} s"
     )
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} (wall times on a loaded machine exceed CPU times)")

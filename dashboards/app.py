@@ -9,6 +9,7 @@ cached query functions of :mod:`dashboards.data`. Deep links: ``/trajectories?tr
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,10 @@ def main() -> None:
         )
         for name, title, icon in PAGES
     ]
+    wall, cpu = time.perf_counter(), time.thread_time()
     st.navigation(pages).run()
+    # the page's server-side render time (this script run; bench/dashboard.py reads it)
+    st.session_state["render_s"] = (time.perf_counter() - wall, time.thread_time() - cpu)
 
 
 main()
