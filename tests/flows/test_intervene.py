@@ -5,8 +5,9 @@ The CLI tests run the flows from ``webloop`` on the session's Prefect server.
 Each site's task is run by the expert in model-facing (ref) actions with its plan changed: a
 wrong element clicked at step m, step m skipped, or an early answer at step m (the first two
 then give up with a wrong answer). The intervene flow must find the first error at step m,
-verify the expert teacher's correction by replay (the replay stored and graded a success),
-and record an OpenAI-protocol teacher's wrong corrections as not verified."""
+verify the expert teacher's correction by replay (the replay stored and graded a success).
+On one site (:data:`OPENAI_SITE`: the teacher protocol is the same on every site), an
+OpenAI-protocol teacher's wrong corrections are recorded as not verified."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ SITES = {
 # the kind of first error expected (travel's logo link reloads the empty form: progress undone)
 KINDS = {"wrong": "left_path", "skip": "left_path", "early": "early_answer"}
 WENT_BACK = {("travel", "wrong")}
+OPENAI_SITE = "mail"  # the OpenAI-protocol teacher's wrong corrections, checked on one site
 RUN_SETTINGS = {"prompt_mode": "both", "coords": "pixels", "set_of_marks": False, "k_images": 3}
 
 
@@ -66,22 +68,24 @@ async def collect_constructed(wh, sites, browser, site: str) -> dict[str, tuple[
     out: dict[str, tuple[str, int]] = {}
     url = resolve_start_url(task.start_url, sites.urls)
     slot = SharedSlot(browser)
+    jobs = []
+    for kind, m in steps.items():
+        plan = constructed(list(task.reference), kind, m, wrong_css)
+        job = Job(dataclasses.replace(task, reference=plan), 0, f"traj-{site}-{kind}", "g", url)
+        job.allowed_origins = [origin_of(url)]
+        jobs.append(job)
+        out[job.traj_id] = (kind, m)
     async with httpx.AsyncClient() as client:
         writer = BatchWriter(wh).start()
-        for kind, m in steps.items():
-            plan = constructed(list(task.reference), kind, m, wrong_css)
-            job = Job(dataclasses.replace(task, reference=plan), 0, f"traj-{site}-{kind}", "g", url)
-            job.allowed_origins = [origin_of(url)]
-            engine = Engine(
-                run_id,
-                ExpertPolicy(action_space="ref"),
-                bundled_grader(sites, client),
-                writer.put,
-                config=EngineConfig(concurrency=1, max_steps=20),
-                env_factory=lambda: BrowserEnv(slot),
-            )
-            await engine.run([job])
-            out[job.traj_id] = (kind, m)
+        engine = Engine(  # the three plans side by side (each episode has its own context)
+            run_id,
+            ExpertPolicy(action_space="ref"),
+            bundled_grader(sites, client),
+            writer.put,
+            config=EngineConfig(concurrency=len(jobs), max_steps=20),
+            env_factory=lambda: BrowserEnv(slot),
+        )
+        await engine.run(jobs)
         await writer.close()
     return out
 
@@ -141,40 +145,45 @@ def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chr
             assert replayed[m] == rec.proposed_action["text"]
         again = chromium.run(run_intervene_async(wh, cfg, **shared))
         assert again["selected"] == 0  # resumable: nothing left for this teacher
+        if site == OPENAI_SITE:
+            openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium)
 
-        # an OpenAI-protocol teacher with wrong corrections: an answer that gives up, a no-op
-        # scroll (the expert's continuation would do all the work) and garbage (a teacher error)
-        replies = [
-            'Error: step 1: lost\nThought: I cannot do it.\nAction: answer("no idea")',
-            "Error: step 1: lost\nThought: look further down the page.\nAction: scroll(down)",
-            "I am not sure what to do here.",
-        ]
-        with FakeOpenAI([("reply", r) for r in replies]) as fake:
-            ocfg = dataclasses.replace(cfg, teacher="openai", base_url=fake.url, model="bad")
-            bad = chromium.run(run_intervene_async(wh, ocfg, **shared))
-        assert (bad["verified"], bad["not_verified"], bad["errors"]) == (0, 2, 1), bad
-        assert len(fake.requests) == 3
-        rows = from_frame(
-            Intervention, wh.sql("SELECT * FROM interventions WHERE proposer = 'openai:bad'")
-        )
-        by_action = {(r.proposed_action or {}).get("text"): r for r in rows}
-        gave_up, noop, garbage = (
-            by_action['answer("no idea")'],
-            by_action["scroll(down)"],
-            by_action[None],
-        )
-        assert (gave_up.verified, gave_up.verified_outcome) == (False, "failure")
-        assert (noop.verified, noop.verified_outcome) == (False, "success")
-        assert noop.detail["why"] == "the correction made no progress on the reference path itself"
-        assert garbage.verified is None and garbage.verified_outcome == "teacher_error"
-        assert gave_up.rationale == "I cannot do it." and gave_up.detail["teacher_named_step"] == 0
-        for r in rows:  # the error the teacher was asked about is the one found by replay
-            assert r.first_error_step == made[r.traj_id][1]
-        # a re-run retries only the teacher error
-        with FakeOpenAI([("reply", replies[0])]) as fake:
-            ocfg = dataclasses.replace(ocfg, base_url=fake.url)
-            retry = chromium.run(run_intervene_async(wh, ocfg, **shared))
-        assert retry["selected"] == 1 and len(fake.requests) == 1, retry
+
+def openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium) -> None:
+    """An OpenAI-protocol teacher with wrong corrections: an answer that gives up, a no-op
+    scroll (the expert's continuation would do all the work) and garbage (a teacher error)."""
+    shared = dict(server=sites, browser=chromium.browser)
+    replies = [
+        'Error: step 1: lost\nThought: I cannot do it.\nAction: answer("no idea")',
+        "Error: step 1: lost\nThought: look further down the page.\nAction: scroll(down)",
+        "I am not sure what to do here.",
+    ]
+    with FakeOpenAI([("reply", r) for r in replies]) as fake:
+        ocfg = dataclasses.replace(cfg, teacher="openai", base_url=fake.url, model="bad")
+        bad = chromium.run(run_intervene_async(wh, ocfg, **shared))
+    assert (bad["verified"], bad["not_verified"], bad["errors"]) == (0, 2, 1), bad
+    assert len(fake.requests) == 3
+    rows = from_frame(
+        Intervention, wh.sql("SELECT * FROM interventions WHERE proposer = 'openai:bad'")
+    )
+    by_action = {(r.proposed_action or {}).get("text"): r for r in rows}
+    gave_up, noop, garbage = (
+        by_action['answer("no idea")'],
+        by_action["scroll(down)"],
+        by_action[None],
+    )
+    assert (gave_up.verified, gave_up.verified_outcome) == (False, "failure")
+    assert (noop.verified, noop.verified_outcome) == (False, "success")
+    assert noop.detail["why"] == "the correction made no progress on the reference path itself"
+    assert garbage.verified is None and garbage.verified_outcome == "teacher_error"
+    assert gave_up.rationale == "I cannot do it." and gave_up.detail["teacher_named_step"] == 0
+    for r in rows:  # the error the teacher was asked about is the one found by replay
+        assert r.first_error_step == made[r.traj_id][1]
+    # a re-run retries only the teacher error
+    with FakeOpenAI([("reply", replies[0])]) as fake:
+        ocfg = dataclasses.replace(ocfg, base_url=fake.url)
+        retry = chromium.run(run_intervene_async(wh, ocfg, **shared))
+    assert retry["selected"] == 1 and len(fake.requests) == 1, retry
 
 
 def test_cli_refuses_bad_options_in_one_line_before_any_work(tmp_path, prefect_harness):
