@@ -9,10 +9,12 @@
   takes (the server's start-up).
 
 Tolerance of the log-prob comparison: both engines run float32 on the same weights; they differ
-in kernels (vLLM's CPU attention and fused ops vs eager transformers), i.e. in summation order,
-a relative error of ~1e-6 per op that stays below ~1e-4 on a log-prob after two layers. We allow
-2e-3 per token: ten times the largest difference measured here (see the test), far below what a
-wrong image, a wrong template or another checkpoint gives (differences of 0.1 and more)."""
+only in kernels (vLLM's CPU attention and fused ops vs eager transformers), i.e. in summation
+order: float32 rounding, ~1e-7 relative per op. The largest per-token difference measured here
+was 4.8e-7 (the tests print theirs). We allow 1e-4: two hundred times that, for other CPUs'
+kernels (AVX2 vs AVX-512 blockings), yet far below what a wrong image, a wrong chat template or
+another checkpoint gives (the tiny model's log-probs of different tokens differ by ~1e-2, and
+one training step moves them by more)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from tests.serving.vllm_tier import VLLM
 
 pytestmark = [*VLLM, pytest.mark.browser]
 NAME = "tiny-idefics"
-TOL = 2e-3
+TOL = 1e-4
 PROMPT = PromptConfig(max_a11y_chars=3000)
 
 
@@ -185,8 +187,9 @@ def test_one_rl_iteration_with_weight_sync_changes_what_vllm_serves(
         [ref] = HFGenerator(model, proc).run_batch([WITH_IMAGE], 6)
         k = common_prefix(after, ref.token_logprobs)
         assert k >= 3, (after, ref.token_logprobs)  # and they are the new weights' outputs
-        assert all(
-            abs(a[1] - b[1]) < TOL for a, b in zip(after[:k], ref.token_logprobs[:k], strict=True)
-        )
+        pairs = zip(after[:k], ref.token_logprobs[:k], strict=True)
+        diff = max(abs(a[1] - b[1]) for a, b in pairs)
+        print(f"after the sync, largest log-prob difference vLLM vs the checkpoint: {diff:.2e}")
+        assert diff < TOL
     finally:
         vllm_server.sync_weights(original, timeout_s=900)
