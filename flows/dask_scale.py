@@ -125,6 +125,7 @@ def run_flow(flow_fn: Any, workers: int, dask_address: str | None, *args: Any) -
     """Call a Prefect flow with a Dask task runner for these options (and an API the workers
     reach)."""
     import dask
+    import distributed  # noqa: F401  (its config defaults first: leaving set() drops new keys)
 
     # workers start a sites server process each: Dask's default daemonic workers cannot have
     # child processes (the setting reaches local workers; remote ones need it in their own

@@ -1,0 +1,148 @@
+"""Scale-out on Dask (flows/dask_scale.py): ``collect`` sharded across a LocalCluster of 2 worker
+processes writes the same trajectories (ids and outcomes) as a single-process run, on the SQLite
+and on a PostgreSQL catalog; a worker SIGKILLed mid-shard loses nothing and doubles nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from flows.collect import CollectConfig, collect, run_collect
+from flows.dask_scale import shards
+from sites.tasks import generate
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.tasks import put_tasks
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+BASE = dict(n_tasks=4, policy="expert", prompt_mode="a11y", concurrency=1, run_name="scale")
+
+
+def trajectories(wh: Warehouse) -> dict[str, tuple]:
+    rows = wh.sql("SELECT traj_id, status, n_steps, answer FROM trajectories ORDER BY traj_id")
+    return {r[0]: r[1:] for r in rows.iter_rows()}
+
+
+def check_whole(wh: Warehouse) -> None:
+    """No trajectory twice, every trajectory with exactly its steps, no unfinished one."""
+    dup = wh.sql("SELECT count(*) - count(DISTINCT traj_id) FROM trajectories").item()
+    bad_steps = wh.sql(
+        "SELECT count(*) FROM trajectories t LEFT JOIN (SELECT traj_id, count(*) AS n, "
+        "count(DISTINCT step_idx) AS d FROM steps GROUP BY 1) s USING (traj_id) "
+        "WHERE coalesce(s.n, 0) <> t.n_steps OR coalesce(s.d, 0) <> t.n_steps"
+    ).item()
+    assert dup == 0 and bad_steps == 0
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, sites: Any, chromium: Any) -> dict[str, tuple]:
+    """The reference: the same run in one process (the session's sites and Chromium)."""
+    cfg = WarehouseConfig.from_env(home=tmp_path_factory.mktemp("single"), warehouse="")
+    with Warehouse.open(cfg) as wh:
+        put_tasks(wh, generate(12, 0))
+        chromium.run(run_collect(wh, CollectConfig(**BASE), server=sites, browser=chromium.browser))
+        out = trajectories(wh)
+    assert len(out) == BASE["n_tasks"] and {s for s, *_ in out.values()} == {"success"}
+    return out
+
+
+@pytest.fixture
+def api(prefect_harness: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's Prefect server, in the environment the Dask worker processes inherit."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_harness)
+    return prefect_harness
+
+
+def sharded_run(home: Path, **extra: Any) -> dict[str, Any]:
+    return collect(CollectConfig(**{**BASE, **extra}, workers=2), home=str(home))
+
+
+def test_shards_split_contiguously_and_cover_everything():
+    assert shards(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert shards([1], 4) == [[1]] and shards([], 2) == []
+
+
+def test_two_worker_collect_matches_single_process_sqlite(
+    single: dict, api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("WEBLOOP_WAREHOUSE", raising=False)
+    home = tmp_path / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        put_tasks(wh, generate(12, 0))
+    out = sharded_run(home)
+    assert out["shards"] == 2 and out["ran"] == BASE["n_tasks"]
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        assert trajectories(wh) == single  # same ids, statuses, step counts, answers
+        check_whole(wh)
+        assert wh.sql("SELECT status FROM runs WHERE run_id = 'scale'").item() == "completed"
+    assert sharded_run(home)["ran"] == 0  # a re-run finds everything stored
+
+
+def test_two_worker_collect_matches_single_process_postgres(
+    single: dict, api: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("WEBLOOP_WAREHOUSE", pg_url)  # the workers inherit it
+    home = tmp_path / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        put_tasks(wh, generate(12, 0))
+    out = sharded_run(home)
+    assert out["ran"] == BASE["n_tasks"]
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        assert wh.cfg.catalog_kind == "postgres"
+        assert trajectories(wh) == single
+        check_whole(wh)
+
+
+def worker_running_a_browser() -> psutil.Process | None:
+    """A Dask worker process (a grandchild of this one, under its nanny) with a Chromium."""
+    for nanny in psutil.Process().children():
+        for worker in nanny.children():
+            if any("chrom" in p.name().lower() for p in worker.children(recursive=True)):
+                return worker
+    return None
+
+
+def test_a_worker_killed_mid_shard_loses_and_doubles_nothing(
+    single: dict, api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("WEBLOOP_WAREHOUSE", raising=False)
+    home = tmp_path / "home"
+    cfg = WarehouseConfig.from_env(home=home)
+    with Warehouse.open(cfg) as wh:
+        put_tasks(wh, generate(12, 0))
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["out"] = sharded_run(home)
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    killed = None
+    deadline = time.monotonic() + 400
+    while killed is None and thread.is_alive() and time.monotonic() < deadline:
+        victim = worker_running_a_browser()
+        if victim is not None:
+            time.sleep(1.0)  # let it get into its shard (sites up, a trajectory under way)
+            victim = worker_running_a_browser()
+        if victim is not None:
+            for p in victim.children(recursive=True):  # its browsers and sites go with it
+                p.send_signal(signal.SIGKILL)
+            os.kill(victim.pid, signal.SIGKILL)
+            killed = victim.pid
+        time.sleep(0.2)
+    thread.join(600)
+    assert killed is not None, "no worker was seen running a shard"
+    assert "error" not in result, result.get("error")
+    with Warehouse.open(cfg) as wh:
+        assert trajectories(wh) == single  # the killed shard ran again elsewhere: nothing lost
+        check_whole(wh)  # and nothing doubled
