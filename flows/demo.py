@@ -39,8 +39,10 @@ def demo_config(seed: int = 0, rounds: int = 2, **overrides: Any) -> FlywheelCon
         prm_states=4,
         prm_k=3,
         interventions=2,
-        epochs=8,
-        later_epochs=3,
+        # ~80 SFT rows: many cheap epochs (after the first, which encodes the pages, only the
+        # small scorer runs); 8 + 3 epochs gave 0/24 -> 3/24 in a measured run: too few steps
+        epochs=20,
+        later_epochs=6,
         eval_n=24,
         eval_max_steps=24,
         concurrency=4,
