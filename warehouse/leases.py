@@ -283,7 +283,8 @@ def hold(
         def heartbeat() -> None:
             while not stop.wait(ttl_s / 3):
                 try:
-                    lease.beat()
+                    with wh.settings_lock:  # never beside a `SET threads` (store._one_thread)
+                        lease.beat()
                 except Exception as exc:  # a failed beat: retried next time, expiry decides
                     if time.monotonic() - lease._last_beat > ttl_s:
                         lease.lost = f"heartbeat failed: {exc}"

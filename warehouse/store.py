@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,11 @@ class Warehouse:
         # lets write_trajectories skip a scan of the steps table on every batch.
         self._known: dict[str, tuple[str, int]] = {}
         self._known_runs: set[str] = set()
+        # Held while DuckDB's thread count is lowered for an append (`_one_thread`). `SET threads`
+        # reconfigures this DuckDB instance's scheduler and deadlocks against a query running on
+        # another cursor of the same database in another thread (seen: the run lease's
+        # heartbeat). Code that queries ``con.cursor()`` from another thread holds it too.
+        self.settings_lock = threading.RLock()
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -260,15 +266,16 @@ class Warehouse:
         on 2 busy cores). This DuckDB instance is this Warehouse's own, so the setting touches
         nothing else; it is restored afterwards for queries.
         """
-        threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]
-        if threads == 1:
-            yield
-            return
-        self.con.execute("SET threads = 1")
-        try:
-            yield
-        finally:
-            self.con.execute("SET threads = ?", [threads])
+        with self.settings_lock:
+            threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]
+            if threads == 1:
+                yield
+                return
+            self.con.execute("SET threads = 1")
+            try:
+                yield
+            finally:
+                self.con.execute("SET threads = ?", [threads])
 
     def _register(self, name: str, frame: pl.DataFrame) -> None:
         self.con.register(name, frame.to_arrow())
