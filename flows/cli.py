@@ -492,6 +492,17 @@ def collect(
             help="Capture screenshots (default: unless --prompt-mode a11y).",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
+    ] = 0,
+    dask_address: Annotated[
+        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
+    ] = None,
+    lease_wait: Annotated[
+        float,
+        typer.Option(help="Another collector writes this run: wait this long (s), then refuse."),
+    ] = 0.0,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
 
@@ -521,6 +532,9 @@ def collect(
         temperature=temperature,
         concurrency=concurrency,
         run_name=run,
+        workers=workers,
+        dask_address=dask_address,
+        lease_wait_s=lease_wait,
     )
     console.print(
         f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
@@ -577,6 +591,13 @@ def judge(
     threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
     concurrency: Annotated[int, typer.Option(help="Trajectories judged at once.")] = 8,
     attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
+    workers: Annotated[
+        int,
+        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
+    ] = 0,
+    dask_address: Annotated[
+        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
+    ] = None,
 ) -> None:
     """Judge trajectories that have no verdict from this judge version yet (the judge flow)."""
     if ctx.invoked_subcommand is not None:
@@ -600,7 +621,13 @@ def judge(
     except (TypeError, ValueError) as exc:
         raise UserError(str(exc)) from None
     cfg = JudgeConfig(
-        judge=judge_name, options=options, run=run, concurrency=concurrency, attempts=attempts
+        judge=judge_name,
+        options=options,
+        run=run,
+        concurrency=concurrency,
+        attempts=attempts,
+        workers=workers,
+        dask_address=dask_address,
     )
 
     from flows.progress import LiveProgress
@@ -715,6 +742,13 @@ def score_steps(
     every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
     max_states: Annotated[int | None, typer.Option(help="At most this many states.")] = None,
     concurrency: Annotated[int, typer.Option(help="States (browsers) at once.")] = 4,
+    workers: Annotated[
+        int,
+        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
+    ] = 0,
+    dask_address: Annotated[
+        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
+    ] = None,
 ) -> None:
     """Sample K candidates per visited state, score them, store scores and advantages."""
     if ctx.invoked_subcommand is not None:
@@ -743,6 +777,8 @@ def score_steps(
         every=every,
         max_states=max_states,
         concurrency=concurrency,
+        workers=workers,
+        dask_address=dask_address,
     )
 
     from flows.progress import LiveProgress
