@@ -63,13 +63,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: setup
+bench: setup vllm
 	$(PY) bench/warehouse.py
 	$(PY) bench/sites.py
 	$(PY) bench/rollouts.py
 	$(PY) bench/judging.py
 	$(PY) bench/curation.py
 	$(PY) bench/learning.py
+	$(PY) bench/dashboard.py
+	$(PY) bench/serving.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .webloop .pytest_cache .ruff_cache *.egg-info
