@@ -7,7 +7,8 @@ steps, judgments, PRM scores; ``--quick``: 2k trajectories), plus one 30-step tr
 judgment with criteria and 4 scored PRM candidates per step.
 
 Measured (in a child process, so "cold" is a fresh process with empty caches and a fresh
-DuckDB connection; imports are done before the clock starts):
+DuckDB connection; imports are done before the clock starts, pandas included, which DuckDB
+imports lazily on the first query with parameters):
 
 * ``page cold``: the first Streamlit ``AppTest`` session of
   ``/trajectories?traj=bench-30&step=15``: the page script's run (filters, the trajectory list,
@@ -132,6 +133,7 @@ def measure(home: Path) -> None:
     """Child process: the timings (see the module docstring)."""
     os.environ["WEBLOOP_HOME"] = str(home)
     os.environ["WEBLOOP_WAREHOUSE"] = ""
+    import pandas  # noqa: F401  (DuckDB imports it on the first query with parameters: an import)
     from streamlit.testing.v1 import AppTest
 
     from dashboards import queries

@@ -286,10 +286,10 @@ RL_ATTEMPTS = 3
 
 async def rl(b: Bench, start: str) -> dict[str, Any]:
     """On-policy GRPO from ``start``. A batch in which every group's samples got the same reward
-    has no learning signal (the trainer refuses it); as an RL loop would, draw another batch
-    (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say so."""
+    has no learning signal (the iteration makes no update); as an RL loop would, draw another
+    batch (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say so. If no attempt
+    had a signal, the result is the unchanged start checkpoint (said, not hidden)."""
     from flows.train import RLConfig, run_rl
-    from training.interface import DataMismatch
 
     t0 = time.perf_counter()
     for seed in range(RL_ATTEMPTS):
@@ -305,13 +305,12 @@ async def rl(b: Bench, start: str) -> dict[str, Any]:
             ppo_epochs=2,
             seed=seed,
         )
-        try:
-            res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+        res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+        if any(r["nonzero_advantage"] for r in res["iterations"]):
             break
-        except DataMismatch as exc:
-            if "nothing to train" not in str(exc) or seed == RL_ATTEMPTS - 1:
-                raise
-            say(f"rl (seed {seed}): no learning signal in this batch ({exc}); next seed")
+        say(f"rl (seed {seed}): no learning signal in any iteration's batch; next seed")
+    else:
+        say(f"rl: no learning signal in {RL_ATTEMPTS} attempts; the policy is the start checkpoint")
     b.timed("rl", t0)
     for r in res["iterations"]:
         say(

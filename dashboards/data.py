@@ -27,7 +27,7 @@ import streamlit as st
 from dashboards import queries
 from dashboards.marker import draw_action
 from warehouse.config import WarehouseConfig
-from warehouse.connection import LAKE
+from warehouse.connection import LAKE, require_catalog_file
 from warehouse.readonly import QueryResult, open_readonly, run_readonly
 from warehouse.retry import retrying
 from warehouse.store import Warehouse
@@ -58,7 +58,10 @@ def _reader(key: str) -> Warehouse:
     another process committed. Likewise a READ_ONLY attachment failed with "disk I/O error".
     """
     cfg = config()
-    Warehouse.open(cfg, migrate=False, read_only=True).close()
+    if cfg.catalog_kind == "sqlite":
+        require_catalog_file(cfg)  # the file check is the probe (a full open costs ~0.5 s)
+    else:
+        Warehouse.open(cfg, migrate=False, read_only=True).close()
     return Warehouse.open(cfg, migrate=False)
 
 

@@ -246,7 +246,9 @@ async def run_rl(
     server: Any = None,
     browser: Any = None,
 ) -> dict[str, Any]:
-    """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration."""
+    """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration. An
+    iteration whose batch has no learning signal (every group's samples got the same reward)
+    makes no update; if no iteration trained, the start checkpoint is the result."""
     say = progress or (lambda _line: None)
     start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
     run_id = registry.training_run_id("rl", start.model or cfg.policy, None, cfg.identity())
@@ -268,6 +270,21 @@ async def run_rl(
             f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
             "with a learning signal"
         )
+        if stats["nonzero_advantage"] == 0:
+            # every group's samples got the same reward: no gradient. As GRPO loops do, the
+            # iteration makes no update (the policy stays as it is) instead of failing the run.
+            say(f"  rl iteration {it + 1}: no learning signal; the policy is unchanged")
+            rounds.append(
+                {
+                    "iteration": it,
+                    "collect_run": col["run_id"],
+                    **stats,
+                    "steps_run": 0,
+                    "checkpoint": current.model,
+                    "checkpoint_id": current.checkpoint_id,
+                }
+            )
+            continue
         model = _load(wh, current.model, cfg)
         res = _fit(
             wh,

@@ -104,8 +104,8 @@ def connect(
     ``sandboxed``: for SQL written by people (``webloop sql``, a dashboard's SQL page): see
     :func:`sandbox`. Run such SQL with :func:`run_user_sql`.
     """
-    if read_only and cfg.catalog_kind == "sqlite" and not Path(cfg.catalog).is_file():
-        raise NoWarehouseError(_no_warehouse(cfg))
+    if read_only:
+        require_catalog_file(cfg)
     con = duckdb.connect(
         config={
             "extension_directory": extension_directory(),
@@ -150,6 +150,13 @@ def connect(
         _remove_created(created)
         raise
     return con
+
+
+def require_catalog_file(cfg: WarehouseConfig) -> None:
+    """Raise :class:`NoWarehouseError` when ``cfg``'s SQLite catalog file does not exist (a
+    cheap probe that creates nothing; an empty PostgreSQL catalog is found only by opening it)."""
+    if cfg.catalog_kind == "sqlite" and not Path(cfg.catalog).is_file():
+        raise NoWarehouseError(_no_warehouse(cfg))
 
 
 def _no_warehouse(cfg: WarehouseConfig) -> str:

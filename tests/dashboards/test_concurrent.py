@@ -14,21 +14,37 @@ from warehouse import Warehouse, WarehouseConfig
 from warehouse.records import Step, Trajectory
 
 ROOT = Path(__file__).parents[2]
-BATCHES, PER_BATCH = 40, 5
+PER_BATCH, READS = 5, 5
+# Writes batches of PER_BATCH trajectories, one transaction each, until the stop file appears;
+# prints each batch number, then "done <batches>".
 WRITER = """
 import sys, time
+from pathlib import Path
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.records import Step, Trajectory
-home, batches, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+home, stop, per = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
-    for b in range(batches):
+    b = 0
+    while not stop.exists():
         trajs = [Trajectory(f"w{b}-{i}", "run-w", "task-w", "writer", "success", n_steps=1)
                  for i in range(per)]
         steps = [Step(traj_id=t.traj_id, step_idx=0, action_text="click(1, 1)") for t in trajs]
         wh.write_trajectories(trajs, steps)
         print(b, flush=True)
-        time.sleep(0.5)
+        b += 1
+        time.sleep(0.2)
+print("done", b, flush=True)
 """
+
+
+def next_batch(writer: subprocess.Popen) -> int:
+    """The writer's next printed batch number (DuckDB may print a progress bar first)."""
+    while True:
+        line = writer.stdout.readline()
+        assert line, writer.stderr.read()
+        text = line.rsplit("\r", 1)[-1].strip()
+        if text.isdigit():
+            return int(text)
 
 
 def trajectories_shown(at) -> int:
@@ -43,18 +59,16 @@ def test_pages_read_and_label_while_another_process_writes(open_page, tmp_path, 
             [Trajectory("seed", "run-s", "task-s", "expert", "failure", n_steps=1)],
             [Step(traj_id="seed", step_idx=0, action_text="click(2, 2)")],
         )
+    stop = tmp_path / "stop"
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(home), str(BATCHES), str(PER_BATCH)],
+        [sys.executable, "-c", WRITER, str(home), str(stop), str(PER_BATCH)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        line = "-"
-        while line and line.strip() != "0":  # (DuckDB may print a progress bar first)
-            line = writer.stdout.readline()
-        assert line.strip() == "0", writer.stderr.read()  # it is writing
+        assert next_batch(writer) == 0  # it is writing (and writes until told to stop)
         seen = []
         at = open_page("overview", home=home)
         assert not at.exception and not at.error
@@ -63,25 +77,29 @@ def test_pages_read_and_label_while_another_process_writes(open_page, tmp_path, 
         at.radio(key="queue_label").set_value("not_executable")
         at.text_input(key="queue_reviewer").set_value("carol")
         at.button[-1].click().run()
-        saved_while_writing = writer.poll() is None
         assert not at.exception and not at.error, [e.value for e in at.error]
         assert any(s.value.startswith("Saved: not_executable by carol") for s in at.success)
-        while writer.poll() is None and len(seen) < 50:
+        for _ in range(READS):
             at = open_page("overview", home=home)
             assert not at.exception and not at.error, [e.value for e in at.error]
             seen.append(trajectories_shown(at))
-        writer.wait(300)
-        assert writer.returncode == 0, writer.stderr.read()
+        # one more batch than any read saw, so the last read below shows more than all of them
+        while next_batch(writer) <= (max(seen) - 1) // PER_BATCH:
+            pass
+        assert writer.poll() is None  # the label was saved while the writer was writing
+        stop.touch()
+        out, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err
+        batches = int(out.split("done")[-1].strip())
     finally:
         if writer.poll() is None:
             writer.kill()
     at = open_page("overview", home=home)
     seen.append(trajectories_shown(at))
-    assert saved_while_writing
     assert seen == sorted(seen), seen  # never goes back
     assert all((n - 1) % PER_BATCH == 0 for n in seen), seen  # whole transactions only
-    assert seen[-1] == 1 + BATCHES * PER_BATCH
-    assert seen[0] < seen[-1]  # the first read happened while the writer was writing
+    assert seen[-1] == 1 + batches * PER_BATCH
+    assert seen[0] < seen[-1]  # the reads happened while the writer was writing
     use_home(monkeypatch, home)
     with Warehouse.open(cfg, migrate=False, read_only=True) as wh:
         rows = wh.sql("SELECT traj_id, label, reviewer, source FROM human_labels").rows()

@@ -157,6 +157,7 @@ def test_served_deployment_runs_maintain_warehouse(prefect_subprocess_env, tmp_p
         while time.monotonic() < deadline and served_home() != str(home.absolute()):
             assert proc.poll() is None, log_text(log)
             time.sleep(0.5)
+        assert served_home() == str(home.absolute()), log_text(log)
         state, fr_id = asyncio.run(trigger("maintain_warehouse/weekly-maintenance"))
         assert state == "COMPLETED", log_text(log)
     finally:

@@ -20,7 +20,7 @@ import pytest
 from sites.tasks import generate
 from tests.flows.test_collect import GatedModel
 from warehouse import Warehouse, WarehouseConfig
-from warehouse.leases import holder_of
+from warehouse.leases import claims, holder_of
 from warehouse.tasks import put_tasks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -81,6 +81,20 @@ def wait_for_holder(home: Path, pid: int, proc: subprocess.Popen) -> None:
         time.sleep(0.3)
 
 
+def wait_for_claim(home: Path, proc: subprocess.Popen) -> None:
+    """Until ``proc`` has an open (unreleased, not holding) claim on the run: it waits in line."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the waiting collector never claimed the run"
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            mine = [c for c in claims(wh.con, RUN) if c.pid == proc.pid]
+            h = holder_of(wh.con, RUN)
+        if mine and mine[-1].released_at is None and h is not None and h.pid != proc.pid:
+            return
+        time.sleep(0.3)
+
+
 def check_once_each(home: Path) -> None:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         n, distinct = wh.sql(
@@ -106,6 +120,7 @@ def test_second_collector_is_refused_then_a_waiting_one_finds_the_run_done(home:
     model = GatedModel(allowed=1)
     with model.http:
         first = start(home, model.url)
+        procs = [first]
         try:
             wait_for_holder(home, first.pid, first)
             refused = start(home, model.url)
@@ -114,13 +129,14 @@ def test_second_collector_is_refused_then_a_waiting_one_finds_the_run_done(home:
             assert "being written by another process" in err
             assert f"pid {first.pid}" in err and "since" in err
             waiting = start(home, model.url, lease_wait_s=600)
-            time.sleep(3)
+            procs.append(waiting)
+            wait_for_claim(home, waiting)  # it claimed and queued behind the holder
             assert waiting.poll() is None  # waiting for the lease, not refused
             model.release()
             first_out = result(first)
             waiting_out = result(waiting)
         finally:
-            for p in (first,):
+            for p in procs:
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
     assert first_out["written"] == N_TASKS

@@ -1,6 +1,7 @@
 """Every stage flow under the session's Prefect harness, on one small warehouse that the stages
 fill in order: collect → judge → score_steps → intervene → curate → train_sft → evaluate →
-train_rl → evaluate_newest → maintain_warehouse. Each leaves the expected rows; the stages that
+train_rl (and one without a learning signal) → evaluate_newest →
+maintain_warehouse. Each leaves the expected rows; the stages that
 record a ``runs`` row are checked for it, and the Prefect flow-run id where the stage records it;
 the curate, train and evaluate artifacts are read back through the Prefect client.
 
@@ -228,6 +229,20 @@ def test_train_rl(home: str, done: dict):
     assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
     assert "## Iterations" in artifact("training-rl", fr)
     done["rl"] = out
+
+
+def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: str, done: dict):
+    # groups of one sample: every GRPO advantage is 0, so the iteration makes no update (and
+    # the run does not fail); the result is the start checkpoint
+    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="grpo", iterations=1,
+                   group_size=1, n_tasks=2, seed=2, **SHORT)  # fmt: skip
+    out, _ = run(train_rl_flow, cfg, home)
+    [it] = out["iterations"]
+    assert it["trajectories"] == 2 and it["turns"] > 0
+    assert it["nonzero_advantage"] == 0 and it["steps_run"] == 0
+    assert out["checkpoint_id"] == it["checkpoint_id"] == done["sft"]["checkpoint_id"]
+    assert sql(home, "SELECT count(*) FROM training_runs WHERE training_run_id = ?",
+               [out["training_run_id"]])[0][0] == 0  # fmt: skip
 
 
 def test_evaluate_newest_shows_the_delta(home: str, done: dict):

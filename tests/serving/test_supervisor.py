@@ -65,6 +65,7 @@ def wait_for_url(proc: subprocess.Popen, timeout_s: float = 600) -> str:
 def test_serve_model_prints_the_url_and_stops_its_process_group(sig, idefics, tmp_path):
     port = free_port()
     proc = start_cli(idefics, port, tmp_path / "engine.log")
+    engine = None
     try:
         url = wait_for_url(proc)
         assert url == f"http://127.0.0.1:{port}/v1"
@@ -80,6 +81,8 @@ def test_serve_model_prints_the_url_and_stops_its_process_group(sig, idefics, tm
     finally:
         if proc.poll() is None:
             proc.kill()
+        if engine is not None and group_members(engine):
+            os.killpg(engine, signal.SIGKILL)  # a failed check leaves no engine behind
         proc.stdout.close()
 
 

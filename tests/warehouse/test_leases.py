@@ -8,14 +8,21 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from warehouse import Warehouse, WarehouseConfig
-from warehouse.leases import LeaseHeldError, acquire, claims, hold, holder_of, this_host
+from warehouse.leases import (
+    Claim,
+    LeaseHeldError,
+    acquire,
+    claims,
+    hold,
+    holder_of,
+    this_host,
+)
 
 ROOT = Path(__file__).parents[2]
 
@@ -30,6 +37,7 @@ from warehouse.leases import LeaseHeldError, acquire
 go, runs = Path(sys.argv[1]), sys.argv[2:]
 stop = go.with_name("stop")
 with Warehouse.open() as wh:
+    print("ready", flush=True)
     while not go.exists():
         time.sleep(0.005)
     won = []
@@ -83,7 +91,8 @@ def race(
         )
         for _ in range(n_procs)
     ]
-    time.sleep(1.5)  # let them open the warehouse; the start file releases all at once
+    for p in procs:  # every racer has the warehouse open; the start file releases all at once
+        read_until(p, "ready")
     go.touch()
     out = []
     try:
@@ -97,14 +106,20 @@ def race(
     return out
 
 
-def result_line(p: subprocess.Popen) -> list[str]:
-    """The racer's JSON line (DuckDB may draw a progress bar on stdout before it)."""
+def read_until(p: subprocess.Popen, prefix: str) -> str:
+    """The racer's next stdout line that starts with ``prefix`` (DuckDB may draw a progress bar
+    on stdout before it)."""
     while True:
         line = p.stdout.readline()
-        assert line, p.stderr.read() if p.poll() is not None else "no result"
+        assert line, p.stderr.read() if p.poll() is not None else f"no {prefix!r} line"
         text = line.rsplit("\r", 1)[-1].strip()
-        if text.startswith("["):
-            return json.loads(text)
+        if text.startswith(prefix):
+            return text
+
+
+def result_line(p: subprocess.Popen) -> list[str]:
+    """The racer's JSON line: the runs it won."""
+    return json.loads(read_until(p, "["))
 
 
 def check_one_winner_each(
@@ -153,8 +168,12 @@ def test_second_claimant_is_refused_with_the_holder_named(wh: Warehouse):
 def test_a_waiting_claimant_gets_the_lease_when_it_is_released(wh: Warehouse):
     first = acquire(wh.con, "r2")
     waited_for = []
-    threading.Timer(1.0, first.release).start()
-    second = acquire(wh.con.cursor(), "r2", wait_s=60, poll_s=0.1, on_wait=waited_for.append)
+
+    def on_wait(holder: Claim) -> None:  # the waiter saw the holder: now it lets go
+        waited_for.append(holder)
+        first.release()
+
+    second = acquire(wh.con.cursor(), "r2", wait_s=60, poll_s=0.1, on_wait=on_wait)
     assert [c.claim_id for c in waited_for] == [first.claim.claim_id]
     assert holder_of(wh.con, "r2").claim_id == second.claim.claim_id
 
@@ -179,8 +198,17 @@ def test_a_lease_without_heartbeat_expires_after_its_ttl(wh: Warehouse):
 
 
 def test_hold_keeps_the_lease_alive_by_heartbeat_and_releases_it(wh: Warehouse):
-    with hold(wh, "r5", ttl_s=2.0, holder="collect") as lease:
-        time.sleep(4.5)  # well past the TTL: the heartbeat thread kept it
+    ttl = 6.0
+    with hold(wh, "r5", ttl_s=ttl, holder="collect") as lease:
+        # wait (however long the machine takes) until a heartbeat has carried the claim past
+        # the expiry of its first stamp: the thread renewed it
+        deadline = time.monotonic() + 120
+        while True:
+            (claim,) = claims(wh.con.cursor(), "r5")
+            if (claim.beat_at - claim.claimed_at).total_seconds() > ttl:
+                break
+            assert time.monotonic() < deadline, "no heartbeat renewed the lease"
+            time.sleep(0.2)
         assert lease.lost is None
         with pytest.raises(LeaseHeldError):
             acquire(wh.con.cursor(), "r5")
