@@ -24,7 +24,6 @@ import pytest
 from warehouse import Warehouse, WarehouseConfig
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-ROOT_DIR = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -135,20 +134,12 @@ def prefect_subprocess_env(prefect_harness: str) -> dict[str, str]:
     return {**os.environ, "PREFECT_API_URL": prefect_harness}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use the Prefect harness carry the ``prefect`` marker (``make test-fast``
-    deselects them), whichever fixture brought the harness in.
-
-    For ``pytest -n N --dist loadgroup`` (``make test``), each test file is one unit of work
-    (module fixtures and file-ordered stages stay in one worker), and the serving tests form
-    one unit so that a single vLLM server serves them."""
+    deselects them), whichever fixture brought the harness in."""
     for item in items:
         if "prefect_harness" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.prefect)
-        path = Path(str(item.path)).relative_to(ROOT_DIR)
-        group = "serving" if path.parts[:2] == ("tests", "serving") else path.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # -- Bundled sites and Chromium, shared by the session -------------------------------------------
