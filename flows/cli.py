@@ -59,6 +59,16 @@ class PromptMode(StrEnum):
     both = "both"
 
 
+# The Dask scale-out options of collect, judge and score-steps (flows/dask_scale.py shards).
+Workers = Annotated[
+    int,
+    typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
+]
+DaskAddress = Annotated[
+    str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
+]
+
+
 class Selection(StrEnum):
     model = "model"
     heuristic = "heuristic"
@@ -492,13 +502,8 @@ def collect(
             help="Capture screenshots (default: unless --prompt-mode a11y).",
         ),
     ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
-    ] = 0,
-    dask_address: Annotated[
-        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
-    ] = None,
+    workers: Workers = 0,
+    dask_address: DaskAddress = None,
     lease_wait: Annotated[
         float,
         typer.Option(help="Another collector writes this run: wait this long (s), then refuse."),
@@ -591,13 +596,8 @@ def judge(
     threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
     concurrency: Annotated[int, typer.Option(help="Trajectories judged at once.")] = 8,
     attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
-    workers: Annotated[
-        int,
-        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
-    ] = 0,
-    dask_address: Annotated[
-        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
-    ] = None,
+    workers: Workers = 0,
+    dask_address: DaskAddress = None,
 ) -> None:
     """Judge trajectories that have no verdict from this judge version yet (the judge flow)."""
     if ctx.invoked_subcommand is not None:
@@ -742,13 +742,8 @@ def score_steps(
     every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
     max_states: Annotated[int | None, typer.Option(help="At most this many states.")] = None,
     concurrency: Annotated[int, typer.Option(help="States (browsers) at once.")] = 4,
-    workers: Annotated[
-        int,
-        typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
-    ] = 0,
-    dask_address: Annotated[
-        str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
-    ] = None,
+    workers: Workers = 0,
+    dask_address: DaskAddress = None,
 ) -> None:
     """Sample K candidates per visited state, score them, store scores and advantages."""
     if ctx.invoked_subcommand is not None:

@@ -53,14 +53,14 @@ def latest_version(schema_dir: Path = SCHEMA_DIR) -> int:
 
 
 def current_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The schema version recorded in the warehouse (0 for an empty one)."""
-    exists = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
-        [LAKE, VERSION_TABLE],
-    ).fetchone()[0]
-    if not exists:
+    """The schema version recorded in the warehouse (0 for an empty one). Reads the version
+    table directly: listing tables (``duckdb_tables()``) loads every table's metadata, ~0.3 s on
+    a large warehouse. A missing table is a catalog (binder) error, which leaves an open
+    transaction usable, so this also works inside the migration's transaction."""
+    try:
+        row = con.execute(f"SELECT max(version) FROM {LAKE}.{VERSION_TABLE}").fetchone()
+    except duckdb.CatalogException:
         return 0
-    row = con.execute(f"SELECT max(version) FROM {LAKE}.{VERSION_TABLE}").fetchone()
     return int(row[0] or 0)
 
 

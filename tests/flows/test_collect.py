@@ -25,6 +25,7 @@ from starlette.routing import Route
 from rollouts.localserver import ThreadedServer
 from sites.tasks import generate
 from tests.flows.cli_runner import webloop
+from tests.flows.integrity import duplicate_and_mismatched
 from tests.rollouts.fake_openai import last_user_text
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
@@ -121,15 +122,10 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
     for tid, row in before.items():
         assert after[tid] == row  # kept as it was, not redone
     with Warehouse.open(WarehouseConfig.from_env(home=home), read_only=True) as wh:
-        dup = wh.sql("SELECT count(*) - count(DISTINCT traj_id) FROM trajectories").item()
-        mismatched = wh.sql(
-            "SELECT count(*) FROM trajectories t LEFT JOIN (SELECT traj_id, count(*) AS n, "
-            "count(DISTINCT step_idx) AS d FROM steps GROUP BY 1) s USING (traj_id) "
-            "WHERE coalesce(s.n, 0) <> t.n_steps OR coalesce(s.d, 0) <> t.n_steps"
-        ).item()
+        whole = duplicate_and_mismatched(wh)
         n_steps = wh.sql("SELECT DISTINCT n_steps FROM trajectories").rows()
         run = wh.sql("SELECT status FROM runs WHERE run_id = 'kill-me'").item()
-    assert dup == 0 and mismatched == 0 and run == "completed"
+    assert whole == (0, 0) and run == "completed"
     assert n_steps == [(2,)]  # scroll, answer: every trajectory whole
 
 

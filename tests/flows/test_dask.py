@@ -18,6 +18,7 @@ import pytest
 from flows.collect import CollectConfig, collect, run_collect
 from flows.dask_scale import shards
 from sites.tasks import generate
+from tests.flows.integrity import duplicate_and_mismatched
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -33,13 +34,7 @@ def trajectories(wh: Warehouse) -> dict[str, tuple]:
 
 def check_whole(wh: Warehouse) -> None:
     """No trajectory twice, every trajectory with exactly its steps, no unfinished one."""
-    dup = wh.sql("SELECT count(*) - count(DISTINCT traj_id) FROM trajectories").item()
-    bad_steps = wh.sql(
-        "SELECT count(*) FROM trajectories t LEFT JOIN (SELECT traj_id, count(*) AS n, "
-        "count(DISTINCT step_idx) AS d FROM steps GROUP BY 1) s USING (traj_id) "
-        "WHERE coalesce(s.n, 0) <> t.n_steps OR coalesce(s.d, 0) <> t.n_steps"
-    ).item()
-    assert dup == 0 and bad_steps == 0
+    assert duplicate_and_mismatched(wh) == (0, 0)
 
 
 @pytest.fixture(scope="module")

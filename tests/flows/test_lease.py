@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sites.tasks import generate
+from tests.flows.integrity import duplicate_and_mismatched
 from tests.flows.test_collect import GatedModel
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.leases import claims, holder_of
@@ -97,15 +98,9 @@ def wait_for_claim(home: Path, proc: subprocess.Popen) -> None:
 
 def check_once_each(home: Path) -> None:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        n, distinct = wh.sql(
-            "SELECT count(*), count(DISTINCT traj_id) FROM trajectories WHERE run_id = ?", [RUN]
-        ).row(0)
-        mismatched = wh.sql(
-            "SELECT count(*) FROM trajectories t LEFT JOIN (SELECT traj_id, count(*) AS n, "
-            "count(DISTINCT step_idx) AS d FROM steps GROUP BY 1) s USING (traj_id) "
-            "WHERE coalesce(s.n, 0) <> t.n_steps OR coalesce(s.d, 0) <> t.n_steps"
-        ).item()
-    assert n == distinct == N_TASKS and mismatched == 0
+        n = wh.sql("SELECT count(*) FROM trajectories WHERE run_id = ?", [RUN]).item()
+        whole = duplicate_and_mismatched(wh, RUN)
+    assert n == N_TASKS and whole == (0, 0)
 
 
 @pytest.fixture
