@@ -637,11 +637,11 @@ WITH tk AS (
     SELECT s.* FROM scoped s JOIN verdicts v USING (traj_id)
     WHERE v.verdict = 'success' AND v.error IS NULL AND s.n_steps BETWEEN 1 AND $max_steps
 ), st AS (
-    SELECT traj_id, step_idx, url, screenshot_hash, action_text, action_error,
-           lead(screenshot_hash) OVER w AS next_shot, lead(url) OVER w AS next_url,
-           lead(step_idx) OVER w AS next_idx,
-           row_number() OVER (PARTITION BY traj_id, screenshot_hash, action_text
-                              ORDER BY step_idx) AS occurrence
+    SELECT traj_id, step_idx, url, coalesce(screenshot_hash, a11y_hash) AS obs, action_text,
+           action_error, lead(coalesce(screenshot_hash, a11y_hash)) OVER w AS next_obs,
+           lead(url) OVER w AS next_url, lead(step_idx) OVER w AS next_idx,
+           row_number() OVER (PARTITION BY traj_id, coalesce(screenshot_hash, a11y_hash),
+                              action_text ORDER BY step_idx) AS occurrence
     FROM {LAKE}.steps AT (VERSION => $v)
     WHERE traj_id IN (SELECT traj_id FROM passing)
     WINDOW w AS (PARTITION BY traj_id ORDER BY step_idx)
@@ -659,14 +659,14 @@ WITH tk AS (
     LEFT JOIN taken p ON p.traj_id = st.traj_id AND p.step_idx = st.step_idx
                      AND p.action_text = st.action_text
     WHERE st.action_error IS NULL AND st.action_text IS NOT NULL
-      AND NOT coalesce(st.next_shot = st.screenshot_hash
+      AND NOT coalesce(st.next_obs = st.obs
                        AND st.next_url IS NOT DISTINCT FROM st.url
                        AND st.next_idx = st.step_idx + 1, false)
-      AND NOT (st.occurrence > 2 AND st.screenshot_hash IS NOT NULL)
+      AND NOT (st.occurrence > 2 AND st.obs IS NOT NULL)
       AND coalesce(p.score >= $min_score, true)
 ), seqs AS (
     SELECT traj_id,
-           string_agg(coalesce(screenshot_hash, '') || chr(30) || coalesce(action_text, ''),
+           string_agg(coalesce(obs, '') || chr(30) || coalesce(action_text, ''),
                       chr(31) ORDER BY step_idx) AS seq
     FROM st GROUP BY traj_id
 ), live AS (

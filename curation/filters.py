@@ -77,8 +77,10 @@ class Frames:
     :class:`curation.select.Selection` ``trajectories`` but ``weight``).
     ``steps``: EVERY stored step of the trajectories in the recipe's sources (not only the kept
     ones), sorted by (traj_id, step_idx): traj_id, step_idx, url, screenshot_hash, action_text,
-    action_error. It never changes, so filters that look at whole trajectories (dedup) see all of
-    a trajectory's steps. ``kept``: boolean mask aligned with ``steps``: the steps still selected.
+    action_error, and ``obs_hash``: what the agent observed (the screenshot's hash; for a step
+    without a screenshot, e.g. accessibility-tree observations, the tree's). It never changes,
+    so filters that look at whole trajectories (dedup) see all of a trajectory's steps.
+    ``kept``: boolean mask aligned with ``steps``: the steps still selected.
     ``lake``: reads at the pinned snapshot.
     """
 
@@ -230,7 +232,8 @@ class DedupTrajectoriesParams(FilterParams):
 @register("dedup_trajectories", DedupTrajectoriesParams)
 def dedup_trajectories(frames: Frames, p: DedupTrajectoriesParams) -> Frames:
     """Keep one trajectory (the first traj_id in sorted order) of each set with the same task
-    and the same sequence of (screenshot_hash, action_text) over ALL its stored steps."""
+    and the same sequence of (observation, action_text) over ALL its stored steps (``obs_hash``:
+    the screenshot, or the accessibility tree of a step without one)."""
     live = frames.trajectories.select("traj_id", "task_id")
     seq = (
         frames.steps.filter(pl.col("traj_id").is_in(live.get_column("traj_id").implode()))
@@ -238,7 +241,7 @@ def dedup_trajectories(frames: Frames, p: DedupTrajectoriesParams) -> Frames:
         .agg(
             pl.concat_str(
                 [
-                    pl.col("screenshot_hash").fill_null("\x00"),
+                    pl.col("obs_hash").fill_null("\x00"),
                     pl.col("action_text").fill_null("\x00"),
                 ],
                 separator="\x1e",
@@ -356,7 +359,8 @@ def prm_threshold(frames: Frames, p: PrmThresholdParams) -> Frames:
 class DropInvalidStepsParams(FilterParams):
     noop: StrictBool = Field(
         True,
-        description="Also drop no-op steps: the next step's screenshot is the same as this one's.",
+        description="Also drop no-op steps: the next step's observation (screenshot, or the "
+        "accessibility tree without one) and URL are the same as this one's.",
     )
 
 
@@ -365,12 +369,13 @@ def drop_invalid_steps(frames: Frames, p: DropInvalidStepsParams) -> Frames:
     """Drop steps with an action error (``action_error`` not null: the action failed or the
     model output did not parse), steps without an action (``action_text`` null), and, with
     ``noop``, steps whose action changed nothing visible: the NEXT step of the same trajectory
-    has the same screenshot hash and URL (the last step of a trajectory is never a no-op)."""
+    has the same observation (``obs_hash``: screenshot, or accessibility tree for steps without
+    a screenshot) and URL (the last step of a trajectory is never a no-op)."""
     s = frames.steps
     invalid = s.get_column("action_error").is_not_null() | s.get_column("action_text").is_null()
     if p.noop:
         nxt = s.select(
-            same=(pl.col("screenshot_hash") == pl.col("screenshot_hash").shift(-1))
+            same=(pl.col("obs_hash") == pl.col("obs_hash").shift(-1))
             & (pl.col("url").eq_missing(pl.col("url").shift(-1)))
             & (pl.col("traj_id") == pl.col("traj_id").shift(-1))
             & (pl.col("step_idx") + 1 == pl.col("step_idx").shift(-1))
@@ -387,13 +392,14 @@ class DropLoopsParams(FilterParams):
 
 @register("drop_loops", DropLoopsParams)
 def drop_loops(frames: Frames, p: DropLoopsParams) -> Frames:
-    """Drop repeated-screenshot loops: within a trajectory, the same (screenshot_hash,
-    action_text) pair — the agent on the same screen doing the same thing again — is kept for
-    its first ``max_repeats`` occurrences (in step order, counting all stored steps) and
-    dropped after that. Steps without a screenshot hash are never counted as a loop."""
+    """Drop repeated-observation loops: within a trajectory, the same (``obs_hash``,
+    action_text) pair — the agent on the same screen (or accessibility tree, for steps without a
+    screenshot) doing the same thing again — is kept for its first ``max_repeats`` occurrences
+    (in step order, counting all stored steps) and dropped after that. Steps without any
+    observation hash are never counted as a loop."""
     s = frames.steps
     occurrence = s.select(
-        pl.int_range(pl.len()).over(["traj_id", "screenshot_hash", "action_text"]).alias("n")
+        pl.int_range(pl.len()).over(["traj_id", "obs_hash", "action_text"]).alias("n")
     ).get_column("n")
-    drop = (occurrence >= p.max_repeats) & s.get_column("screenshot_hash").is_not_null()
+    drop = (occurrence >= p.max_repeats) & s.get_column("obs_hash").is_not_null()
     return frames.drop_steps(drop)

@@ -199,7 +199,8 @@ def steps_of(lake: Lake, traj_ids: pl.Series) -> pl.DataFrame:
         "__scoped_trajs",
         traj_ids,
         f"""
-        SELECT s.traj_id, s.step_idx, s.url, s.screenshot_hash, s.action_text, s.action_error
+        SELECT s.traj_id, s.step_idx, s.url, s.screenshot_hash, s.action_text, s.action_error,
+            coalesce(s.screenshot_hash, s.a11y_hash) AS obs_hash
         FROM {t} WHERE s.traj_id IN (SELECT traj_id FROM __scoped_trajs)
         ORDER BY s.traj_id, s.step_idx
         """,

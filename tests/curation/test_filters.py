@@ -179,3 +179,45 @@ def test_filters_compose_in_order(shared_wh) -> None:
         ("length", 2, 4),
     ]
     assert kept_steps(sel) == {"t01": [0, 1, 2], "t03": [0, 1, 2, 3], "t06": [0, 1, 2, 3, 5]}
+
+
+def test_accessibility_only_steps_are_observed_by_their_tree(fixture_wh) -> None:
+    """Steps without a screenshot (accessibility-tree observations) are compared by the tree's
+    hash: a click that left the tree and URL as they were is a no-op, the same click on the same
+    tree a third time is a loop; with no hash at all nothing is either."""
+    from curation.select import select
+    from tests.curation.fixture import recipe_of
+    from warehouse.records import Step, Trajectory
+    from warehouse.versions import current_snapshot
+
+    wh, _ = fixture_wh
+    a, b = "a11y-tree-a", "a11y-tree-b"
+    steps = [  # (tree, action): 0 changes nothing (no-op); 1, 2, 3 repeat on tree b (a loop)
+        (a, "click(e9)"),
+        (a, "click(e3)"),
+        (b, "click(e3)"),
+        (b, "click(e3)"),
+        (b, "click(e3)"),
+        (b, 'answer("done")'),
+    ]
+    ok = {"task_version": 1, "n_steps": 6}
+    wh.write_trajectories(
+        [
+            Trajectory("a1", "run-expert", "task-1", "expert", "success", **ok),
+            Trajectory("a2", "run-expert", "task-2", "expert", "success", **ok),
+        ],
+        [Step("a1", i, url="u", a11y_hash=h, action_text=act) for i, (h, act) in enumerate(steps)]
+        + [Step("a2", i, url="u", action_text=act) for i, (_, act) in enumerate(steps)],
+    )
+
+    def kept(filters: str) -> dict[str, list[int]]:
+        recipe = recipe_of(f"filters: [{filters}]\n")
+        return kept_steps(select(wh, recipe, snapshot_id=current_snapshot(wh)))
+
+    # the loop filter alone: step 4 is the third (tree b, click(e3))
+    assert kept("{drop_loops: {max_repeats: 2}}")["a1"] == [0, 1, 2, 3, 5]
+    # the no-op filter: 0 left tree a as it was, 2, 3 and 4 left tree b; 5 is the last step
+    assert kept("{drop_invalid_steps: {}}")["a1"] == [1, 5]
+    # a2 has no observation hash: neither filter can see anything, every step stays
+    both = kept("{drop_invalid_steps: {}}, {drop_loops: {max_repeats: 1}}")
+    assert both["a2"] == [0, 1, 2, 3, 4, 5]
