@@ -8,8 +8,9 @@
 2. the candidate generator's oracle coverage on the curated SFT rows (share of expert steps
    whose action is a candidate), overall and per site;
 3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset (``--quick``: on
-   the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL
-   (GRPO over G sampled rollouts per task, PPO-clip) from the curated SFT checkpoint; SFT
+   the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL from the
+   curated SFT checkpoint (``--rl-estimator step_grpo``: candidates sampled at the visited
+   states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task; PPO-clip); SFT
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
 4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
    the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
@@ -49,7 +50,12 @@ FULL = dict(
     rl_iterations=2,
     rl_tasks=64,
     rl_max_steps=30,
-    group=4,
+    rl_estimator="step_grpo",
+    rl_lr=3e-4,
+    rl_temperature=1.0,
+    group=1,
+    prm_k=4,
+    prm_max_states=200,
     vlm_steps=5,
     vlm_batch=8,
     sft_unfiltered=True,
@@ -70,7 +76,12 @@ QUICK = dict(
     rl_iterations=1,
     rl_tasks=3,
     rl_max_steps=12,
-    group=4,
+    rl_estimator="step_grpo",
+    rl_lr=3e-4,
+    rl_temperature=1.0,
+    group=1,
+    prm_k=3,
+    prm_max_states=6,
     vlm_steps=1,
     vlm_batch=2,
     sft_unfiltered=False,
@@ -82,7 +93,7 @@ description: "Judged successes of the noisy expert, cleaned and deduplicated (fi
 sources: {{splits: [train], runs: [{run}]}}
 filters:
   - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
-  - drop_invalid_steps: {{noop: false}}
+  - drop_invalid_steps: {{}}
   - drop_loops: {{max_repeats: 2}}
   - dedup_trajectories: {{}}
 output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
@@ -285,25 +296,30 @@ RL_ATTEMPTS = 3
 
 
 async def rl(b: Bench, start: str) -> dict[str, Any]:
-    """On-policy GRPO from ``start``. A batch in which every group's samples got the same reward
-    has no learning signal (the iteration makes no update); as an RL loop would, draw another
-    batch (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say so. If no attempt
-    had a signal, the result is the unchanged start checkpoint (said, not hidden)."""
+    """On-policy RL from ``start`` with ``--rl-estimator``: ``step_grpo`` (the default: at the
+    states each iteration visited, ``--prm-k`` candidates sampled from the policy, scored by the
+    exact PRM, normalised per state) or ``grpo`` (trajectory reward normalised within each
+    task's ``--group`` samples). A batch without a learning signal makes no update; as an RL
+    loop would, draw another (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say
+    so. If no attempt had a signal, the result is the unchanged start checkpoint (said)."""
     from flows.train import RLConfig, run_rl
 
     t0 = time.perf_counter()
+    a = b.a
     for seed in range(RL_ATTEMPTS):
         cfg = RLConfig(
             policy=start,
-            estimator="grpo",
-            iterations=b.a.rl_iterations,
-            group_size=b.a.group,
-            n_tasks=b.a.rl_tasks,
-            max_steps=b.a.rl_max_steps,
-            temperature=1.0,
-            lr=5e-4,
+            estimator=a.rl_estimator,
+            iterations=a.rl_iterations,
+            group_size=a.group,
+            n_tasks=a.rl_tasks,
+            max_steps=a.rl_max_steps,
+            temperature=a.rl_temperature,
+            lr=a.rl_lr,
             ppo_epochs=2,
             seed=seed,
+            prm_k=a.prm_k,
+            prm_max_states=a.prm_max_states,
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
         if any(r["nonzero_advantage"] for r in res["iterations"]):
@@ -314,9 +330,9 @@ async def rl(b: Bench, start: str) -> dict[str, Any]:
     b.timed("rl", t0)
     for r in res["iterations"]:
         say(
-            f"rl iteration {r['iteration']}: mean reward of the samples {r['mean_reward']:.3f} "
-            f"({r['trajectories']} trajectories, {r['nonzero_advantage']}/{r['turns']} turns "
-            "with a learning signal)"
+            f"rl iteration {r['iteration']} ({a.rl_estimator}): mean reward of the samples "
+            f"{r['mean_reward']:.3f} ({r['trajectories']} trajectories, "
+            f"{r['nonzero_advantage']}/{r['turns']} turns with a learning signal)"
         )
     return res
 

@@ -729,14 +729,17 @@ def score_steps(
     policy: Annotated[
         str,
         typer.Option(
-            help="Candidates from: expert (with --noise), random, openai.",
+            help="Candidates from: expert (with --noise), random, openai, or samples of a "
+            "checkpoint folder (--model) with ranker or hf.",
             callback=_registered("policy", _policies),
         ),
     ] = "expert",
     noise: Annotated[float, typer.Option(help="Expert mistake rate for candidates.")] = 0.5,
     base_url: Annotated[str | None, typer.Option(help="openai candidate policy URL.")] = None,
-    model: Annotated[str | None, typer.Option(help="openai candidate policy model.")] = None,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (openai).")] = 1.0,
+    model: Annotated[
+        str | None, typer.Option(help="openai: the model name; ranker / hf: the checkpoint.")
+    ] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer server URL.")] = None,
     scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
     every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,

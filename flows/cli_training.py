@@ -154,8 +154,21 @@ def register(app: typer.Typer) -> None:
         kl_coef: float = 0.0,
         seed: int = 0,
         concurrency: Annotated[int, typer.Option(min=1)] = 8,
+        prm_scorer: Annotated[
+            str, typer.Option(help="step_grpo: scorer of the visited states (exact or vlm).")
+        ] = "exact",
+        prm_k: Annotated[
+            int, typer.Option(min=2, help="step_grpo: candidates sampled per state.")
+        ] = 4,
+        prm_max_states: Annotated[
+            int | None, typer.Option(min=1, help="step_grpo: score at most this many states.")
+        ] = None,
+        prm_scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer URL.")] = None,
+        prm_scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
     ) -> None:
-        """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl)."""
+        """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl).
+        ``step_grpo`` also samples K candidates at each visited state and scores them (the
+        score-steps stage) before each update."""
         from flows.train import RLConfig
         from flows.train import train_rl as run
 
@@ -174,6 +187,11 @@ def register(app: typer.Typer) -> None:
             kl_coef=kl_coef,
             seed=seed,
             concurrency=concurrency,
+            prm_scorer=prm_scorer,
+            prm_k=prm_k,
+            prm_max_states=prm_max_states,
+            prm_scorer_base_url=prm_scorer_base_url,
+            prm_scorer_model=prm_scorer_model,
         )
         with _live("train rl") as bar:
             res = _user_errors(lambda: run(cfg, on_progress=bar))
@@ -182,7 +200,15 @@ def register(app: typer.Typer) -> None:
                 f"  iteration {r['iteration']}: mean reward {r['mean_reward']:.3f} over "
                 f"{r['trajectories']} trajectories; checkpoint {r['checkpoint_id']}"
             )
-        console.print(f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}")
+        if res["training_run_id"] is None:
+            console.print(
+                "no update: no iteration's batch had a learning signal (every group's samples "
+                f"got the same reward); the policy is the start checkpoint {res['checkpoint_id']}"
+            )
+        else:
+            console.print(
+                f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}"
+            )
 
     @eval_app.callback(invoke_without_command=True)
     def evaluate(

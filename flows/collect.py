@@ -143,18 +143,20 @@ def make_policy_for(cfg: CollectConfig) -> Any:
             temperature=cfg.temperature,
         )
     if cfg.policy in ("hf", "ranker"):
-        import rollouts.hf  # (registers the policies)
-        import rollouts.ranker  # noqa: F401
-
-        if not cfg.model:
-            raise WarehouseError(f"--policy {cfg.policy} needs --model (a checkpoint folder)")
-        return make_policy(
-            cfg.policy,
-            model_path=cfg.model,
-            prompt=prompt_config(cfg),
-            temperature=cfg.temperature,
-        )
+        return checkpoint_policy(cfg.policy, cfg.model, prompt_config(cfg), cfg.temperature)
     return make_policy(cfg.policy)
+
+
+def checkpoint_policy(
+    name: str, model: str | None, prompt: PromptConfig, temperature: float
+) -> Any:
+    """A trained checkpoint folder as a rollout policy: ``hf`` (a VLM) or ``ranker``."""
+    import rollouts.hf  # (registers the policies)
+    import rollouts.ranker  # noqa: F401
+
+    if not model:
+        raise WarehouseError(f"--policy {name} needs --model (a checkpoint folder)")
+    return make_policy(name, model_path=model, prompt=prompt, temperature=temperature)
 
 
 def env_config(cfg: CollectConfig) -> EnvConfig:

@@ -27,6 +27,7 @@ import httpx  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
 from flows import dask_scale  # noqa: E402
+from flows.collect import checkpoint_policy  # noqa: E402
 from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input  # noqa: E402
 from flows.grading import criteria_grader  # noqa: E402
 from flows.runs import recorded_run  # noqa: E402
@@ -44,8 +45,9 @@ from judging.prm import (  # noqa: E402
     score_states,
 )
 from rollouts.browser import SharedSlot  # noqa: E402
-from rollouts.env import BrowserEnv, BrowserSlot, origin_of  # noqa: E402
+from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of  # noqa: E402
 from rollouts.policies import make_policy  # noqa: E402
+from rollouts.prompts import PromptConfig  # noqa: E402
 from sites.client import fetch_state, session_of  # noqa: E402
 from sites.server import SiteServer  # noqa: E402
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
@@ -60,24 +62,30 @@ class ScoreStepsConfig:
     scorer: str = "exact"
     k: int = 4
     run: str | None = None  # only trajectories of this collect run
-    policy: str = "expert"  # candidates: expert (with noise), random, openai
+    policy: str = "expert"  # candidates: expert (with noise), random, openai, ranker, hf
     noise: float = 0.5
     base_url: str | None = None  # openai candidate policy
-    model: str | None = None
+    model: str | None = None  # openai: the model name; ranker / hf: the checkpoint folder
     temperature: float = 1.0
+    prompt_mode: str | None = None  # ranker / hf candidates: the policy's prompt mode
     scorer_base_url: str | None = None  # vlm scorer
     scorer_model: str | None = None
     every: int = 1  # every n-th step of a trajectory is a state
     max_states: int | None = None
     seed: int = 0
     concurrency: int = 4  # per Dask worker when sharded
+    # the exact scorer's replays: an action that cannot run (a candidate's element gone, the
+    # reference continuing after a wrong candidate) fails after this long; local sites are fast
+    action_timeout_s: float = 3.0
     workers: int = 0  # > 0: shard across a local Dask cluster of this many worker processes
     dask_address: str | None = None  # shard across this existing Dask cluster
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for volatile in ("concurrency", "workers", "dask_address"):
+        for volatile in ("concurrency", "workers", "dask_address", "action_timeout_s"):
             d.pop(volatile)
+        if d["prompt_mode"] is None:  # (run ids from before the option stay the same)
+            d.pop("prompt_mode")
         return d
 
 
@@ -111,10 +119,21 @@ def candidate_policy(cfg: ScoreStepsConfig):
         return make_policy(
             "openai", base_url=cfg.base_url, model=cfg.model, temperature=cfg.temperature
         )
+    if cfg.policy in ("ranker", "hf"):
+        return _sampled_candidates(cfg)
     try:
         return make_policy(cfg.policy)
     except ValueError as exc:
         raise WarehouseError(str(exc)) from exc
+
+
+def _sampled_candidates(cfg: ScoreStepsConfig):
+    """A trained checkpoint (``cfg.model``, a folder) proposing candidates by sampling at
+    ``cfg.temperature``: on-policy candidates, as the RL loop's ``step_grpo`` scores them."""
+    if cfg.temperature <= 0:
+        raise WarehouseError("checkpoint candidates are samples: --temperature must be > 0")
+    mode = cfg.prompt_mode or ("a11y" if cfg.policy == "ranker" else "both")
+    return checkpoint_policy(cfg.policy, cfg.model, PromptConfig(mode=mode), cfg.temperature)
 
 
 def stored_candidates(wh: Warehouse, states: list[State]) -> dict[tuple[str, int], list[Proposal]]:
@@ -289,9 +308,10 @@ async def _exact_scorer(
         raise WarehouseError(f"the given sites server has seed {server.seed}, the states {seed}")
     client = await stack.enter_async_context(httpx.AsyncClient())
     n = max(1, cfg.concurrency)
+    env_cfg = EnvConfig(action_timeout_s=cfg.action_timeout_s)
     if browser is not None:
         shared = SharedSlot(browser)
-        envs = [BrowserEnv(shared) for _ in range(n)]
+        envs = [BrowserEnv(shared, env_cfg) for _ in range(n)]
     else:
         from playwright.async_api import async_playwright
 
@@ -300,7 +320,7 @@ async def _exact_scorer(
         for _ in range(n):
             slot = BrowserSlot(pw)
             stack.push_async_callback(slot.close)
-            envs.append(BrowserEnv(slot))
+            envs.append(BrowserEnv(slot, env_cfg))
 
     def resolve(t: Any) -> tuple[str, list[str]]:
         url = resolve_start_url(t.start_url, server.urls)

@@ -28,6 +28,7 @@ from prefect import flow, task  # noqa: E402
 from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
 from flows.collect import CollectConfig, run_collect  # noqa: E402
 from flows.runs import code_version  # noqa: E402
+from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
 from training import registry  # noqa: E402
 from training.data import check_modality, find_dataset, sft_turns  # noqa: E402
 from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
@@ -231,10 +232,20 @@ class RLConfig:
     action_timeout_s: float = 3.0
     concurrency: int = 8
     estimator_options: dict[str, Any] = field(default_factory=dict)
+    # step_grpo: every iteration scores its states (score-steps) before the update: ``prm_k``
+    # candidates sampled from the current policy at each state, scored by ``prm_scorer``
+    prm_scorer: str = "exact"
+    prm_k: int = 4
+    prm_max_states: int | None = None
+    prm_scorer_base_url: str | None = None
+    prm_scorer_model: str | None = None
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("concurrency")
+        if self.estimator != "step_grpo":  # (the other estimators' run ids stay as they were)
+            for k in [k for k in d if k.startswith("prm_")]:
+                d.pop(k)
         return d
 
 
@@ -264,7 +275,11 @@ async def run_rl(
         # a live bar (it has ``steps``) also shows the collection's episodes
         live = say if callable(getattr(say, "steps", None)) else None
         col = await run_collect(wh, coll, live, server=server, browser=browser)
-        turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **cfg.estimator_options)
+        options = dict(cfg.estimator_options)
+        if cfg.estimator == "step_grpo":
+            await _score_states(wh, cfg, it, current, col["run_id"], say, server, browser)
+            options["scorer"] = cfg.prm_scorer
+        turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **options)
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
             f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
@@ -318,11 +333,47 @@ async def run_rl(
     if row is not None:
         registry.end_run(wh, row, "completed")
     return {
-        "training_run_id": run_id,
+        # None when no iteration trained (none had a learning signal): no run was registered
+        "training_run_id": run_id if row is not None else None,
         "checkpoint_id": current.checkpoint_id,
         "checkpoint": current.model,
         "iterations": rounds,
     }
+
+
+async def _score_states(
+    wh: Warehouse,
+    cfg: RLConfig,
+    it: int,
+    policy: Any,
+    collect_run: str,
+    say: Progress,
+    server: Any,
+    browser: Any,
+) -> None:
+    """``step_grpo``'s process rewards for one iteration: at the states the iteration visited,
+    ``cfg.prm_k`` candidates sampled from the current policy, scored by ``cfg.prm_scorer``
+    (the score-steps stage; a re-run finds the scores already stored)."""
+    sc = ScoreStepsConfig(
+        scorer=cfg.prm_scorer,
+        k=cfg.prm_k,
+        run=collect_run,
+        policy=policy.policy,
+        model=policy.model,
+        temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+        prompt_mode=policy.prompt_mode,
+        scorer_base_url=cfg.prm_scorer_base_url,
+        scorer_model=cfg.prm_scorer_model,
+        max_states=cfg.prm_max_states,
+        seed=cfg.seed + it,
+        concurrency=cfg.concurrency,
+        action_timeout_s=cfg.action_timeout_s,
+    )
+    res = await run_score_steps_async(wh, sc, server=server, browser=browser)
+    say(
+        f"  rl iteration {it + 1}: {res['selected']} states, {res['scored']} candidates scored "
+        f"by {cfg.prm_scorer} ({res['errors']} errors)"
+    )
 
 
 def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> Any:
@@ -388,8 +439,13 @@ def metrics_summary(wh: Warehouse, training_run_id: str) -> list[dict[str, Any]]
 
 def training_markdown(stage: str, res: dict[str, Any], metrics: list[dict[str, Any]]) -> str:
     """A training run's result and metrics summary (and RL iterations) as markdown."""
+    title = (
+        f"# {stage} training run `{res['training_run_id']}`"
+        if res["training_run_id"] is not None
+        else f"# {stage}: no update (no iteration's batch had a learning signal)"
+    )
     lines = [
-        f"# {stage} training run `{res['training_run_id']}`",
+        title,
         "",
         f"checkpoint `{res['checkpoint_id']}`: `{res['checkpoint']}`",
         "",
@@ -407,7 +463,7 @@ def publish_training(wh: Warehouse, stage: str, res: dict[str, Any]) -> None:
     publish(
         artifact_key("training", stage),
         training_markdown(stage, res, metrics_summary(wh, res["training_run_id"])),
-        f"{stage} training run {res['training_run_id']}",
+        f"{stage} training run {res['training_run_id'] or '(no update)'}",
     )
 
 

@@ -53,6 +53,10 @@ def prepare(
         "trajectories": frame["traj_id"].n_unique() if frame.height else 0,
         "mean_reward": _traj_mean_reward(rewarded),
     }
+    if estimator == "step_grpo":  # (the rows' reward is a constant: the trajectories' outcome)
+        stats["mean_reward"] = _traj_mean_reward(
+            frame.with_columns(reward=(pl.col("status") == "success").cast(pl.Float64))
+        )
     if rewarded.is_empty():
         raise DataMismatch(
             f"runs {', '.join(run_ids)}: no rewarded turns ({frame.height} rows; statuses "

@@ -1,6 +1,6 @@
 """Every stage flow under the session's Prefect harness, on one small warehouse that the stages
 fill in order: collect → judge → score_steps → intervene → curate → train_sft → evaluate →
-train_rl (and one without a learning signal) → evaluate_newest →
+train_rl (and one without a learning signal) → evaluate_newest → train_rl with step_grpo →
 maintain_warehouse. Each leaves the expected rows; the stages that
 record a ``runs`` row are checked for it, and the Prefect flow-run id where the stage records it;
 the curate, train and evaluate artifacts are read back through the Prefect client.
@@ -241,8 +241,7 @@ def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: st
     assert it["trajectories"] == 2 and it["turns"] > 0
     assert it["nonzero_advantage"] == 0 and it["steps_run"] == 0
     assert out["checkpoint_id"] == it["checkpoint_id"] == done["sft"]["checkpoint_id"]
-    assert sql(home, "SELECT count(*) FROM training_runs WHERE training_run_id = ?",
-               [out["training_run_id"]])[0][0] == 0  # fmt: skip
+    assert out["training_run_id"] is None  # no run was registered: nothing trained
 
 
 def test_evaluate_newest_shows_the_delta(home: str, done: dict):
@@ -255,6 +254,30 @@ def test_evaluate_newest_shows_the_delta(home: str, done: dict):
     md = artifact("evaluation-bundled-test", fr)
     assert f"| {first['evaluation_id']} | {done['sft']['checkpoint_id']} |" in md
     assert f"{delta['diff']:+.1%}" in md
+
+
+def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, done: dict):
+    # step_grpo: at each visited state K candidates sampled from the policy (T = 1), scored by
+    # the exact PRM (replay, candidate, reference continuation), advantages within the state
+    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="step_grpo", iterations=1,
+                   group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
+                   **SHORT)  # fmt: skip
+    out, _ = run(train_rl_flow, cfg, home)
+    [it] = out["iterations"]
+    rows = sql(
+        home,
+        "SELECT c.policy, count(*), count(s.score), count(DISTINCT (c.traj_id, c.step_idx)), "
+        "count(DISTINCT s.score) FROM candidates c JOIN trajectories t USING (traj_id) "
+        "LEFT JOIN step_scores s USING (traj_id, step_idx, cand_idx) "
+        "WHERE t.run_id = ? AND s.scorer = 'exact' GROUP BY 1",
+        [it["collect_run"]],
+    )
+    [(policy, n, scored, states, distinct)] = rows
+    assert (policy, n, scored, states) == ("ranker", 12, 12, 4) and distinct > 1
+    # every scored candidate is a turn; the states whose candidates differ give the signal
+    assert it["turns"] == 12 and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
+    assert out["training_run_id"] is not None and out["checkpoint_id"] != it["collect_run"]
+    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
 
 
 def test_maintain_warehouse(home: str):
