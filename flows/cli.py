@@ -740,6 +740,10 @@ def score_steps(
         str | None, typer.Option(help="openai: the model name; ranker / hf: the checkpoint.")
     ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    candidates: Annotated[
+        str,
+        typer.Option(help="sample (K samples) or top_k (the K likeliest distinct: ranker)."),
+    ] = "sample",
     scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer server URL.")] = None,
     scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
     every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
@@ -770,6 +774,7 @@ def score_steps(
         base_url=base_url,
         model=model,
         temperature=temperature,
+        candidates=candidates,
         scorer_base_url=scorer_base_url,
         scorer_model=scorer_model,
         every=every,

@@ -160,6 +160,10 @@ def register(app: typer.Typer) -> None:
         prm_k: Annotated[
             int, typer.Option(min=2, help="step_grpo: candidates sampled per state.")
         ] = 4,
+        prm_candidates: Annotated[
+            str,
+            typer.Option(help="step_grpo: top_k (the policy's K likeliest actions) or sample."),
+        ] = "top_k",
         prm_max_states: Annotated[
             int | None, typer.Option(min=1, help="step_grpo: score at most this many states.")
         ] = None,
@@ -189,6 +193,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             prm_scorer=prm_scorer,
             prm_k=prm_k,
+            prm_candidates=prm_candidates,
             prm_max_states=prm_max_states,
             prm_scorer_base_url=prm_scorer_base_url,
             prm_scorer_model=prm_scorer_model,

@@ -68,6 +68,9 @@ class ScoreStepsConfig:
     model: str | None = None  # openai: the model name; ranker / hf: the checkpoint folder
     temperature: float = 1.0
     prompt_mode: str | None = None  # ranker / hf candidates: the policy's prompt mode
+    # "sample": K samples of the policy; "top_k": its K most likely distinct actions, where
+    # the policy can list them (the ranker; others are sampled)
+    candidates: str = "sample"
     scorer_base_url: str | None = None  # vlm scorer
     scorer_model: str | None = None
     every: int = 1  # every n-th step of a trajectory is a state
@@ -84,8 +87,10 @@ class ScoreStepsConfig:
         d = dataclasses.asdict(self)
         for volatile in ("concurrency", "workers", "dask_address", "action_timeout_s"):
             d.pop(volatile)
-        if d["prompt_mode"] is None:  # (run ids from before the option stay the same)
+        if d["prompt_mode"] is None:  # (run ids from before these options stay the same)
             d.pop("prompt_mode")
+        if d["candidates"] == "sample":
+            d.pop("candidates")
         return d
 
 
@@ -176,7 +181,7 @@ async def ensure_candidates(
             rows = []
             for st in missing:
                 at = await _located(locate, st)
-                props = await propose(policy, at, cfg.k, cfg.seed)
+                props = await propose(policy, at, cfg.k, cfg.seed, top_k=cfg.candidates == "top_k")
                 have[(st.traj.traj_id, st.step_idx)] = props
                 rows += candidate_rows(st, props, policy.name, run_id)
                 if len(rows) >= 512:
@@ -350,6 +355,8 @@ async def run_score_steps_async(
     given; otherwise it starts its own, and only when some state still needs scores."""
     if cfg.k < 2:
         raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
+    if cfg.candidates not in ("sample", "top_k"):
+        raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
     run_id = run_id_for("score_steps", cfg.identity())
     states = select_states(wh, cfg)
     if not states:
@@ -427,6 +434,8 @@ def score_sharded(wh: Warehouse, cfg: ScoreStepsConfig, home: str | None) -> dic
     """The flow body on Dask: record the run here, shard the trajectories, add up the shards."""
     if cfg.k < 2:
         raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
+    if cfg.candidates not in ("sample", "top_k"):
+        raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
     run_id = run_id_for("score_steps", cfg.identity())
     states = select_states(wh, cfg)
     if not states:

@@ -233,9 +233,11 @@ class RLConfig:
     concurrency: int = 8
     estimator_options: dict[str, Any] = field(default_factory=dict)
     # step_grpo: every iteration scores its states (score-steps) before the update: ``prm_k``
-    # candidates sampled from the current policy at each state, scored by ``prm_scorer``
+    # candidates of the current policy at each state (``prm_candidates``: its K most likely
+    # distinct actions where it can list them, else samples), scored by ``prm_scorer``
     prm_scorer: str = "exact"
     prm_k: int = 4
+    prm_candidates: str = "top_k"
     prm_max_states: int | None = None
     prm_scorer_base_url: str | None = None
     prm_scorer_model: str | None = None
@@ -362,6 +364,7 @@ async def _score_states(
         model=policy.model,
         temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
         prompt_mode=policy.prompt_mode,
+        candidates=cfg.prm_candidates,
         scorer_base_url=cfg.prm_scorer_base_url,
         scorer_model=cfg.prm_scorer_model,
         max_states=cfg.prm_max_states,

@@ -121,16 +121,23 @@ def make_scorer(name: str, **options: Any) -> Scorer:
 
 
 async def propose(
-    policy: Policy, state: State, k: int, rng_seed: int = 0, prompt: PromptConfig | None = None
+    policy: Policy,
+    state: State,
+    k: int,
+    rng_seed: int = 0,
+    prompt: PromptConfig | None = None,
+    top_k: bool = False,
 ) -> list[Proposal]:
     """K candidate actions from ``policy`` at ``state`` (the expert starts at the prefix's
-    reference cursor; model policies should sample with temperature > 0)."""
+    reference cursor; model policies should sample with temperature > 0). ``top_k``: the
+    policy's K most likely distinct actions instead, where the policy can list them (a
+    ``top_k(ctx, k)`` method, e.g. the ranker); other policies are sampled."""
     import random
 
     turns = state.turns((prompt or PromptConfig()).k_images)
-    out = []
-    for c in range(k):
-        ctx = PolicyContext(
+
+    def ctx(c: int) -> PolicyContext:
+        return PolicyContext(
             state.traj.task.task_id,
             state.traj.task.instruction,
             list(state.traj.task.reference or []),
@@ -138,11 +145,15 @@ async def propose(
             random.Random(f"{rng_seed}/{state.traj.traj_id}/{state.step_idx}/{c}"),
             {"cursor": state.cursor()},
         )
-        res = await policy.act(ctx)
-        parsed = res.action
-        text = None if isinstance(parsed, ParseError) else format_action(parsed)
-        out.append(Proposal(c, res.text, text))
-    return out
+
+    listed = getattr(policy, "top_k", None) if top_k else None
+    outs = await listed(ctx(0), k) if listed else [await policy.act(ctx(c)) for c in range(k)]
+    return [
+        Proposal(
+            c, res.text, None if isinstance(res.action, ParseError) else format_action(res.action)
+        )
+        for c, res in enumerate(outs)
+    ]
 
 
 def candidate_rows(state: State, cands: Sequence[Proposal], policy: str, run_id: str | None):

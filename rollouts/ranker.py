@@ -1016,8 +1016,7 @@ class RankerPolicy:
         )
         start = time.perf_counter()
         cands, scores = await asyncio.to_thread(self.rank, messages)
-        logp = scores - scores.max()
-        logp = logp - np.log(np.exp(logp).sum())
+        logp = _log_softmax(scores)
         if self.temperature == 0.0:
             i = int(np.argmax(scores))
         else:
@@ -1030,6 +1029,27 @@ class RankerPolicy:
         return PolicyOutput(
             text, parse_action(text), float(logp[i]), time.perf_counter() - start, messages
         )
+
+    async def top_k(self, ctx: PolicyContext, k: int) -> list[PolicyOutput]:
+        """The ``k`` most likely distinct actions at the context's state, best first (the
+        process reward model's candidates: the policy's choice and its runners-up, where
+        samples of a confident policy would all be the same action)."""
+        messages = build_messages(
+            ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
+        )
+        start = time.perf_counter()
+        cands, scores = await asyncio.to_thread(self.rank, messages)
+        logp, took = _log_softmax(scores), time.perf_counter() - start
+        out = []
+        for i in np.argsort(-scores, kind="stable")[:k]:
+            text = f"Action: {cands[i].text}"
+            out.append(PolicyOutput(text, parse_action(text), float(logp[i]), took, messages))
+        return out
+
+
+def _log_softmax(scores: np.ndarray) -> np.ndarray:
+    logp = scores - scores.max()
+    return logp - np.log(np.exp(logp).sum())
 
 
 def prompt_key(prompt: str) -> str:

@@ -214,6 +214,24 @@ def test_policy_greedy_is_deterministic_and_sampling_varies_with_the_seed() -> N
         RankerPolicy(prompt=PromptConfig(mode="screenshot"))
 
 
+def test_top_k_lists_the_likeliest_distinct_actions_best_first() -> None:
+    policy = make_policy("ranker", temperature=1.0, encoder=HashEncoder())
+    ctx = PolicyContext(
+        "t", INSTRUCTION, None, [Turn("http://h/", "T", a11y=TREE)], random.Random(0)
+    )
+    outs = asyncio.run(policy.top_k(ctx, 4))
+    cands, scores = policy.rank(outs[0].messages)
+    order = [int(i) for i in np.argsort(-scores, kind="stable")[:4]]
+    assert [o.action for o in outs] == [cands[i].action for i in order]
+    assert len({o.text for o in outs}) == 4  # distinct, where samples could repeat one action
+    logps = [o.logprob for o in outs]
+    assert (
+        logps == sorted(logps, reverse=True)
+        and logps[0]
+        == _act(make_policy("ranker", temperature=0.0, encoder=HashEncoder()), 0).logprob
+    )
+
+
 # -- real snapshots of the bundled sites --------------------------------------------------------
 
 TEMPLATES = ["shop_add_to_cart", "wiki_twin_city", "mail_reply", "travel_book_cheapest"]
