@@ -44,6 +44,7 @@ def test_learning_bench_quick_runs_the_whole_loop():
         ("rl", "ood"),
     ]
     assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 3 for *_, k, n in evals)
-    assert re.search(r"rl iteration 0: mean reward of the samples [\d.]+ \(\d+ trajectories", out)
+    rl = r"rl iteration 0 \(step_grpo\): mean reward of the samples [\d.]+ \(\d+ trajectories"
+    assert re.search(rl, out)
     diffs = re.findall(r"^  (test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
     assert [d[0] for d in diffs] == ["test", "test", "ood"]
