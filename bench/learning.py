@@ -62,24 +62,19 @@ FULL = dict(
 )
 # The quick size checks that every stage runs and feeds the next, not what the figures are: one
 # ranker SFT (the unfiltered dataset is still built, but a second SFT on it is the same code
-# path), short evaluations, one RL iteration of 3 tasks x 4 samples, one small tiny-VLM step. The
-# ranker SFT gets the full size's epochs: after the first, an epoch reuses the cached encodings
-# (cheap), and a barely trained policy gives RL batches without any success to learn from.
+# path), short evaluations, one RL iteration of 3 tasks with 6 scored states, one small tiny-VLM
+# step. The ranker SFT gets the full size's epochs: after the first, an epoch reuses the cached
+# encodings (cheap), and a barely trained policy gives RL batches without a signal to learn from.
 QUICK = dict(
+    FULL,
     tasks=160,
     collect=24,
     noise=0.12,
-    epochs=12,
     batch=16,
     eval_n=3,
     eval_max_steps=8,
-    rl_iterations=1,
     rl_tasks=3,
     rl_max_steps=12,
-    rl_estimator="step_grpo",
-    rl_lr=3e-4,
-    rl_temperature=1.0,
-    group=1,
     prm_k=3,
     prm_max_states=6,
     vlm_steps=1,

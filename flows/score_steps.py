@@ -94,6 +94,14 @@ class ScoreStepsConfig:
         return d
 
 
+def check_config(cfg: ScoreStepsConfig) -> None:
+    """Refuse settings that cannot score anything, before any state is selected."""
+    if cfg.k < 2:
+        raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
+    if cfg.candidates not in ("sample", "top_k"):
+        raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
+
+
 def selected_trajectories(wh: Warehouse, cfg: ScoreStepsConfig) -> list[str]:
     """The finished trajectories with steps whose states are scored (all, before ``max_states``)."""
     return wh.sql(
@@ -125,18 +133,18 @@ def candidate_policy(cfg: ScoreStepsConfig):
             "openai", base_url=cfg.base_url, model=cfg.model, temperature=cfg.temperature
         )
     if cfg.policy in ("ranker", "hf"):
-        return _sampled_candidates(cfg)
+        return _checkpoint_candidates(cfg)
     try:
         return make_policy(cfg.policy)
     except ValueError as exc:
         raise WarehouseError(str(exc)) from exc
 
 
-def _sampled_candidates(cfg: ScoreStepsConfig):
-    """A trained checkpoint (``cfg.model``, a folder) proposing candidates by sampling at
-    ``cfg.temperature``: on-policy candidates, as the RL loop's ``step_grpo`` scores them."""
-    if cfg.temperature <= 0:
-        raise WarehouseError("checkpoint candidates are samples: --temperature must be > 0")
+def _checkpoint_candidates(cfg: ScoreStepsConfig):
+    """A trained checkpoint (``cfg.model``, a folder) proposing on-policy candidates, as the RL
+    loop's ``step_grpo`` scores them: samples at ``cfg.temperature``, or its top-k actions."""
+    if cfg.candidates == "sample" and cfg.temperature <= 0:
+        raise WarehouseError("sampled candidates need --temperature > 0 (or --candidates top_k)")
     mode = cfg.prompt_mode or ("a11y" if cfg.policy == "ranker" else "both")
     return checkpoint_policy(cfg.policy, cfg.model, PromptConfig(mode=mode), cfg.temperature)
 
@@ -353,10 +361,7 @@ async def run_score_steps_async(
     The exact scorer uses ``server`` (running bundled sites with the states' site seed) and
     ``browser`` (a launched Playwright Chromium of the calling event loop, left open) when
     given; otherwise it starts its own, and only when some state still needs scores."""
-    if cfg.k < 2:
-        raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
-    if cfg.candidates not in ("sample", "top_k"):
-        raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
+    check_config(cfg)
     run_id = run_id_for("score_steps", cfg.identity())
     states = select_states(wh, cfg)
     if not states:
@@ -432,10 +437,7 @@ def score_shard(
 
 def score_sharded(wh: Warehouse, cfg: ScoreStepsConfig, home: str | None) -> dict[str, Any]:
     """The flow body on Dask: record the run here, shard the trajectories, add up the shards."""
-    if cfg.k < 2:
-        raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
-    if cfg.candidates not in ("sample", "top_k"):
-        raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
+    check_config(cfg)
     run_id = run_id_for("score_steps", cfg.identity())
     states = select_states(wh, cfg)
     if not states:

@@ -362,7 +362,7 @@ async def _score_states(
         run=collect_run,
         policy=policy.policy,
         model=policy.model,
-        temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+        temperature=cfg.temperature,
         prompt_mode=policy.prompt_mode,
         candidates=cfg.prm_candidates,
         scorer_base_url=cfg.prm_scorer_base_url,

@@ -276,7 +276,8 @@ def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, done: dict):
     assert (policy, n, scored, states) == ("ranker", 12, 12, 4) and distinct > 1
     # every scored candidate is a turn; the states whose candidates differ give the signal
     assert it["turns"] == 12 and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
-    assert out["training_run_id"] is not None and out["checkpoint_id"] != it["collect_run"]
+    q = "SELECT training_run_id FROM checkpoints WHERE checkpoint_id = ?"
+    assert sql(home, q, [out["checkpoint_id"]]) == [(out["training_run_id"],)]
     assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
 
 
