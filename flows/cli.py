@@ -748,6 +748,13 @@ def score_steps(
     scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
     every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
     max_states: Annotated[int | None, typer.Option(help="At most this many states.")] = None,
+    select: Annotated[
+        str,
+        typer.Option(
+            help="Which states --max-states keeps: failures_first (unsuccessful trajectories' "
+            "states first, seeded shuffle) or first (trajectory-id order)."
+        ),
+    ] = "failures_first",
     concurrency: Annotated[int, typer.Option(help="States (browsers) at once.")] = 4,
     workers: Workers = 0,
     dask_address: DaskAddress = None,
@@ -779,6 +786,7 @@ def score_steps(
         scorer_model=scorer_model,
         every=every,
         max_states=max_states,
+        select=select,
         concurrency=concurrency,
         workers=workers,
         dask_address=dask_address,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ class ScoreStepsConfig:
     scorer_model: str | None = None
     every: int = 1  # every n-th step of a trajectory is a state
     max_states: int | None = None
+    # which states ``max_states`` keeps: "failures_first" (states of unsuccessful trajectories
+    # first, then the rest, each in a seeded shuffle) or "first" (trajectory-id order)
+    select: str = "failures_first"
     seed: int = 0
     concurrency: int = 4  # per Dask worker when sharded
     # the exact scorer's replays: an action that cannot run (a candidate's element gone, the
@@ -91,6 +95,8 @@ class ScoreStepsConfig:
             d.pop("prompt_mode")
         if d["candidates"] == "sample":
             d.pop("candidates")
+        if d["max_states"] is None or d["select"] == "first":  # (selects what it did before)
+            d.pop("select")
         return d
 
 
@@ -100,6 +106,11 @@ def check_config(cfg: ScoreStepsConfig) -> None:
         raise WarehouseError("--k must be at least 2 (advantages compare candidates)")
     if cfg.candidates not in ("sample", "top_k"):
         raise WarehouseError(f"candidates are 'sample' or 'top_k', not {cfg.candidates!r}")
+    if cfg.select not in SELECT_ORDERS:
+        raise WarehouseError(f"--select is one of {', '.join(SELECT_ORDERS)}, not {cfg.select!r}")
+
+
+SELECT_ORDERS = ("failures_first", "first")
 
 
 def selected_trajectories(wh: Warehouse, cfg: ScoreStepsConfig) -> list[str]:
@@ -119,8 +130,25 @@ def select_states(
     states = [
         State(v, i) for v in load_views(wh, ids) for i in range(0, len(v.steps), max(1, cfg.every))
     ]
-    states = states[: cfg.max_states] if cfg.max_states else states
+    if cfg.max_states and cfg.max_states < len(states):
+        states = prioritised(states, cfg.select, cfg.seed)[: cfg.max_states]
     return [s for s in states if s.traj.traj_id in only] if only is not None else states
+
+
+def prioritised(states: list[State], select: str, seed: int) -> list[State]:
+    """``states`` in the order a ``max_states`` budget takes them. ``failures_first``: the
+    states of trajectories that did not succeed (where the policy went wrong, candidates'
+    scores differ most), then the successful ones; each part in a shuffle seeded by ``seed``,
+    so the budget spreads over many trajectories rather than the first few by id.
+    ``first``: as given (trajectory-id order, steps in order)."""
+    if select == "first":
+        return list(states)
+    rng = random.Random(seed)
+    failed = [s for s in states if s.traj.status != "success"]
+    succeeded = [s for s in states if s.traj.status == "success"]
+    rng.shuffle(failed)
+    rng.shuffle(succeeded)
+    return failed + succeeded
 
 
 def candidate_policy(cfg: ScoreStepsConfig):
