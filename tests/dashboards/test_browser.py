@@ -95,7 +95,11 @@ def test_trajectory_page_in_chromium(served: str, dash_home: Path, tmp_path: Pat
             assert marker_pixels(png, 100, 60) > 20
             assert marker_pixels(png, 250, 150) == 0
 
-            # untrusted page content is text: the script tags are visible, none ran
+            # untrusted page content is text: the script tags are visible, none ran. The
+            # blocks render after the screenshot on a loaded machine: wait for them, as for it
+            # (all_inner_texts does not wait; it read an empty page under load 15 once)
+            page.locator("code", has_text=ANSWER).first.wait_for(timeout=180_000)
+            page.locator("code", has_text=INSTRUCTION).first.wait_for(timeout=180_000)
             codes = page.locator("code").all_inner_texts()
             assert any(ANSWER in c for c in codes), codes
             assert any(INSTRUCTION in c for c in codes)
