@@ -14,6 +14,10 @@ trajectory runs its whole step budget (``max_invalid`` = the budget) and all arm
 number of steps. Prints steps/s per arm and the ratio vllm / hf.
 
     python bench/serving.py [--quick] [--tasks 8] [--steps 4] [--concurrency 4]
+                            [--vllm-url URL --model DIR]
+
+``--vllm-url``: use a vLLM server that is already running (serving ``--model`` under the name
+``tiny-idefics``, or ``--served-name``) instead of starting one; its start-up is not measured.
 """
 
 from __future__ import annotations
@@ -91,14 +95,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
     ap.add_argument("--arms", default="hf,vllm", help="comma list of hf, vllm, hf-http")
+    ap.add_argument("--vllm-url", default=None, help="a running vLLM server's /v1 URL")
+    ap.add_argument("--served-name", default=NAME, help="the model's name at --vllm-url")
     args = ap.parse_args(argv)
+    if args.vllm_url and not args.model:
+        ap.error("--vllm-url needs --model: the folder the server serves (the hf arm loads it)")
     if args.quick:
         args.tasks, args.steps, args.concurrency = 2, 3, 2
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = set(arms) - {"hf", "vllm", "hf-http"}
     if unknown:
         ap.error(f"unknown arms {sorted(unknown)}")
-    if "vllm" in arms and vllm_python() is None:
+    if "vllm" in arms and vllm_python() is None and not args.vllm_url:
         ap.error("the vllm arm needs .venv-vllm: run `make vllm`")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,6 +140,11 @@ def run_one(
         policy: Any = HFPolicy(
             generator=HFGenerator(m, proc, max_batch=args.concurrency),
             max_new_tokens=args.max_tokens,
+        )
+    elif arm == "vllm" and args.vllm_url:
+        say(f"  vllm: the running server at {args.vllm_url} (start-up not measured)")
+        policy = OpenAIPolicy(
+            args.vllm_url, args.served_name, max_tokens=args.max_tokens, timeout_s=300, retries=1
         )
     else:
         engine = "vllm" if arm == "vllm" else "hf"

@@ -286,6 +286,7 @@ class ExpertTeacher:
             random.Random(0),
             {"cursor": cursor},
             page=at.ctx.page,
+            action_timeout_s=at.ctx.action_timeout_s,
         )
         out = await self.expert.act(ctx)
         if isinstance(out.action, ParseError):

@@ -298,6 +298,7 @@ def score(
         max_states=cfg.prm_states,
         seed=cfg.seed,
         concurrency=cfg.concurrency,
+        action_timeout_s=cfg.action_timeout_s,
     )
     with _open(home) as wh:
         if wh.sql(
@@ -332,6 +333,7 @@ def intervene(
             max_trajectories=left,
             concurrency=min(2, cfg.concurrency),
             run_name=run_name(cfg, round_, "intervene"),
+            action_timeout_s=cfg.action_timeout_s,
         )
         res = _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
     return {**res, "settled": settled}

@@ -76,10 +76,13 @@ class InterveneConfig:
     max_trajectories: int | None = None
     concurrency: int = 2
     run_name: str | None = None
+    # how long a replayed action waits for its element / navigation when the source run did
+    # not record its own (replays wait as long as the collection they repeat did)
+    action_timeout_s: float = 10.0
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for volatile in ("concurrency", "max_trajectories", "run_name"):
+        for volatile in ("concurrency", "max_trajectories", "run_name", "action_timeout_s"):
             d.pop(volatile)
         return d
 
@@ -149,8 +152,12 @@ class Item:
     prompt: PromptConfig
 
 
-def plan_items(wh: Warehouse, views: list[TrajectoryView]) -> tuple[list[Item], list[str]]:
-    """Items for trajectories that can be verified here; the others, with the reason."""
+def plan_items(
+    wh: Warehouse, views: list[TrajectoryView], action_timeout_s: float = 10.0
+) -> tuple[list[Item], list[str]]:
+    """Items for trajectories that can be verified here; the others, with the reason. A replay
+    waits for an element as long as its source run did (``action_timeout_s`` where the run did
+    not record it)."""
     succ = successes_by_task(wh, sorted({v.task.task_id for v in views}))
     settings = run_settings(wh, sorted({v.record.run_id for v in views}))
     items, skipped = [], []
@@ -165,7 +172,11 @@ def plan_items(wh: Warehouse, views: list[TrajectoryView]) -> tuple[list[Item], 
         run = settings.get(v.record.run_id, {})
         mode = run.get("prompt_mode") or "both"
         marks = bool(run.get("set_of_marks"))
-        env = EnvConfig(coords=run.get("coords") or "pixels", set_of_marks=marks)
+        env = EnvConfig(
+            coords=run.get("coords") or "pixels",
+            set_of_marks=marks,
+            action_timeout_s=float(run.get("action_timeout_s") or action_timeout_s),
+        )
         prompt = PromptConfig(mode=mode, k_images=int(run.get("k_images") or 3))
         items.append(Item(v, ref, env, expert_action_space(mode, marks), prompt))
     return items, skipped
@@ -352,7 +363,7 @@ async def run_intervene_async(
     check_config(wh, cfg)
     run_id = run_id_for("intervene", cfg.identity(), cfg.run_name)
     views = load_views(wh, select_failed(wh, cfg))
-    items, skipped = plan_items(wh, views)
+    items, skipped = plan_items(wh, views, cfg.action_timeout_s)
     summary: dict[str, Any] = {
         "run_id": run_id,
         "selected": len(views),

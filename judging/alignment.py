@@ -113,21 +113,37 @@ class ReferencePaths:
         return await reference_states(env, self.resolve(task), task.reference or [], state)
 
 
+REPLAYED_FAILURE_TIMEOUT_S = 0.3
+"""The timeout of a replayed action that failed when it was recorded. It fails again the same
+way on the same page (an element that was not there is not there now); waiting the full action
+timeout for it again only costs time — seconds per such step of every replayed prefix."""
+
+
 async def replay_states(
-    env: Any, task: Any, actions: Sequence[str | None], resolve: Resolve, probe: Probe | None
+    env: Any,
+    task: Any,
+    actions: Sequence[str | None],
+    resolve: Resolve,
+    probe: Probe | None,
+    failed: Sequence[bool] = (),
 ) -> tuple[list[PageState], bool]:
     """Replay stored action texts from the task's start in a fresh context of ``env``: the
-    states reached (start state first) and whether an ``answer`` ended the replay."""
+    states reached (start state first) and whether an ``answer`` ended the replay. ``failed``:
+    per action, whether it failed when recorded (then it gets
+    :data:`REPLAYED_FAILURE_TIMEOUT_S`)."""
     url, allowed = resolve(task)
     obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
     states = [await page_state(env, task, probe, obs.a11y)]
-    for text in actions:
+    for i, text in enumerate(actions):
         if not text:
             continue  # an invalid step changed nothing
         action = parse_action(text)
         if isinstance(action, ParseError):
             raise ValueError(f"stored action does not parse: {text!r}")
-        obs, done, _, _ = await env.step(action)
+        again = i < len(failed) and failed[i]
+        obs, done, _, _ = await env.step(
+            action, timeout_s=REPLAYED_FAILURE_TIMEOUT_S if again else None
+        )
         if done:
             return states, True
         states.append(await page_state(env, task, probe, obs.a11y))

@@ -341,7 +341,8 @@ class ExactScorer:
         task = state.traj.task
         path = await self.paths.path(env, task)
         actions = [s.action_text for s in state.prefix]
-        reached, ended = await replay_states(env, task, actions, self.resolve, self.probe)
+        failed = [bool(s.action_error) for s in state.prefix]
+        reached, ended = await replay_states(env, task, actions, self.resolve, self.probe, failed)
         if ended:
             raise PrefixEnded(f"the prefix ended with an answer before step {state.step_idx}")
         return align(reached, path)

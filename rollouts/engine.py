@@ -298,6 +298,8 @@ class Engine:
             turns,
             rng,
             page=getattr(env, "page", None),  # the expert grounds its plan in it
+            # (an environment without a config, like the simulated one, waits on no page)
+            action_timeout_s=getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
         )
         answer, invalid_run, blocked = None, 0, []
         progress: list[float] = []  # record_progress: share of criteria met after each step

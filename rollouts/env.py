@@ -186,7 +186,13 @@ class BrowserEnv:
             self.blocked.append(url)
             await route.abort("blockedbyclient")
 
-    async def step(self, action: Action) -> tuple[Observation, bool, bool, dict[str, Any]]:
+    async def step(
+        self, action: Action, *, timeout_s: float | None = None
+    ) -> tuple[Observation, bool, bool, dict[str, Any]]:
+        """Apply ``action``; ``(obs, terminated, truncated, info)`` with ``info["error"]`` (the
+        action's failure, or None), ``info["answer"]`` and ``info["blocked"]`` (requests aborted
+        by the origin allowlist). ``timeout_s``: this action's timeout instead of the config's
+        (a replay gives an action that failed when recorded a short one)."""
         if self.page is None:
             raise RuntimeError("step() before reset()")
         blocked_before = len(self.blocked)
@@ -196,7 +202,7 @@ class BrowserEnv:
             self.page,
             action,
             coords=self.config.coords,
-            timeout_ms=self.config.action_timeout_s * 1000,
+            timeout_ms=(self.config.action_timeout_s if timeout_s is None else timeout_s) * 1000,
         )
         self._check_alive()
         if isinstance(action, STARTS_REQUESTS):

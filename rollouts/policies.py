@@ -45,6 +45,9 @@ class PolicyContext:
     # The live page, for scripted policies that ground their plan in it (the expert); never part
     # of a model's prompt. None where no page is open (candidates proposed at stored states).
     page: Any = None
+    # How long such a policy may wait for an element of ``page`` to appear: the environment's
+    # per-action timeout (an action on a missing element fails after it too).
+    action_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,13 @@ class ExpertPolicy:
         if ctx.page is None or self.action_space == "css" or isinstance(action, ParseError):
             return planned
         try:
-            g = await ground(ctx.page, action, self.action_space, coords=self.coords)
+            g = await ground(
+                ctx.page,
+                action,
+                self.action_space,
+                coords=self.coords,
+                timeout_ms=ctx.action_timeout_s * 1000,
+            )
         except GroundingError as exc:
             ctx.memory["grounding_error"] = str(exc)
             return planned  # the plan's own action: it fails the same way on the page

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,11 +63,15 @@ class Warehouse:
         # lets write_trajectories skip a scan of the steps table on every batch.
         self._known: dict[str, tuple[str, int]] = {}
         self._known_runs: set[str] = set()
-        # Held while DuckDB's thread count is lowered for an append (`_one_thread`). `SET threads`
+        # Held while DuckDB's thread count changes (`_one_thread`, `_all_threads`). `SET threads`
         # reconfigures this DuckDB instance's scheduler and deadlocks against a query running on
         # another cursor of the same database in another thread (seen: the run lease's
         # heartbeat). Code that queries ``con.cursor()`` from another thread holds it too.
         self.settings_lock = threading.RLock()
+        # The thread count queries run with, while appends have lowered it to 1 (None: not
+        # lowered). Lowered by the first append and left so for the next; restored by the next
+        # query or non-append write (see `_one_thread`).
+        self._query_threads: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -104,6 +108,7 @@ class Warehouse:
     # -- reads ----------------------------------------------------------------------------------
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
         """Run a query (values as ``?`` or ``$name`` parameters) and return a polars frame."""
+        self._all_threads()
         try:
             return with_retry(lambda: self.con.execute(query, params).pl(), what="query")
         except duckdb.Error as exc:
@@ -157,7 +162,10 @@ class Warehouse:
     # -- writes ---------------------------------------------------------------------------------
     def transaction(self, body: Callable[[], T], *, what: str, message: str | None = None) -> T:
         """Run ``body`` in one transaction, retried as a whole on transient contention."""
+        self._all_threads()
+        return self._transaction(body, what=what, message=message)
 
+    def _transaction(self, body: Callable[[], T], *, what: str, message: str | None) -> T:
         def attempt() -> T:
             self.con.execute("BEGIN")
             try:
@@ -251,31 +259,39 @@ class Warehouse:
         if again.height:
             result = self.transaction(body, what="write trajectories")
         else:  # appends only (the common case): no scan of stored tables to parallelise
-            with self._one_thread():
-                result = self.transaction(body, what="write trajectories")
+            self._one_thread()
+            result = self._transaction(body, what="write trajectories", message=None)
         self._remember(trajs)
         return result
 
     # -- internals ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _one_thread(self) -> Iterator[None]:
+    def _one_thread(self) -> None:
         """Run DuckDB on the calling thread only, for small appends.
 
         A 1,000-row append is far too small to split; with worker threads each statement hands
         its tasks over and wakes them up, which cost ~25-35% more CPU per transaction (measured
         on 2 busy cores). This DuckDB instance is this Warehouse's own, so the setting touches
-        nothing else; it is restored afterwards for queries.
+        nothing else. It stays lowered for the next append (a collector appends batch after
+        batch: switching back and forth cost ~7 ms a transaction, a fifth of it) and is
+        restored by the next query or other write (:meth:`_all_threads`).
         """
         with self.settings_lock:
-            threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]
-            if threads == 1:
-                yield
+            if self._query_threads is not None:
                 return
-            self.con.execute("SET threads = 1")
-            try:
-                yield
-            finally:
-                self.con.execute("SET threads = ?", [threads])
+            threads = int(self.con.execute("SELECT current_setting('threads')").fetchone()[0])
+            if threads > 1:
+                self.con.execute("SET threads = 1")
+            self._query_threads = threads
+
+    def _all_threads(self) -> None:
+        """Give queries back the thread count that appends lowered (a no-op when not lowered)."""
+        if self._query_threads is None:
+            return
+        with self.settings_lock:
+            if self._query_threads is not None:
+                if self._query_threads > 1:
+                    self.con.execute("SET threads = ?", [self._query_threads])
+                self._query_threads = None
 
     def _register(self, name: str, frame: pl.DataFrame) -> None:
         self.con.register(name, frame.to_arrow())

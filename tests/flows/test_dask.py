@@ -111,10 +111,25 @@ def worker_running_a_browser() -> psutil.Process | None:
     for nanny in psutil.Process().children():
         if not _spawned(nanny):
             continue
-        for worker in nanny.children():
-            if any("chrom" in p.name().lower() for p in worker.children(recursive=True)):
+        for worker in _children(nanny):
+            if any("chrom" in _name(p) for p in _children(worker, recursive=True)):
                 return worker
     return None
+
+
+def _children(proc: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+    """``proc``'s children; none when it has just exited (processes come and go meanwhile)."""
+    try:
+        return proc.children(recursive=recursive)
+    except psutil.Error:
+        return []
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name().lower()
+    except psutil.Error:
+        return ""
 
 
 def test_a_worker_killed_mid_shard_loses_and_doubles_nothing(

@@ -1,7 +1,9 @@
 """The flywheel flow, end to end on a tiny configuration, through the session's Prefect harness,
-sites server and Chromium: the rows each round leaves, a re-run that adds nothing, and a run
-killed (SIGKILL of its process group) in round 2 and re-run that ends where an uninterrupted run
-ends."""
+sites server and Chromium: one flywheel started as ``webloop flywheel`` in its own process,
+killed (SIGKILL of its process group) in round 2, and run again in-process to the end. The rows
+each round leaves are checked on that resumed run (an uninterrupted flywheel runs in the demo
+test), against what an uninterrupted run holds by construction (every named run's trajectory
+ids follow from its deterministic task selection); then a re-run that adds nothing."""
 
 from __future__ import annotations
 
@@ -98,22 +100,109 @@ def snapshot(home: str, fid: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(
-    prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory
-) -> dict[str, Any]:
-    """The tiny flywheel, once, on the session's sites and Chromium."""
-    from flows.flywheel import Lent, flywheel_flow
+def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> dict[str, Any]:
+    """The tiny flywheel run as a process of its own, SIGKILLed once round 2's collection has
+    written, then run again in-process (on the session's sites and Chromium) to the end."""
+    from flows.flywheel import Lent, flywheel_flow, flywheel_status, run_name
 
     cfg = tiny_config(tiny_recipe)
     home = str(tmp_path_factory.mktemp("flywheel") / "home")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    args.append(f"--recipe={tiny_recipe}")
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "WEBLOOP_HOME": home}
+    env["HF_HUB_OFFLINE"] = "1"
+    env.pop("WEBLOOP_WAREHOUSE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli_flywheel", "flywheel", *args],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,  # its own process group: the sites server and Chromium too
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    round2 = run_name(cfg, 2, "policy")
+    killed = False
+    try:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _round2_started(home, round2):
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.3)
+    finally:
+        if proc.poll() is None and not killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert killed, f"the flywheel never reached round 2: {proc.stderr.read().decode()[-2000:]}"
+    killed_status = flywheel_status(cfg, home)
+    before = snapshot(home, cfg.flywheel_id)
     out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
-    return {"cfg": cfg, "home": home, "out": out, "stored": snapshot(home, cfg.flywheel_id)}
+    return {
+        "cfg": cfg,
+        "home": home,
+        "out": out,
+        "killed_status": killed_status,
+        "before": before,
+        "stored": snapshot(home, cfg.flywheel_id),
+    }
 
 
-def test_each_round_leaves_its_rows(uninterrupted):
+def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
+    from flows.flywheel import flywheel_status
+
+    before, out = resumed["before"], resumed["out"]
+    assert resumed["killed_status"] == "running"  # killed: never marked completed
+    assert before["datasets"] == 1 and before["evaluations"] == 2  # round 2 had not finished
+    assert [r["round"] for r in out["rounds"]] == [1, 2]
+    assert out["rounds"][0]["dataset"]["built"] is False  # round 1 was not redone
+    assert all(c["ran"] == 0 for c in out["rounds"][0]["collected"].values())
+    assert flywheel_status(resumed["cfg"], resumed["home"]) == "completed"
+    after = resumed["stored"]
+    for k in ("trajectories", "steps", "judgments", "metrics"):  # nothing twice
+        assert after[k] == after[f"distinct_{k}"], k
+    # what the killed process stored is still there
+    assert set(before["named"]) <= set(after["named"])
+
+
+def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
+    """Every collect run of the flywheel holds exactly its selected tasks x samples (the
+    trajectory ids a run that was never killed has), the intervention replays one per settled
+    intervention, and every evaluation its episodes."""
+    from flows.collect import select_tasks
+    from flows.flywheel import expert_config, policy_config, run_name
+    from warehouse.ids import traj_id_for
+
+    cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
+    named = {(run, traj): policy for run, traj, policy in resumed["stored"]["named"]}
+    ckpts = [cfg_round["trained"]["checkpoint"] for cfg_round in out["rounds"]]
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+        collects = [expert_config(cfg), policy_config(cfg, 1, "x"), policy_config(cfg, 2, "x")]
+        for ccfg in collects:
+            expected = {
+                traj_id_for(ccfg.run_name, t.task_id, k)
+                for t in select_tasks(wh, ccfg)
+                for k in range(ccfg.samples)
+            }
+            stored = {traj for run, traj in named if run == ccfg.run_name}
+            assert stored == expected, ccfg.run_name
+        replays = wh.sql(
+            "SELECT run_id, replay_traj_id FROM interventions WHERE replay_traj_id IS NOT NULL"
+        ).rows()
+        for r in (1, 2):
+            stored = {traj for run, traj in named if run == run_name(cfg, r, "intervene")}
+            assert stored == {t for run, t in replays if run == run_name(cfg, r, "intervene")}
+            assert len(stored) == cfg.interventions
+    assert len(ckpts) == 2 and all(ckpts)
+    counts = {k: resumed["stored"][k] for k in ("datasets", "training_runs", "evaluations")}
+    assert counts == {"datasets": 2, "training_runs": 2, "evaluations": 3}
+    assert resumed["stored"]["eval_trajectories"] == 3 * cfg.eval_n
+
+
+def test_each_round_leaves_its_rows(resumed):
     from flows.flywheel import flywheel_status, round_recipe, run_name
 
-    cfg, home, out = uninterrupted["cfg"], uninterrupted["home"], uninterrupted["out"]
+    cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
     fid = cfg.flywheel_id
     assert [r["round"] for r in out["rounds"]] == [1, 2]
     assert flywheel_status(cfg, home) == "completed"
@@ -192,13 +281,13 @@ def test_each_round_leaves_its_rows(uninterrupted):
     assert out["rounds"][1]["before"]["evaluation_id"] == out["rounds"][0]["after"]["evaluation_id"]
 
 
-def test_a_rerun_adds_nothing(uninterrupted, monkeypatch):
+def test_a_rerun_adds_nothing(resumed, monkeypatch):
     from flows import collect as collect_module
     from flows import intervene as intervene_module
     from flows import score_steps as score_steps_module
     from flows.flywheel import flywheel_flow
 
-    cfg, home = uninterrupted["cfg"], uninterrupted["home"]
+    cfg, home = resumed["cfg"], resumed["home"]
     for module in (collect_module, intervene_module):
         monkeypatch.setattr(module, "SiteServer", refuse)
     monkeypatch.setattr(collect_module, "Engine", refuse)
@@ -209,59 +298,7 @@ def test_a_rerun_adds_nothing(uninterrupted, monkeypatch):
         assert all(j["judged"] == 0 for j in r["judged"].values())
         assert r["dataset"]["built"] is False
         assert r["steps_run"] == 0
-    assert snapshot(home, cfg.flywheel_id) == uninterrupted["stored"]
-
-
-def test_killed_in_round_two_and_rerun_ends_like_an_uninterrupted_run(
-    uninterrupted, prefect_subprocess_env, sites, chromium, tiny_recipe, tmp_path
-):
-    from flows.flywheel import Lent, flywheel_flow, flywheel_status, run_name
-
-    cfg = uninterrupted["cfg"]
-    home = str(tmp_path / "home")
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    args.append(f"--recipe={tiny_recipe}")
-    env = {**prefect_subprocess_env, "WEBLOOP_HOME": home, "HF_HUB_OFFLINE": "1"}
-    env.pop("WEBLOOP_WAREHOUSE", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli_flywheel", "flywheel", *args],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,  # its own process group: the sites server and Chromium too
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    round2 = run_name(cfg, 2, "policy")
-    killed = False
-    try:
-        deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _round2_started(home, round2):
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed = True
-                break
-            time.sleep(0.3)
-    finally:
-        if proc.poll() is None and not killed:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    assert killed, f"the flywheel never reached round 2: {proc.stderr.read().decode()[-2000:]}"
-    assert flywheel_status(cfg, home) == "running"  # killed: never marked completed
-    before = snapshot(home, cfg.flywheel_id)
-    assert before["datasets"] == 1 and before["evaluations"] == 2  # round 2 had not finished
-    out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
-    assert [r["round"] for r in out["rounds"]] == [1, 2]
-    assert out["rounds"][0]["dataset"]["built"] is False  # round 1 was not redone
-    assert flywheel_status(cfg, home) == "completed"
-    after = snapshot(home, cfg.flywheel_id)
-    ref = uninterrupted["stored"]
-    # the same trajectory ids in every named run, nothing twice, the same counts everywhere
-    assert after["named"] == ref["named"]
-    for k in ("trajectories", "steps", "judgments", "metrics"):
-        assert after[k] == after[f"distinct_{k}"], k
-    counts = ("trajectories", "judgments", "datasets", "training_runs", "checkpoints")
-    counts += ("evaluations", "eval_trajectories", "interventions")
-    assert {k: after[k] for k in counts} == {k: ref[k] for k in counts}
+    assert snapshot(home, cfg.flywheel_id) == resumed["stored"]
 
 
 def _round2_started(home: str, run_id: str) -> bool:

@@ -186,6 +186,28 @@ def openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium) 
     assert retry["selected"] == 1 and len(fake.requests) == 1, retry
 
 
+def test_a_replay_waits_for_elements_as_long_as_its_source_run_did(tmp_path):
+    from flows.intervene import plan_items
+    from judging.base import TrajectoryView
+    from warehouse.records import Run
+
+    task = task_for("mail_compose")
+    with open_wh(tmp_path / "home") as wh:
+        put_tasks(wh, [task])
+        wh.write([Run("fast", "collect", {"action_timeout_s": 1.5}), Run("old", "collect", {})])
+        views = [
+            TrajectoryView(Trajectory(t, run, task.task_id, "expert", "failure"), task, [])
+            for t, run in (("t-fast", "fast"), ("t-old", "old"))
+        ]
+        items, skipped = plan_items(wh, views, action_timeout_s=4.0)
+    assert skipped == []
+    # the recorded timeout where the run has one, else the intervene config's
+    assert [(i.view.traj_id, i.env.action_timeout_s) for i in items] == [
+        ("t-fast", 1.5),
+        ("t-old", 4.0),
+    ]
+
+
 def test_cli_refuses_bad_options_in_one_line_before_any_work(tmp_path, prefect_harness):
     home = tmp_path / "home"
     bad = webloop(home, "intervene", "--teacher", "openai", ok=False)

@@ -119,3 +119,70 @@ def test_model_facing_prefix_gets_the_reference_cursor_and_scores_separate(chrom
     assert all(r.error is None for r in results), [r.error for r in results]
     assert results[0].detail["cursor"] == n
     assert results[0].score == 1.0 and results[1].score < results[0].score
+
+
+class _Recording(BrowserEnv):
+    """A browser environment that keeps each step's action error."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.errors: list[str | None] = []
+
+    async def step(self, action, *, timeout_s=None):
+        out = await super().step(action, timeout_s=timeout_s)
+        self.errors.append(out[3]["error"])
+        return out
+
+
+@pytest.mark.browser
+def test_a_replayed_action_that_failed_when_recorded_gets_the_short_timeout(chromium, server):
+    from judging.alignment import REPLAYED_FAILURE_TIMEOUT_S, replay_states
+    from rollouts.env import EnvConfig
+
+    task = _task()
+    actions = ['click(css="#no-such-button")', 'click(css="#no-such-link")']
+
+    async def go() -> list[str | None]:
+        env = _Recording(SharedSlot(chromium.browser), EnvConfig(action_timeout_s=1.0))
+        try:
+            states, ended = await replay_states(
+                env, task, actions, _resolve(server), None, failed=[True, False]
+            )
+            assert len(states) == 3 and not ended
+            return env.errors
+        finally:
+            await env.close()
+
+    first, second = chromium.run(go())
+    # both fail the same way; the one recorded as failed waited the short timeout, the other
+    # the environment's own
+    assert f"Timeout {int(REPLAYED_FAILURE_TIMEOUT_S * 1000)}ms exceeded" in (first or "")
+    assert "Timeout 1000ms exceeded" in (second or "")
+
+
+@pytest.mark.browser
+def test_the_expert_waits_for_a_missing_element_as_long_as_an_action_would(chromium, server):
+    task = _task()
+
+    async def go() -> tuple[str, str]:
+        env = BrowserEnv(SharedSlot(chromium.browser))
+        url, allowed = _resolve(server)(task)
+        obs = await env.reset(url, allowed_origins=allowed)
+        try:
+            ctx = PolicyContext(
+                task.task_id,
+                task.instruction,
+                ['click(css="#not-on-this-page")'],
+                [Turn(obs.url, obs.title, None, obs.a11y)],
+                random.Random(0),
+                page=env.page,
+                action_timeout_s=0.4,
+            )
+            out = await ExpertPolicy(action_space="ref").act(ctx)
+            return format_action(out.action), ctx.memory["grounding_error"]
+        finally:
+            await env.close()
+
+    action, error = chromium.run(go())
+    assert action == 'click(css="#not-on-this-page")'  # the plan's own action: it fails too
+    assert "Timeout 400ms exceeded" in error  # not the 10 s default of the grounding

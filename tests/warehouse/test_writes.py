@@ -132,3 +132,21 @@ def test_a_trajectory_deleted_elsewhere_is_written_again_with_its_steps(wh: Ware
     other.close()
     wh.write_trajectories([traj()], steps())  # this connection still remembers t1
     assert wh.count(Trajectory) == 1 and wh.count(Step) == 3
+
+
+def _threads(wh: Warehouse) -> int:
+    return int(wh.con.execute("SELECT current_setting('threads')").fetchone()[0])
+
+
+def test_appends_run_on_one_thread_until_the_next_query(wh: Warehouse):
+    wh.con.execute("SET threads = 2")
+    wh.write_trajectories([traj("t1")], steps("t1"))
+    assert _threads(wh) == 1  # lowered for the append ...
+    wh.write_trajectories([traj("t2")], steps("t2"))
+    assert _threads(wh) == 1  # ... and left lowered for the next one
+    assert wh.sql("SELECT count(*) FROM steps").item() == 6
+    assert _threads(wh) == 2  # a query gets its threads back
+    wh.write_trajectories([traj("t3")], steps("t3"))
+    wh.write([Run(run_id="r9", kind="collect")])  # so does any other write
+    assert _threads(wh) == 2
+    assert wh.count(Trajectory) == 3 and wh.count(Step) == 9
