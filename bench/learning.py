@@ -10,7 +10,8 @@
 3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset (``--quick``: on
    the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL from the
    curated SFT checkpoint (``--rl-estimator step_grpo``: candidates sampled at the visited
-   states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task; PPO-clip); SFT
+   states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task; PPO-clip,
+   with ``--rl-anchor-coef`` × the SFT loss on the curated rows in every update); SFT
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
 4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
    the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
@@ -56,6 +57,7 @@ FULL = dict(
     group=1,
     prm_k=4,
     prm_max_states=150,
+    rl_anchor_coef=1.0,
     vlm_steps=5,
     vlm_batch=8,
     sft_unfiltered=True,
@@ -290,11 +292,14 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
 RL_ATTEMPTS = 3
 
 
-async def rl(b: Bench, start: str) -> dict[str, Any]:
+async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
     """On-policy RL from ``start`` with ``--rl-estimator``: ``step_grpo`` (the default: at the
     states each iteration visited, ``--prm-k`` candidates sampled from the policy, scored by the
     exact PRM, normalised per state) or ``grpo`` (trajectory reward normalised within each
-    task's ``--group`` samples). A batch without a learning signal makes no update; as an RL
+    task's ``--group`` samples). ``--rl-anchor-coef`` > 0 adds that weight of the SFT loss on
+    the ``anchor`` dataset (the curated one SFT trained on) to every update (PPO-ptx), so the
+    templates an iteration's batch leaves out are not forgotten. A batch without a learning
+    signal makes no update; as an RL
     loop would, draw another (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say
     so. If no attempt had a signal, the result is the unchanged start checkpoint (said)."""
     from flows.train import RLConfig, run_rl
@@ -315,6 +320,8 @@ async def rl(b: Bench, start: str) -> dict[str, Any]:
             seed=seed,
             prm_k=a.prm_k,
             prm_max_states=a.prm_max_states,
+            anchor_dataset=anchor if a.rl_anchor_coef else None,
+            anchor_coef=a.rl_anchor_coef,
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
         if any(r["nonzero_advantage"] for r in res["iterations"]):
@@ -329,6 +336,8 @@ async def rl(b: Bench, start: str) -> dict[str, Any]:
             f"{r['mean_reward']:.3f} ({r['trajectories']} trajectories, "
             f"{r['nonzero_advantage']}/{r['turns']} turns with a learning signal)"
         )
+    if a.rl_anchor_coef:
+        say(f"rl anchor: SFT loss on {anchor} × {a.rl_anchor_coef} in every update")
     return res
 
 
@@ -395,7 +404,7 @@ async def run_all(b: Bench, home: Path) -> None:
         await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
     await evaluate(b, "sft curated", sft_c["checkpoint"], "test")
     await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
-    rl_res = await rl(b, sft_c["checkpoint"])
+    rl_res = await rl(b, sft_c["checkpoint"], curated.dataset_id)
     await evaluate(b, "rl", rl_res["checkpoint"], "test")
     await evaluate(b, "rl", rl_res["checkpoint"], "ood")
     differences(b)

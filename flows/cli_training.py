@@ -169,6 +169,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
         prm_scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer URL.")] = None,
         prm_scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
+        anchor_dataset: Annotated[
+            str | None,
+            typer.Option(help="A curated dataset whose SFT rows anchor each update (PPO-ptx)."),
+        ] = None,
+        anchor_coef: Annotated[
+            float, typer.Option(min=0.0, help="Weight of the anchor's SFT loss (0: none).")
+        ] = 0.0,
     ) -> None:
         """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl).
         ``step_grpo`` also samples K candidates at each visited state and scores them (the
@@ -197,7 +204,11 @@ def register(app: typer.Typer) -> None:
             prm_max_states=prm_max_states,
             prm_scorer_base_url=prm_scorer_base_url,
             prm_scorer_model=prm_scorer_model,
+            anchor_dataset=anchor_dataset,
+            anchor_coef=anchor_coef,
         )
+        if anchor_coef > 0 and not anchor_dataset:
+            raise UserError("--anchor-coef needs --anchor-dataset (the SFT rows it weighs)")
         with _live("train rl") as bar:
             res = _user_errors(lambda: run(cfg, on_progress=bar))
         for r in res["iterations"]:

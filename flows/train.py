@@ -31,6 +31,7 @@ from flows.runs import code_version  # noqa: E402
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
 from training import registry  # noqa: E402
 from training.data import check_modality, find_dataset, sft_turns  # noqa: E402
+from training.interface import DataMismatch  # noqa: E402
 from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
 from training.rl import prepare  # noqa: E402
 from training.trainer import TrainConfig, fit  # noqa: E402
@@ -134,6 +135,7 @@ def _fit(
     step_offset: int = 0,
     out_dir: Path | None = None,
     ref_model: Any = None,
+    anchor: list | None = None,
 ) -> dict[str, Any]:
     """One ``fit`` with the warehouse bookkeeping around it."""
     row = registry.start_run(
@@ -161,6 +163,7 @@ def _fit(
             train_cfg,
             out,
             ref_model=ref_model,
+            anchor=anchor or (),
             log=lambda step, values: log(step_offset + step, values),
             on_checkpoint=on_checkpoint,
             progress=_bar(progress, stage),
@@ -241,6 +244,11 @@ class RLConfig:
     prm_max_states: int | None = None
     prm_scorer_base_url: str | None = None
     prm_scorer_model: str | None = None
+    # PPO-ptx: ``anchor_coef`` × the SFT loss on a curated dataset's SFT rows (``anchor_dataset``,
+    # a name or id; typically the one the start checkpoint was trained on) joins every update,
+    # so the states an iteration's batch does not cover keep what SFT taught them
+    anchor_dataset: str | None = None
+    anchor_coef: float = 0.0
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -248,6 +256,9 @@ class RLConfig:
         if self.estimator != "step_grpo":  # (the other estimators' run ids stay as they were)
             for k in [k for k in d if k.startswith("prm_")]:
                 d.pop(k)
+        if not self.anchor_coef:  # added later: runs without an anchor keep their ids
+            d.pop("anchor_dataset")
+            d.pop("anchor_coef")
         return d
 
 
@@ -264,7 +275,8 @@ async def run_rl(
     makes no update; if no iteration trained, the start checkpoint is the result."""
     say = progress or (lambda _line: None)
     start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
-    run_id = registry.training_run_id("rl", start.model or cfg.policy, None, cfg.identity())
+    anchor, anchor_id = _anchor(wh, cfg)
+    run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
     out_root = checkpoints_dir(wh, run_id)
     current, step_offset, rounds = start, 0, []
     row = None
@@ -311,7 +323,7 @@ async def run_rl(
             run_id=run_id,
             stage="rl",
             base_model=start.model or cfg.policy,
-            dataset_id=None,
+            dataset_id=anchor_id,
             source_run=col["run_id"],
             config={
                 **cfg.identity(),
@@ -322,6 +334,7 @@ async def run_rl(
             step_offset=step_offset,
             out_dir=it_dir,
             ref_model=ref,
+            anchor=anchor,
         )
         row = res.pop("row")
         registry.MetricsLog(wh, run_id, every=1)(
@@ -379,6 +392,18 @@ async def _score_states(
     )
 
 
+def _anchor(wh: Warehouse, cfg: RLConfig) -> tuple[list, str | None]:
+    """The anchor dataset's SFT rows (split ``train``) and its id; none without an anchor."""
+    if not cfg.anchor_coef:
+        return [], None
+    if not cfg.anchor_dataset:
+        raise DataMismatch(
+            f"anchor_coef {cfg.anchor_coef} needs an anchor dataset (--anchor-dataset)"
+        )
+    ds = find_dataset(wh, cfg.anchor_dataset)
+    return sft_turns(ds.export_path), ds.dataset_id
+
+
 def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> Any:
     return load_trainable(
         str(model), home=wh.cfg.home, seed=cfg.seed, vlm=_vlm_options(cfg.reasoning_weight, None)
@@ -423,6 +448,7 @@ def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
         seed=cfg.seed + it,
         clip_eps=cfg.clip_eps,
         kl_coef=cfg.kl_coef,
+        anchor_coef=cfg.anchor_coef,
         save_every=10_000,
     )
 

@@ -16,6 +16,13 @@ the path's save format), ``optimizer.pt``, ``rng.pt`` (torch / numpy / python RN
 epoch, batch position, config and data fingerprints, last metrics). A checkpoint is written to a
 temporary folder and renamed into place, so a folder named ``checkpoint-<step>`` is complete.
 
+Anchor (PPO-ptx, InstructGPT): ``fit(..., anchor=turns)`` with ``anchor_coef`` λ > 0 adds
+``λ · SFT loss`` of a batch of ``anchor`` turns (demonstrations: a curated dataset's SFT rows) to
+every RL step, so states the RL batch does not cover keep what SFT taught (one scorer serves
+every state: an update on some templates moves the others). Step ``k`` takes the anchor batch
+at position ``k - 1`` of a cycle through ``numpy.random.default_rng([seed, ANCHOR_STREAM, pass])``
+permutations, a pure function of the step (a resume draws the same batches).
+
 Resume: when ``out_dir`` already holds checkpoints, ``fit`` loads the latest, checks that its
 config, data and model fingerprints match this call (a mismatch raises
 :class:`CheckpointMismatch` naming both), restores module, optimizer and RNG states and continues
@@ -54,6 +61,7 @@ ProgressFn = Callable[[int, int], None]
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_PREFIX = "checkpoint-"
 _UNFINGERPRINTED = ("max_steps", "save_every")
+ANCHOR_STREAM = 0xA2C4  # the anchor's data order: a seed stream apart from the epochs' (seed, e)
 
 
 class CheckpointMismatch(ValueError):
@@ -92,6 +100,10 @@ class TrainConfig:
     ppo_epochs: int = field(
         default=1, metadata={"help": "PPO: consecutive updates (steps) on each batch."}
     )
+    anchor_coef: float = field(
+        default=0.0,
+        metadata={"help": "λ of the SFT loss on anchor turns added to each step (needs anchor)."},
+    )
 
     def __post_init__(self) -> None:
         problems = []
@@ -110,12 +122,18 @@ class TrainConfig:
             problems.append(f"grad_clip must be None or > 0, got {self.grad_clip!r}")
         if self.weight_decay < 0 or self.kl_coef < 0 or not 0 < self.clip_eps < 1:
             problems.append("need weight_decay >= 0, kl_coef >= 0 and 0 < clip_eps < 1")
+        if self.anchor_coef < 0:
+            problems.append(f"anchor_coef must be >= 0, got {self.anchor_coef!r}")
         if problems:
             raise ValueError("TrainConfig: " + "; ".join(problems))
 
     def fingerprint_fields(self) -> dict[str, Any]:
-        """The fields that change what training computes (all but max_steps, save_every)."""
+        """The fields that change what training computes (all but max_steps, save_every).
+        Fields added later are left out at their default, so a run checkpointed before they
+        existed still resumes."""
         d = dataclasses.asdict(self)
+        if not self.anchor_coef:
+            d.pop("anchor_coef")
         return {k: v for k, v in d.items() if k not in _UNFINGERPRINTED}
 
 
@@ -260,7 +278,8 @@ def _check_fingerprints(path: Path, saved: dict[str, Any], current: dict[str, An
             detail = ""
             if what == "config":
                 old, new = saved.get("config", {}), current["config"]
-                diff = {k: (old.get(k), new.get(k)) for k in new if old.get(k) != new.get(k)}
+                keys = sorted({*old, *new})
+                diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
                 detail = f" (differing fields, checkpoint vs now: {diff})"
             raise CheckpointMismatch(
                 f"{path} was written for another {what}: checkpoint {key} {saved.get(key)} "
@@ -282,6 +301,7 @@ class _Run:
     opt: torch.optim.Optimizer
     ref_model: TrainablePolicy | None
     old_logprobs: torch.Tensor | None = None
+    anchor: list[Turn] = field(default_factory=list)
 
 
 def _policy_logprobs(model: TrainablePolicy, turns: list[Turn], batch_size: int) -> torch.Tensor:
@@ -310,7 +330,24 @@ def _behaviour_logprobs(run: _Run) -> torch.Tensor:
     return old
 
 
-def _step_loss(run: _Run, batch: list[Turn], idx: list[int]) -> tuple[torch.Tensor, dict, Any]:
+def anchor_batch(anchor: Sequence[Turn], step: int, size: int, seed: int) -> list[Turn]:
+    """The anchor turns of global step ``step`` (from 1): consecutive ``size``-slices of a cycle
+    of seeded permutations of ``anchor`` (a new permutation each pass)."""
+    n = len(anchor)
+    start = (step - 1) * size
+    out = []
+    for pos in range(start, start + min(size, n)):
+        cycle, i = divmod(pos, n)
+        perm = np.random.default_rng([seed, ANCHOR_STREAM, cycle]).permutation(n)
+        out.append(anchor[int(perm[i])])
+    return out
+
+
+def _step_loss(
+    run: _Run, batch: list[Turn], idx: list[int], step: int
+) -> tuple[torch.Tensor, dict, Any, bool]:
+    """The step's loss, its metrics, the batch's covered mask and whether anything in the loss
+    has a gradient (a covered turn, or the anchor term)."""
     lp: TurnLogprobs = run.model.logprobs(batch)
     logprob = lp.logprob
     covered = torch.as_tensor(lp.covered, dtype=torch.bool, device=logprob.device)
@@ -325,6 +362,14 @@ def _step_loss(run: _Run, batch: list[Turn], idx: list[int]) -> tuple[torch.Tens
         old = torch.nan_to_num(old)
         adv = [t.advantage for t in batch]
         loss, metrics = ppo_clip_loss(logprob, old, adv, run.cfg.clip_eps, covered)
+    trains = bool(covered.any())
+    if run.cfg.anchor_coef > 0 and run.anchor:
+        demo = anchor_batch(run.anchor, step, run.cfg.batch_size, run.cfg.seed)
+        demo_lp = run.model.logprobs(demo)
+        anchor_loss = sft_loss(demo_lp, [t.weight for t in demo])
+        metrics["anchor_loss"] = float(anchor_loss.detach())
+        loss = loss + run.cfg.anchor_coef * anchor_loss
+        trains = trains or bool(torch.as_tensor(demo_lp.covered).any())
     if run.ref_model is not None and bool(covered.any()):
         ref = _policy_logprobs(run.ref_model, batch, len(batch)).to(logprob.device, logprob.dtype)
         mask = covered & ~torch.isnan(ref)
@@ -333,18 +378,18 @@ def _step_loss(run: _Run, batch: list[Turn], idx: list[int]) -> tuple[torch.Tens
         metrics["kl"] = float(kl_mean.detach())
         if run.cfg.kl_coef > 0:
             loss = loss + run.cfg.kl_coef * kl_mean
-    return loss, metrics, covered
+    return loss, metrics, covered, trains
 
 
-def _train_step(run: _Run, batch: list[Turn], idx: list[int]) -> dict[str, float]:
+def _train_step(run: _Run, batch: list[Turn], idx: list[int], step: int) -> dict[str, float]:
     t0 = time.perf_counter()
     run.opt.zero_grad(set_to_none=True)
-    loss, metrics, covered = _step_loss(run, batch, idx)
+    loss, metrics, covered, trains = _step_loss(run, batch, idx, step)
     grad_norm = 0.0
     if not bool(torch.isfinite(loss.detach())):
         keys = [t.key for t in batch]
         raise FloatingPointError(f"non-finite loss {float(loss.detach())} on the batch {keys}")
-    if bool(covered.any()):
+    if trains:
         loss.backward()
         max_norm = run.cfg.grad_clip if run.cfg.grad_clip is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
@@ -410,6 +455,7 @@ def fit(
     out_dir: str | Path,
     *,
     ref_model: TrainablePolicy | None = None,
+    anchor: Sequence[Turn] = (),
     log: LogFn | None = None,
     on_checkpoint: CheckpointFn | None = None,
     progress: ProgressFn | None = None,
@@ -420,7 +466,8 @@ def fit(
     ``log(step, metrics)`` gets each step's ``loss``, ``lr``, ``grad_norm`` (before clipping),
     ``covered`` (share of the batch's turns the model can produce), ``examples_per_s``, ``epoch``
     and for PPO ``clip_fraction``, ``approx_kl``, ``ratio_mean``; ``kl`` (k3 to ``ref_model``) when
-    a reference model is given. ``on_checkpoint(step, path)`` runs after each checkpoint is in
+    a reference model is given; ``anchor_loss`` (the SFT loss of the step's ``anchor`` batch)
+    when ``cfg.anchor_coef`` > 0. ``on_checkpoint(step, path)`` runs after each checkpoint is in
     place; ``progress(done, total)`` after each step (and once at the start).
 
     Raises :class:`DataMismatch` (from ``model.check_data`` or when nothing is trainable) before
@@ -432,6 +479,11 @@ def fit(
         raise DataMismatch("fit: no turns to train on (empty dataset)")
     if cfg.kl_coef > 0 and ref_model is None:
         raise ValueError(f"fit: kl_coef={cfg.kl_coef} needs a ref_model")
+    anchor = list(anchor)
+    if cfg.anchor_coef > 0 and not anchor:
+        raise ValueError(f"fit: anchor_coef={cfg.anchor_coef} needs anchor turns")
+    if anchor:
+        model.check_data(anchor)
     train_turns = _trainable(turns, cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -443,11 +495,14 @@ def fit(
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run = _Run(model, train_turns, cfg, params, opt, ref_model)
+    run = _Run(model, train_turns, cfg, params, opt, ref_model, anchor=anchor)
+    data_fp = data_fingerprint(turns)
+    if anchor:  # the anchor is data the run trains on too
+        data_fp = hashlib.sha256(f"{data_fp}/{data_fingerprint(anchor)}".encode()).hexdigest()
     base = {
         "config": cfg.fingerprint_fields(),
         "config_fingerprint": config_fingerprint(cfg),
-        "data_fingerprint": data_fingerprint(turns),
+        "data_fingerprint": data_fp,
         "model_fingerprint": model_fingerprint(model),
         "n_turns": len(turns),
     }
@@ -470,7 +525,7 @@ def fit(
     for step in range(start + 1, total + 1):
         epoch, _, positions = plan[step - 1]
         batch = [train_turns[i] for i in positions]
-        metrics = {**_train_step(run, batch, positions), "epoch": epoch}
+        metrics = {**_train_step(run, batch, positions, step), "epoch": epoch}
         last = step
         if log is not None:
             log(step, metrics)

@@ -215,17 +215,22 @@ def test_evaluate(home: str, done: dict):
 
 def test_train_rl(home: str, done: dict):
     # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
-    # learning signal even where the samples of a task end alike
+    # learning signal even where the samples of a task end alike; the SFT dataset anchors it
+    anchor = done["dataset"]["dataset_id"]
     cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="turn", iterations=1,
-                   group_size=2, n_tasks=3, seed=1, **SHORT)  # fmt: skip
+                   group_size=2, n_tasks=3, seed=1, anchor_dataset=anchor, anchor_coef=0.5,
+                   **SHORT)  # fmt: skip
     out, fr = run(train_rl_flow, cfg, home)
     it = out["iterations"][0]
     assert it["trajectories"] == 6 and it["nonzero_advantage"] > 0
     rows = sql(home, "SELECT count(*) FROM trajectories WHERE run_id = ?", [it["collect_run"]])
     assert rows[0][0] == 6 and run_row(home, it["collect_run"])["status"] == "completed"
-    q = "SELECT status, config FROM training_runs WHERE training_run_id = ?"
-    status, config = sql(home, q, [out["training_run_id"]])[0]
+    q = "SELECT status, config, dataset_id FROM training_runs WHERE training_run_id = ?"
+    status, config, dataset_id = sql(home, q, [out["training_run_id"]])[0]
     assert status == "completed" and _json(config)["flow_run_id"] == fr
+    assert dataset_id == anchor  # the lineage names the anchor the update trained on too
+    q = "SELECT count(*) FROM metrics WHERE training_run_id = ? AND name = 'anchor_loss'"
+    assert sql(home, q, [out["training_run_id"]])[0][0] == it["steps_run"] > 0
     assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
     assert "## Iterations" in artifact("training-rl", fr)
     done["rl"] = out

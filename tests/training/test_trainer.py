@@ -126,6 +126,44 @@ def test_ppo_kl_to_reference_is_logged_and_needs_ref_model(tmp_path):
     assert all(k >= 0 for k in kls) and kls[-1] > 0
 
 
+def test_an_sft_anchor_keeps_the_states_rl_does_not_cover(tmp_path):
+    """PPO on prompts 0-2 moves the shared head, and with it the prompts it never saw; the
+    anchor's SFT term (PPO-ptx) on prompts 3-5 holds their demonstrated reply up meanwhile."""
+    rl = [t for t in ppo_turns() if t.key.split("/")[0] in {"p0", "p1", "p2"}]
+    demos = [
+        Turn(prompt=p, completion=REPLIES[2], key=f"demo{i}") for i, p in enumerate(PROMPTS[3:])
+    ]
+    start = ToyPolicy(seed=2)
+    before = {p: start.logprob_of(p, REPLIES[2]) for p in PROMPTS[3:]}
+    base = dict(objective="ppo", epochs=6, lr=0.05, batch_size=4, ppo_epochs=2)
+    plain = ToyPolicy(seed=2)
+    fit(plain, rl, TrainConfig(**base), tmp_path / "plain")
+    anchored, rec = ToyPolicy(seed=2), Recorder()
+    cfg = TrainConfig(**base, anchor_coef=1.0)
+    res = fit(anchored, rl, cfg, tmp_path / "anchored", anchor=demos, log=rec)
+    for p in PROMPTS[3:]:
+        assert anchored.logprob_of(p, REPLIES[2]) > before[p] + 0.1
+        assert anchored.logprob_of(p, REPLIES[2]) > plain.logprob_of(p, REPLIES[2]) + 0.1
+    for p in PROMPTS[:3]:  # the RL prompts still move by their advantages
+        assert anchored.logprob_of(p, REPLIES[0]) > anchored.logprob_of(p, REPLIES[1])
+    losses = [rec.metrics[s]["anchor_loss"] for s in rec.steps]
+    assert len(losses) == res.steps_run and losses[-1] < losses[0]
+    with pytest.raises(ValueError, match=r"anchor_coef=1\.0 needs anchor turns"):
+        fit(ToyPolicy(seed=2), rl, cfg, tmp_path / "none")
+
+
+def test_anchor_batches_cycle_through_every_turn_each_pass():
+    from training.trainer import anchor_batch
+
+    demos = [Turn(prompt=p, completion=REPLIES[0], key=f"d{i}") for i, p in enumerate(PROMPTS)]
+    batches = [anchor_batch(demos, step, 4, seed=7) for step in range(1, 4)]  # 12 = two passes
+    keys = [t.key for b in batches for t in b]
+    assert sorted(keys[:6]) == sorted(keys[6:]) == sorted(t.key for t in demos)
+    assert keys[:6] != keys[6:]  # each pass its own order
+    assert [t.key for t in anchor_batch(demos, 2, 4, seed=7)] == [t.key for t in batches[1]]
+    assert len(anchor_batch(demos[:2], 5, 4, seed=7)) == 2  # never more than the anchor holds
+
+
 def test_awr_weights_and_uncovered_turns(tmp_path):
     p = PROMPTS[0]
     turns = [
