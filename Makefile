@@ -48,12 +48,16 @@ $(VLLM_STAMP):
 demo: setup
 	$(VENV)/bin/webloop demo
 
+# Two pytest-xdist workers (a test file is one unit of work: tests/conftest.py); a single file
+# or test runs without them: .venv/bin/python -m pytest tests/...
+TEST_WORKERS ?= 2
+
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The fast tier: no browser, no Prefect server, no PostgreSQL, nothing marked slow.
 test-fast: setup lint
-	$(PY) -m pytest -m "not browser and not slow and not postgres and not prefect"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser and not slow and not postgres and not prefect"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -23,6 +23,7 @@ from flows.cli_common import (
     _scorers,
     console,
     err,
+    fit_consoles,
     print_frame,
 )
 from warehouse import WarehouseConfig
@@ -930,6 +931,7 @@ def main() -> None:
     from flows import prefect_env
 
     prefect_env.quiet_console()
+    fit_consoles()
     try:
         app()
     except KeyboardInterrupt:

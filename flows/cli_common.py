@@ -4,6 +4,7 @@ registry-name validation and opening the warehouse. (Command modules import this
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import StrEnum
 from typing import Any
@@ -14,8 +15,20 @@ from rich.table import Table
 
 from warehouse import Warehouse, WarehouseConfig
 
-console = Console()
-err = Console(stderr=True)
+# Lines are never wrapped at the console width: a message that names a file stays one line
+# (grep-able, and the same whatever the terminal or the COLUMNS it started with); tables still
+# fit the width.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def fit_consoles() -> None:
+    """Size the consoles from the environment as it is now (``COLUMNS``, else the terminal):
+    rich fixes a console's width from ``COLUMNS`` when it is made, which for a process that runs
+    the CLI more than once (tests, a notebook) is whatever the first import saw."""
+    columns = os.environ.get("COLUMNS", "")
+    for c in (console, err):
+        c.width = int(columns) if columns.isdigit() else None  # type: ignore[assignment]
 
 
 class Format(StrEnum):

@@ -142,6 +142,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.prefect)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """Under pytest-xdist (``make test`` runs two workers) a test file is the unit of work: its
+    module-scoped fixtures are built once and its tests run in order on one worker. The serving
+    files are one unit (they share the session's one vLLM server)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/serving/" if path.startswith("tests/serving/") else path
+
+    return ByFile(config, log)
+
+
 # -- Bundled sites and Chromium, shared by the session -------------------------------------------
 
 
@@ -264,3 +279,4 @@ def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
     proc.terminate()
     proc.wait(30)
     log.close()
+
