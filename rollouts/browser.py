@@ -38,21 +38,28 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 _CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+# Chromium's headless shell (Debian's chromium-headless-shell; what Playwright itself runs for
+# headless): the same Blink and V8 without the browser UI layer. Measured here, a context with
+# four page loads and screenshots cost its processes 2.5x less CPU than the full browser.
+_HEADLESS_SHELLS = ("/usr/lib/chromium/chromium-headless-shell", "/usr/bin/chromium-headless-shell")
 
 
-def chromium_executable() -> str | None:
-    """The system Chromium ($WEBLOOP_CHROMIUM, Debian's), or None for Playwright's own build."""
+def chromium_executable(headless: bool = True) -> str | None:
+    """The Chromium to launch: ``$WEBLOOP_CHROMIUM``; else, headless, the system's headless
+    shell; else the system Chromium (Debian's); else None for Playwright's own build (whose
+    headless mode is its own headless shell)."""
     env = os.environ.get("WEBLOOP_CHROMIUM")
     if env:
         return env
-    return next((p for p in _CANDIDATES if Path(p).exists()), None)
+    candidates = (_HEADLESS_SHELLS + _CANDIDATES) if headless else _CANDIDATES
+    return next((p for p in candidates if Path(p).exists()), None)
 
 
 async def launch(playwright: Any, *, headless: bool = True) -> Any:
     """Launch Chromium with the flags this environment needs (no sandbox as root, no network
     chatter)."""
     return await playwright.chromium.launch(
-        executable_path=chromium_executable(), headless=headless, args=CHROMIUM_ARGS
+        executable_path=chromium_executable(headless), headless=headless, args=CHROMIUM_ARGS
     )
 
 

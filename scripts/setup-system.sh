@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the system programs webloop needs are present; fast when they already are.
 #   Chromium: the system one (/usr/bin/chromium), else `apt-get install chromium` when root on
-#             Debian, else Playwright's own download (`playwright install chromium`).
+#             Debian, else Playwright's own download (`playwright install chromium`), and its
+#             headless shell (chromium-headless-shell: what rollouts run; Playwright's download
+#             has its own).
 #   PostgreSQL server binaries (initdb, pg_ctl, postgres) for the PostgreSQL-catalog tests.
 set -euo pipefail
 VENV_BIN="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
@@ -24,6 +26,15 @@ if ! have_chromium; then
     echo "setup: installing Playwright's Chromium (playwright install chromium)"
     "$VENV_BIN/playwright" install chromium
   fi
+fi
+
+have_headless_shell() {
+  [ -x /usr/lib/chromium/chromium-headless-shell ] || [ -x /usr/bin/chromium-headless-shell ] ||
+    [ -n "${WEBLOOP_CHROMIUM:-}" ]
+}
+if ! have_headless_shell && can_apt && [ -x /usr/bin/chromium ]; then
+  echo "setup: installing Chromium's headless shell (apt-get install chromium-headless-shell)"
+  apt_install chromium-headless-shell
 fi
 
 pg_bindir() {

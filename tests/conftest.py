@@ -279,4 +279,3 @@ def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
     proc.terminate()
     proc.wait(30)
     log.close()
-
