@@ -40,7 +40,29 @@ RESET_TIMEOUT_S = 30.0  # the least time the start page of an episode gets to lo
 STARTS_REQUESTS = (Click, Type, Select, Press, Goto)
 """Actions that can make the page send requests (an autocomplete's fetch, a form post): only
 after these does an observation wait for the page to settle (see :meth:`BrowserEnv._quiet`)."""
-_FRAME_JS = "() => new Promise(r => requestAnimationFrame(() => r(true)))"
+# The page's own count of the fetch / XHR requests it started (an init script in every page):
+# an animation frame's round trip can come back before the browser's event for a request the
+# page sent in that frame (seen on a loaded machine: the snapshot after typing lacked the
+# autocomplete's suggestions), so the page's count says whether to wait for one.
+_REQUESTS_JS = """
+(() => {
+  if (window.__webloopRequests !== undefined) return;
+  window.__webloopRequests = 0;
+  const fetch0 = window.fetch;
+  window.fetch = function (...args) {
+    window.__webloopRequests++;
+    return fetch0.apply(this, args);
+  };
+  const send0 = XMLHttpRequest.prototype.send;
+  XMLHttpRequest.prototype.send = function (...args) {
+    window.__webloopRequests++;
+    return send0.apply(this, args);
+  };
+})();
+"""
+_COUNT_JS = "() => window.__webloopRequests || 0"
+_FRAME_JS = "() => new Promise(r => requestAnimationFrame(() => r(window.__webloopRequests || 0)))"
+CATCH_UP_S = 2.0  # how long a request the page says it sent may take to be reported
 
 
 @dataclass(frozen=True)
@@ -168,6 +190,7 @@ class BrowserEnv:
                 }
             )
             await self.context.route("**/*", self._route)
+            await self.context.add_init_script(_REQUESTS_JS)
             self.page = await self.context.new_page()
             self._track_requests(self.page)
             # opening the start page is set-up, not an action: a short action timeout (local
@@ -198,6 +221,8 @@ class BrowserEnv:
         blocked_before = len(self.blocked)
         started_before = self._started
         self._check_alive()
+        sends = isinstance(action, STARTS_REQUESTS)
+        page_before = await self._page_requests() if sends else None
         result = await execute(
             self.page,
             action,
@@ -205,8 +230,8 @@ class BrowserEnv:
             timeout_ms=(self.config.action_timeout_s if timeout_s is None else timeout_s) * 1000,
         )
         self._check_alive()
-        if isinstance(action, STARTS_REQUESTS):
-            await self._quiet(started_before)
+        if sends:
+            await self._quiet(started_before, page_before)
         terminated = isinstance(action, Answer)
         self.step_idx += 1
         truncated = not terminated and self.step_idx >= self.max_steps
@@ -225,6 +250,7 @@ class BrowserEnv:
         def started(req: Any) -> None:
             self._started += 1
             self._pending[req] = self._started
+            self._ended.set()  # (also wakes a wait for a request to be reported)
 
         def ended(req: Any) -> None:
             self._pending.pop(req, None)
@@ -238,17 +264,22 @@ class BrowserEnv:
         """Whether a request numbered after ``started_before`` is still in flight."""
         return any(n > started_before for n in self._pending.values())
 
-    async def _quiet(self, started_before: int) -> None:
+    async def _quiet(self, started_before: int, page_before: int | None = None) -> None:
         """Let what an action started in the page settle before it is observed: one animation
         frame (the page's handlers have run and sent their requests), then the requests started
         since ``started_before`` (an autocomplete's fetch) finish — bounded by the action
         timeout — and, if the action sent any, one more frame to render their results. Without it
         a snapshot taken right after typing misses the suggestions the next action must click.
-        Requests that were in flight before the action are not waited for."""
-        await self._next_frame()
-        if self._started == started_before:
-            return  # the action sent no request: nothing to wait for or render
+        Requests that were in flight before the action are not waited for. ``page_before``: the
+        page's own request count before the action; when the frame says the page sent requests
+        the browser has not reported yet, they are waited for (:data:`CATCH_UP_S`)."""
+        page_now = await self._next_frame()
         loop = asyncio.get_running_loop()
+        if self._started == started_before:
+            sent = page_now is not None and page_before is not None and page_now > page_before
+            if not sent:
+                return  # the action sent no request: nothing to wait for or render
+            await self._reported(started_before + 1, loop.time() + CATCH_UP_S)
         deadline = loop.time() + self.config.action_timeout_s
         while self._in_flight_since(started_before):
             left = deadline - loop.time()
@@ -259,9 +290,25 @@ class BrowserEnv:
                 await asyncio.wait_for(self._ended.wait(), left)
         await self._next_frame()
 
-    async def _next_frame(self) -> None:
+    async def _reported(self, n: int, deadline: float) -> None:
+        """Wait (until ``deadline``) until the browser has reported ``n`` requests of the page."""
+        loop = asyncio.get_running_loop()
+        while self._started < n and (left := deadline - loop.time()) > 0:
+            self._ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), left)
+
+    async def _next_frame(self) -> int | None:
+        """One animation frame of the page; the page's request count then (None: no answer)."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.page.evaluate(_FRAME_JS), 0.5)
+            return int(await asyncio.wait_for(self.page.evaluate(_FRAME_JS), 0.5))
+        return None
+
+    async def _page_requests(self) -> int | None:
+        """The page's own count of the requests it started (None: no answer)."""
+        with contextlib.suppress(Exception):
+            return int(await asyncio.wait_for(self.page.evaluate(_COUNT_JS), 0.5))
+        return None
 
     def _check_alive(self) -> None:
         if self.page.is_closed() or not self.slot.browser or not self.slot.browser.is_connected():
