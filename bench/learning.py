@@ -15,7 +15,9 @@
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
 4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
    the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
-   95% Wilson intervals, and the differences with Newcombe intervals.
+   95% Wilson intervals, and the differences with Newcombe intervals (``--no-eval-untrained``,
+   ``--no-eval-ood``: leave those evaluations out, the slowest: every episode of them fails and
+   runs all its steps).
 
 Everything is the product's own code path (collect / judge / curate / train / evaluate library
 functions, in one process with one sites server and one Chromium), into a fresh warehouse.
@@ -61,6 +63,8 @@ FULL = dict(
     vlm_steps=5,
     vlm_batch=8,
     sft_unfiltered=True,
+    eval_untrained=True,
+    eval_ood=True,
 )
 # The quick size checks that every stage runs and feeds the next, not what the figures are: one
 # ranker SFT (the unfiltered dataset is still built, but a second SFT on it is the same code
@@ -399,14 +403,17 @@ async def run_all(b: Bench, home: Path) -> None:
         f"evaluation (ranker, greedy, {b.a.eval_n} tasks per split, "
         f"max {b.a.eval_max_steps} steps):"
     )
-    await evaluate(b, "untrained", untrained(b), "test")
+    if b.a.eval_untrained:
+        await evaluate(b, "untrained", untrained(b), "test")
     if sft_u is not None:
         await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
     await evaluate(b, "sft curated", sft_c["checkpoint"], "test")
-    await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
+    if b.a.eval_ood:
+        await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
     rl_res = await rl(b, sft_c["checkpoint"], curated.dataset_id)
     await evaluate(b, "rl", rl_res["checkpoint"], "test")
-    await evaluate(b, "rl", rl_res["checkpoint"], "ood")
+    if b.a.eval_ood:
+        await evaluate(b, "rl", rl_res["checkpoint"], "ood")
     differences(b)
 
 
