@@ -58,7 +58,7 @@ test: setup lint
 
 # The fast tier: no browser, no Prefect server, no PostgreSQL, nothing marked slow.
 test-fast: setup lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser and not slow and not postgres and not prefect"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser and not slow and not postgres and not prefect and not vllm"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -134,17 +134,29 @@ def prefect_subprocess_env(prefect_harness: str) -> dict[str, str]:
     return {**os.environ, "PREFECT_API_URL": prefect_harness}
 
 
+# fixture → the marker a test that uses it carries, whichever fixture brought it in: the Prefect
+# harness, a PostgreSQL cluster, a model server process (hf or vLLM: seconds to a minute to start)
+FIXTURE_MARKERS = {
+    "prefect_harness": "prefect",
+    "pg_cluster": "postgres",
+    "hf_server": "slow",
+    "vllm_server": "slow",
+    "server_of": "slow",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the Prefect harness carry the ``prefect`` marker (``make test-fast``
-    deselects them), whichever fixture brought the harness in."""
+    """Tests that use a fixture of :data:`FIXTURE_MARKERS` carry its marker (``make test-fast``
+    deselects them)."""
     for item in items:
-        if "prefect_harness" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.prefect)
+        names = getattr(item, "fixturenames", ())
+        for mark in {m for f, m in FIXTURE_MARKERS.items() if f in names}:
+            item.add_marker(getattr(pytest.mark, mark))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
-    """Under pytest-xdist (``make test`` runs two workers) a test file is the unit of work: its
+    """Under pytest-xdist (``make test TEST_WORKERS=N``) a test file is the unit of work: its
     module-scoped fixtures are built once and its tests run in order on one worker. The serving
     files are one unit (they share the session's one vLLM server)."""
     from xdist.scheduler import LoadScopeScheduling

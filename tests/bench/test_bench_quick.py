@@ -35,6 +35,7 @@ def test_sites_bench_quick_checks_every_task_with_the_expert():
     assert latency and int(latency.group(1)) >= 8, out  # the server measured real page loads
 
 
+@pytest.mark.slow
 def test_judging_bench_quick_counts_n_plus_two_calls():
     out = run_bench("judging.py")
     rows = re.findall(

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "bench" / "warehouse.py"
 NUM = r"([\d,]+(?:\.\d+)?)"
 
@@ -17,6 +19,7 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.slow
 def test_warehouse_bench_quick_ingests_every_row_into_both_stores():
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=600

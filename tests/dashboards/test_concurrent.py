@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dashboards import data
 from tests.dashboards.conftest import use_home
 from warehouse import Warehouse, WarehouseConfig
@@ -52,6 +54,7 @@ def trajectories_shown(at) -> int:
     return int(next(m.value for m in at.metric if m.label == "Trajectories").replace(",", ""))
 
 
+@pytest.mark.slow  # a writer process beside the app
 def test_pages_read_and_label_while_another_process_writes(open_page, tmp_path, monkeypatch):
     # every read looks the snapshot up (the app memoises it for a second, so a read right after
     # the writer's last commit could show the one before: by design, not what is tested here)

@@ -66,6 +66,7 @@ def test_sql_errors_are_one_line_without_traceback(home: Path):
     assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter imports the CLI
 def test_the_console_entry_point_as_a_subprocess(home: Path):
     """The real process: help exits 0, a user error exits 2 with an error message and no
     traceback, a query prints its rows."""

@@ -61,6 +61,7 @@ def wait_for_url(proc: subprocess.Popen, timeout_s: float = 600) -> str:
     raise AssertionError(f"no URL printed: {''.join(seen)}")
 
 
+@pytest.mark.slow  # a model server process, started and stopped twice
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_model_prints_the_url_and_stops_its_process_group(sig, idefics, tmp_path):
     port = free_port()
@@ -86,6 +87,7 @@ def test_serve_model_prints_the_url_and_stops_its_process_group(sig, idefics, tm
         proc.stdout.close()
 
 
+@pytest.mark.slow  # a model server process, then another
 def test_model_server_restart_serves_the_new_checkpoint(idefics, tmp_path):
     from training.models import build_tiny_idefics
 
