@@ -11,7 +11,8 @@
    the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL from the
    curated SFT checkpoint (``--rl-estimator step_grpo``: candidates sampled at the visited
    states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task; PPO-clip,
-   with ``--rl-anchor-coef`` × the SFT loss on the curated rows in every update); SFT
+   with ``--rl-anchor-coef`` × the SFT loss on the curated rows in every update;
+   ``--rl-task-pool N``: the tasks sampled are the ones a greedy probe of N failed first); SFT
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
 4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
    the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
@@ -60,6 +61,7 @@ FULL = dict(
     prm_k=4,
     prm_max_states=150,
     rl_anchor_coef=1.0,
+    rl_task_pool=0,
     vlm_steps=5,
     vlm_batch=8,
     sft_unfiltered=True,
@@ -326,6 +328,7 @@ async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
             prm_max_states=a.prm_max_states,
             anchor_dataset=anchor if a.rl_anchor_coef else None,
             anchor_coef=a.rl_anchor_coef,
+            task_pool=a.rl_task_pool,
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
         if any(r["nonzero_advantage"] for r in res["iterations"]):

@@ -176,6 +176,14 @@ def register(app: typer.Typer) -> None:
         anchor_coef: Annotated[
             float, typer.Option(min=0.0, help="Weight of the anchor's SFT loss (0: none).")
         ] = 0.0,
+        task_pool: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="Failures-first curriculum: run the policy greedily on this many tasks "
+                "first, sample on the --n-tasks it failed (then solved) ones (0: off).",
+            ),
+        ] = 0,
     ) -> None:
         """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl).
         ``step_grpo`` also samples K candidates at each visited state and scores them (the
@@ -206,9 +214,12 @@ def register(app: typer.Typer) -> None:
             prm_scorer_model=prm_scorer_model,
             anchor_dataset=anchor_dataset,
             anchor_coef=anchor_coef,
+            task_pool=task_pool,
         )
         if anchor_coef > 0 and not anchor_dataset:
             raise UserError("--anchor-coef needs --anchor-dataset (the SFT rows it weighs)")
+        if task_pool and task_pool <= n_tasks:
+            raise UserError(f"--task-pool {task_pool} must exceed --n-tasks {n_tasks} (or be 0)")
         with _live("train rl") as bar:
             res = _user_errors(lambda: run(cfg, on_progress=bar))
         for r in res["iterations"]:

@@ -80,6 +80,9 @@ class CollectConfig:
     workers: int = 0  # > 0: shard across a local Dask cluster of this many worker processes
     dask_address: str | None = None  # shard across this existing Dask cluster (tcp://host:port)
     lease_wait_s: float = 0.0  # another collector holds the run: wait this long, then refuse
+    # these tasks of the suite/split, in this order, instead of the first ``n_tasks`` of the
+    # seeded order (the RL loop's failures-first curriculum picks them); () = the seeded order
+    task_ids: tuple[str, ...] = ()
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -89,6 +92,8 @@ class CollectConfig:
             d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
         if d["action_timeout_s"] == 10.0:
             d.pop("action_timeout_s")  # likewise
+        if not d["task_ids"]:
+            d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
         for later in ("screenshots", "temperature"):  # added later, defaults keep old ids
             if d[later] == CollectConfig.__dataclass_fields__[later].default:
                 d.pop(later)
@@ -100,7 +105,8 @@ class CollectConfig:
 
 
 def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
-    """The first ``n_tasks`` tasks of the suite/split in a seeded, stable order."""
+    """The first ``n_tasks`` tasks of the suite/split in a seeded, stable order (or, given
+    ``task_ids``, those tasks in that order)."""
     from warehouse.records import from_frame
 
     df = latest_tasks(
@@ -112,6 +118,15 @@ def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
         hint = " (run: webloop tasks generate)" if cfg.suite == "bundled" else ""
         raise WarehouseError(f"no tasks in suite {cfg.suite!r}, split {cfg.split!r}{hint}")
     tasks = from_frame(Task, df)
+    if cfg.task_ids:
+        by_id = {t.task_id: t for t in tasks}
+        missing = [t for t in cfg.task_ids if t not in by_id]
+        if missing:
+            raise WarehouseError(
+                f"{len(missing)} of the given tasks are not in suite {cfg.suite!r}, split "
+                f"{cfg.split!r}: {missing[:5]}"
+            )
+        return [by_id[t] for t in cfg.task_ids]
     tasks.sort(key=lambda t: stable_hash(cfg.seed, t.task_id))
     return tasks[: cfg.n_tasks]
 

@@ -26,7 +26,7 @@ prefect_env.configure()
 from prefect import flow, task  # noqa: E402
 
 from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
-from flows.collect import CollectConfig, run_collect  # noqa: E402
+from flows.collect import CollectConfig, run_collect, select_tasks  # noqa: E402
 from flows.runs import code_version  # noqa: E402
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
 from training import registry  # noqa: E402
@@ -249,6 +249,11 @@ class RLConfig:
     # so the states an iteration's batch does not cover keep what SFT taught them
     anchor_dataset: str | None = None
     anchor_coef: float = 0.0
+    # failures-first task curriculum: > n_tasks, each iteration first runs the current policy
+    # greedily on ``task_pool`` tasks (a collect run of its own, ``…-iter<i>-probe``) and samples
+    # on ``n_tasks`` of them: those it failed, then those it solved (seeded order); 0: the first
+    # ``n_tasks`` of the split in the seeded order
+    task_pool: int = 0
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -259,6 +264,8 @@ class RLConfig:
         if not self.anchor_coef:  # added later: runs without an anchor keep their ids
             d.pop("anchor_dataset")
             d.pop("anchor_coef")
+        if not self.task_pool:  # likewise
+            d.pop("task_pool")
         return d
 
 
@@ -274,6 +281,11 @@ async def run_rl(
     iteration whose batch has no learning signal (every group's samples got the same reward)
     makes no update; if no iteration trained, the start checkpoint is the result."""
     say = progress or (lambda _line: None)
+    if cfg.task_pool and cfg.task_pool <= cfg.n_tasks:
+        raise DataMismatch(
+            f"task_pool {cfg.task_pool} must exceed n_tasks {cfg.n_tasks} (the curriculum picks "
+            "n_tasks of the pool), or be 0"
+        )
     start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
     anchor, anchor_id = _anchor(wh, cfg)
     run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
@@ -285,6 +297,9 @@ async def run_rl(
     for it in range(cfg.iterations):
         it_dir = out_root / f"iter-{it}"
         coll = _collect_config(cfg, it, current, run_id)
+        if cfg.task_pool:
+            picked = await _failures_first(wh, coll, cfg, it, say, server, browser)
+            coll = dataclasses.replace(coll, task_ids=picked)
         say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
         # a live bar (it has ``steps``) also shows the collection's episodes
         live = say if callable(getattr(say, "steps", None)) else None
@@ -354,6 +369,52 @@ async def run_rl(
         "checkpoint": current.model,
         "iterations": rounds,
     }
+
+
+def failures_first(order: list[str], status: dict[str, str], n: int) -> tuple[str, ...]:
+    """``n`` task ids of ``order``: those whose probe episode was not a success, then the
+    successes, each in ``order``; tasks without an outcome (no episode, ``infra_error``) are
+    left out."""
+    failed = [t for t in order if status.get(t) not in (None, "success", "infra_error")]
+    solved = [t for t in order if status.get(t) == "success"]
+    return tuple((failed + solved)[:n])
+
+
+async def _failures_first(
+    wh: Warehouse,
+    coll: CollectConfig,
+    cfg: RLConfig,
+    it: int,
+    say: Progress,
+    server: Any,
+    browser: Any,
+) -> tuple[str, ...]:
+    """The iteration's tasks by the failures-first curriculum: the current policy, greedy, on
+    the first ``cfg.task_pool`` tasks of the seeded order (a collect run of its own, resumable);
+    the ``cfg.n_tasks`` taken are the ones it did not solve, then the solved ones, in that order.
+    Episodes that ended in an infrastructure error say nothing of the policy and are left out."""
+    probe = dataclasses.replace(
+        coll, n_tasks=cfg.task_pool, samples=1, temperature=0.0, run_name=f"{coll.run_name}-probe"
+    )
+    col = await run_collect(wh, probe, None, server=server, browser=browser)
+    order = [t.task_id for t in select_tasks(wh, probe)]
+    status = dict(
+        wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [col["run_id"]]).rows()
+    )
+    picked = failures_first(order, status, cfg.n_tasks)
+    failed = [t for t in order if status.get(t) not in (None, "success", "infra_error")]
+    solved = [t for t in order if status.get(t) == "success"]
+    if not picked:
+        raise DataMismatch(
+            f"the curriculum's probe run {col['run_id']} has no episode with an outcome "
+            "(infrastructure errors only): nothing to pick the iteration's tasks from"
+        )
+    say(
+        f"  rl iteration {it + 1}: probe of {len(order)} tasks (greedy): {len(solved)} solved, "
+        f"{len(failed)} not; sampling on {sum(t in set(failed) for t in picked)} unsolved + "
+        f"{sum(t in set(solved) for t in picked)} solved"
+    )
+    return picked
 
 
 async def _score_states(

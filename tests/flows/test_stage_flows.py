@@ -249,6 +249,38 @@ def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: st
     assert out["training_run_id"] is None  # no run was registered: nothing trained
 
 
+def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
+    home: str, done: dict
+):
+    # a pool of 4 tasks probed greedily (a collect run of its own), then 2 of them sampled:
+    # those the probe did not solve first, then solved ones, in the seeded order (grpo on
+    # groups of one: no update, so the check costs two small collections)
+    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="grpo", iterations=1,
+                   group_size=1, n_tasks=2, task_pool=4, seed=4, **SHORT)  # fmt: skip
+    out, _ = run(train_rl_flow, cfg, home)
+    [it] = out["iterations"]
+    probe_run = f"{it['collect_run']}-probe"
+    probe = run_row(home, probe_run)
+    assert probe["status"] == "completed" and probe["config"]["n_tasks"] == 4
+    assert probe["config"].get("temperature", 0.0) == 0.0  # greedy (the default is not stored)
+    assert run_row(home, it["collect_run"])["config"]["temperature"] == 1.0  # then sampled
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+        from flows.collect import select_tasks
+
+        order = [t.task_id for t in select_tasks(wh, CollectConfig(n_tasks=4, seed=4))]
+    status = dict(sql(home, "SELECT task_id, status FROM trajectories WHERE run_id = ?",
+                      [probe_run]))  # fmt: skip
+    assert sorted(status) == sorted(order)
+    expected = [t for t in order if status[t] != "success"] + [
+        t for t in order if status[t] == "success"
+    ]
+    sampled = sql(home, "SELECT task_id FROM trajectories WHERE run_id = ?", [it["collect_run"]])
+    assert sorted(r[0] for r in sampled) == sorted(expected[:2])
+    with pytest.raises(Exception, match="task_pool 2 must exceed n_tasks 2"):
+        run(train_rl_flow, RLConfig(policy=done["sft"]["checkpoint_id"], n_tasks=2,
+                                    task_pool=2, **SHORT), home)  # fmt: skip
+
+
 def test_evaluate_newest_shows_the_delta(home: str, done: dict):
     out, fr = run(evaluate_newest_flow, split="test", n=2, max_steps=8, concurrency=2, home=home)
     assert out["checkpoint_id"] == done["rl"]["checkpoint_id"]  # the newest

@@ -90,6 +90,9 @@ def test_bad_training_input_is_refused_before_training(home: Path, dataset: str)
     assert r.returncode == 2 and "--horizon '10,a': step budgets separated by commas" in r.stderr
     r = webloop(home, "train", "rl", "--policy", "nope", "--horizon", "5,10", ok=False)
     assert r.returncode == 2 and "no checkpoint 'nope'" in r.stderr
+    pool = ["--n-tasks", "8", "--task-pool", "8"]
+    r = webloop(home, "train", "rl", "--policy", "x", *pool, ok=False)
+    assert r.returncode == 2 and "--task-pool 8 must exceed --n-tasks 8" in r.stderr
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         runs = wh.sql("SELECT count(*) FROM training_runs WHERE base_model = ?", [str(home)])
     assert runs.item() == 0
