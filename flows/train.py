@@ -402,17 +402,16 @@ async def _failures_first(
         wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [col["run_id"]]).rows()
     )
     picked = failures_first(order, status, cfg.n_tasks)
-    failed = [t for t in order if status.get(t) not in (None, "success", "infra_error")]
-    solved = [t for t in order if status.get(t) == "success"]
+    solved = sum(v == "success" for v in status.values())
+    unsolved = sum(status[t] != "success" for t in picked)
     if not picked:
         raise DataMismatch(
             f"the curriculum's probe run {col['run_id']} has no episode with an outcome "
             "(infrastructure errors only): nothing to pick the iteration's tasks from"
         )
     say(
-        f"  rl iteration {it + 1}: probe of {len(order)} tasks (greedy): {len(solved)} solved, "
-        f"{len(failed)} not; sampling on {sum(t in set(failed) for t in picked)} unsolved + "
-        f"{sum(t in set(solved) for t in picked)} solved"
+        f"  rl iteration {it + 1}: probe of {len(order)} tasks (greedy): {solved} solved; "
+        f"sampling on {unsolved} unsolved + {len(picked) - unsolved} solved"
     )
     return picked
 
