@@ -276,6 +276,9 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     ]
     sampled = sql(home, "SELECT task_id FROM trajectories WHERE run_id = ?", [it["collect_run"]])
     assert sorted(r[0] for r in sampled) == sorted(expected[:2])
+    # the iteration's run was given the picked tasks (absent without the curriculum, even where
+    # the seeded order happens to start with the probe's failures)
+    assert run_row(home, it["collect_run"])["config"]["task_ids"] == expected[:2]
     with pytest.raises(Exception, match="task_pool 2 must exceed n_tasks 2"):
         run(train_rl_flow, RLConfig(policy=done["sft"]["checkpoint_id"], n_tasks=2,
                                     task_pool=2, **SHORT), home)  # fmt: skip
