@@ -254,6 +254,13 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option(help="openai: the model name.")] = None,
         seed: int = 0,
         concurrency: Annotated[int, typer.Option(min=1)] = 8,
+        max_repeats: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="End an episode at this many equal actions on one page (0 = never).",
+            ),
+        ] = 3,
     ) -> None:
         """Roll out a policy on a split, grade, and store success with 95% Wilson intervals."""
         if ctx.invoked_subcommand is not None:
@@ -272,6 +279,7 @@ def register(app: typer.Typer) -> None:
             model=model,
             seed=seed,
             concurrency=concurrency,
+            max_repeats=max_repeats,
         )
         with _live("eval") as bar:
             res = _user_errors(lambda: run(cfg, on_progress=bar))

@@ -49,6 +49,9 @@ class EvalConfig:
     model: str | None = None
     action_timeout_s: float = 3.0
     concurrency: int = 8
+    # an episode ends at this many equal actions on one page (EngineConfig.max_repeats): a greedy
+    # policy would repeat them to the step budget; 0 = never
+    max_repeats: int = 3
 
 
 def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> CollectConfig:
@@ -68,6 +71,7 @@ def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> Coll
         prompt_mode=prompt_mode,
         temperature=cfg.temperature,
         concurrency=cfg.concurrency,
+        engine={"max_repeats": cfg.max_repeats} if cfg.max_repeats else {},
     )
 
 

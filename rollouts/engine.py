@@ -15,7 +15,13 @@ benchmarks of the scheduler alone.
 Robustness: a crashed browser or a model server that keeps failing ends only the affected
 trajectory, as ``infra_error``; a step or trajectory over its time budget ends as ``timeout``;
 unparseable model output is an invalid step (after ``max_invalid`` in a row, the episode ends as
-a failure). Resuming a run skips trajectories already stored (and redoes infrastructure errors).
+a failure). With ``max_repeats`` set, an episode whose policy takes the same action on the same
+page that many times ends there (``meta.ended_by = "repeated action"``) and is graded as it stands:
+a greedy policy that scrolls a page that no longer moves would otherwise spend the whole step
+budget (the untrained ranker does, on every task). "The same page" is the URL, the screenshot and
+the accessibility tree with Playwright's per-snapshot frame prefix of element refs removed
+(``f3e12`` → ``e12``), so a reload of the same page counts as the same page. Resuming a run
+skips trajectories already stored (and redoes infrastructure errors).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import datetime as dt
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +56,10 @@ class EngineConfig:
     step_timeout_s: float = field(default=120.0, metadata={"help": "Policy + action time."})
     trajectory_timeout_s: float = field(default=900.0, metadata={"help": "Whole episode."})
     max_invalid: int = field(default=3, metadata={"help": "Consecutive invalid actions."})
+    max_repeats: int = field(
+        default=0,
+        metadata={"help": "End an episode at this many equal actions on one page (0 = never)."},
+    )
     straggler_fraction: float = field(
         default=1.0, metadata={"help": "Cut stragglers once this fraction finished (1 = never)."}
     )
@@ -302,6 +313,7 @@ class Engine:
             action_timeout_s=getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
         )
         answer, invalid_run, blocked = None, 0, []
+        repeats: Counter[tuple[str | None, ...]] = Counter()  # (page, action) → times taken
         progress: list[float] = []  # record_progress: share of criteria met after each step
         while True:
             turns.append(Turn(obs.url, obs.title, obs.screenshot, obs.a11y))
@@ -339,6 +351,7 @@ class Engine:
                     break
                 continue
             invalid_run = 0
+            here = _repeat_key(obs, step)
             t1 = time.perf_counter()
             obs, terminated, truncated, info = await env.step(action)
             step = _with(
@@ -362,6 +375,10 @@ class Engine:
                 break
             if truncated:
                 meta["ended_by"] = "step budget"
+                break
+            repeats[here] += 1
+            if self.config.max_repeats and repeats[here] >= self.config.max_repeats:
+                meta["ended_by"] = "repeated action"
                 break
         outcome = await self.grader(env, job, answer)
         if self.config.record_progress and steps:
@@ -458,6 +475,20 @@ class Engine:
 
 def _with(step: Step, **changes: Any) -> Step:
     return dataclasses.replace(step, **changes)
+
+
+_FRAME_REF = re.compile(r"\bf\d+(e\d+)\b")
+
+
+def _repeat_key(obs: Observation, step: Step) -> tuple[str | None, ...]:
+    """What makes two steps the same action on the same page for ``max_repeats``: the URL, the
+    screenshot's hash, the accessibility tree's hash and the action, element refs in both
+    without their frame prefix."""
+    tree = None
+    if obs.a11y is not None:
+        tree = sha256_hex(_FRAME_REF.sub(r"\1", obs.a11y).encode())
+    action = _FRAME_REF.sub(r"\1", step.action_text or "")
+    return obs.url, step.screenshot_hash, tree, action
 
 
 def _keep(blobs: dict[str, bytes], screenshot: bytes | None) -> str | None:

@@ -168,3 +168,12 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
         [ranker["run_id"]],
     ).item()
     assert shots == 0
+    # an evaluation stops episodes that repeat an action on an unchanged page (the untrained
+    # ranker scrolls): the collect run records the setting, and such episodes end early
+    config = wh.sql("SELECT config FROM runs WHERE run_id = ?", [ranker["run_id"]]).item()
+    assert json.loads(config)["engine"] == {"max_repeats": 3}
+    ended = wh.sql(
+        "SELECT meta->>'ended_by' AS e, n_steps FROM trajectories WHERE run_id = ?",
+        [ranker["run_id"]],
+    ).rows()
+    assert all(n < 4 for e, n in ended if e == "repeated action"), ended

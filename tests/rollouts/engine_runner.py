@@ -3,15 +3,31 @@ checkers: one helper for the tests that need finished episodes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from rollouts.actions import parse_action
 from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
 from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.policies import PolicyContext, PolicyOutput
 from sites.grading import grade_session
 from sites.tasks import resolve_start_url
+
+
+class Scripted:
+    """A policy whose action at step i is ``script(i)``."""
+
+    name = "scripted"
+
+    def __init__(self, script: Callable[[int], str]) -> None:
+        self.script = script
+
+    async def act(self, ctx: PolicyContext) -> PolicyOutput:
+        text = self.script(len(ctx.turns) - 1)
+        return PolicyOutput(text, parse_action(text))
 
 
 def run_on_chromium(

@@ -22,7 +22,7 @@ from rollouts.policies import ExpertPolicy, PolicyContext
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.tasks import TEMPLATES, resolve_start_url, task_from_spec
-from tests.rollouts.engine_runner import run_on_chromium
+from tests.rollouts.engine_runner import Scripted, run_on_chromium
 
 pytestmark = pytest.mark.browser
 
@@ -365,3 +365,19 @@ def test_progress_per_step_and_text_only_observations(server, chromium):
     assert all(s.screenshot_hash is None and s.a11y_hash for s in d.steps)
     assert d.trajectory.meta["final_screenshot"] is None
     assert not any(v.startswith(b"\x89PNG") for v in d.blobs.values())
+
+
+def test_scrolling_a_page_that_no_longer_changes_ends_as_a_repeated_action(server, chromium):
+    """The untrained ranker's loop on a real page: ``scroll(down)`` leaves the accessibility tree
+    as it was, so with ``max_repeats`` 3 the episode ends at its third scroll and is graded."""
+    task = tasks_of("shop_buy", 1, seed=5)[0]
+    env_cfg = EnvConfig(action_timeout_s=8, screenshots=False)
+    scroll = Scripted(lambda i: "scroll(down)")
+    (d,) = run_on_chromium(chromium, server, scroll, [task], env_cfg=env_cfg, max_repeats=3)
+    assert [s.action_text for s in d.steps] == ["scroll(down)"] * 3
+    assert d.trajectory.meta["ended_by"] == "repeated action"
+    assert d.trajectory.status == "failure"
+    assert len({s.a11y_hash for s in d.steps}) == 1  # the page did not change
+    # a policy that navigates to new pages is not cut: the expert solves the same task
+    (e,) = run_on_chromium(chromium, server, ExpertPolicy(), [task], env_cfg=env_cfg, max_repeats=2)
+    assert e.trajectory.status == "success" and "ended_by" not in e.trajectory.meta
