@@ -216,10 +216,7 @@ def register(app: typer.Typer) -> None:
             anchor_coef=anchor_coef,
             task_pool=task_pool,
         )
-        if anchor_coef > 0 and not anchor_dataset:
-            raise UserError("--anchor-coef needs --anchor-dataset (the SFT rows it weighs)")
-        if task_pool and task_pool <= n_tasks:
-            raise UserError(f"--task-pool {task_pool} must exceed --n-tasks {n_tasks} (or be 0)")
+        _user_errors(cfg.check)  # before a flow starts
         with _live("train rl") as bar:
             res = _user_errors(lambda: run(cfg, on_progress=bar))
         for r in res["iterations"]:

@@ -268,6 +268,20 @@ class RLConfig:
             d.pop("task_pool")
         return d
 
+    def check(self) -> None:
+        """Settings that cannot work together → :class:`DataMismatch` (the CLI's usage error),
+        before anything starts."""
+        if self.anchor_coef and not self.anchor_dataset:
+            raise DataMismatch(
+                f"anchor_coef {self.anchor_coef} needs an anchor dataset (--anchor-dataset: "
+                "the SFT rows it weighs)"
+            )
+        if self.task_pool and self.task_pool <= self.n_tasks:
+            raise DataMismatch(
+                f"task_pool {self.task_pool} must exceed n_tasks {self.n_tasks} (--task-pool, "
+                "--n-tasks: the curriculum picks n_tasks of the pool), or be 0"
+            )
+
 
 async def run_rl(
     wh: Warehouse,
@@ -281,11 +295,7 @@ async def run_rl(
     iteration whose batch has no learning signal (every group's samples got the same reward)
     makes no update; if no iteration trained, the start checkpoint is the result."""
     say = progress or (lambda _line: None)
-    if cfg.task_pool and cfg.task_pool <= cfg.n_tasks:
-        raise DataMismatch(
-            f"task_pool {cfg.task_pool} must exceed n_tasks {cfg.n_tasks} (the curriculum picks "
-            "n_tasks of the pool), or be 0"
-        )
+    cfg.check()
     start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
     anchor, anchor_id = _anchor(wh, cfg)
     run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
@@ -456,11 +466,7 @@ def _anchor(wh: Warehouse, cfg: RLConfig) -> tuple[list, str | None]:
     """The anchor dataset's SFT rows (split ``train``) and its id; none without an anchor."""
     if not cfg.anchor_coef:
         return [], None
-    if not cfg.anchor_dataset:
-        raise DataMismatch(
-            f"anchor_coef {cfg.anchor_coef} needs an anchor dataset (--anchor-dataset)"
-        )
-    ds = find_dataset(wh, cfg.anchor_dataset)
+    ds = find_dataset(wh, str(cfg.anchor_dataset))  # RLConfig.check: given with a coefficient
     return sft_turns(ds.export_path), ds.dataset_id
 
 

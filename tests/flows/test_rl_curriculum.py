@@ -4,6 +4,8 @@ the flow around it (a greedy probe run, then sampling on the picked tasks) is ch
 
 from __future__ import annotations
 
+import pytest
+
 from flows.train import failures_first
 
 ORDER = ["t1", "t2", "t3", "t4", "t5", "t6"]
@@ -21,3 +23,15 @@ def test_episodes_without_an_outcome_are_left_out():
     status = {"t1": "infra_error", "t2": "success", "t3": "failure"}  # t4-t6: no episode
     assert failures_first(ORDER, status, 6) == ("t3", "t2")
     assert failures_first(ORDER, {"t1": "infra_error"}, 3) == ()
+
+
+def test_settings_that_cannot_work_together_are_refused_before_anything_starts():
+    from flows.train import RLConfig
+    from training.interface import DataMismatch
+
+    RLConfig(policy="p", n_tasks=8, task_pool=9).check()  # a pool larger than the batch
+    RLConfig(policy="p", anchor_dataset="d", anchor_coef=1.0).check()
+    with pytest.raises(DataMismatch, match="task_pool 8 must exceed n_tasks 8"):
+        RLConfig(policy="p", n_tasks=8, task_pool=8).check()
+    with pytest.raises(DataMismatch, match=r"anchor_coef 0\.5 needs an anchor dataset"):
+        RLConfig(policy="p", anchor_coef=0.5).check()

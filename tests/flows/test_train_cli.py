@@ -92,7 +92,9 @@ def test_bad_training_input_is_refused_before_training(home: Path, dataset: str)
     assert r.returncode == 2 and "no checkpoint 'nope'" in r.stderr
     pool = ["--n-tasks", "8", "--task-pool", "8"]
     r = webloop(home, "train", "rl", "--policy", "x", *pool, ok=False)
-    assert r.returncode == 2 and "--task-pool 8 must exceed --n-tasks 8" in r.stderr
+    assert r.returncode == 2 and "task_pool 8 must exceed n_tasks 8 (--task-pool" in r.stderr
+    r = webloop(home, "train", "rl", "--policy", "x", "--anchor-coef", "1", ok=False)
+    assert r.returncode == 2 and "anchor_coef 1.0 needs an anchor dataset" in r.stderr
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         runs = wh.sql("SELECT count(*) FROM training_runs WHERE base_model = ?", [str(home)])
     assert runs.item() == 0
