@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import socket
 import threading
 import time
@@ -121,7 +122,7 @@ class SiteServer:
         ready = ctx.Event()
         self._proc = ctx.Process(
             target=_serve_child,
-            args=(self.seed, self.secret, self.slow_s, self.host, ports, ready),
+            args=(self.seed, self.secret, self.slow_s, self.host, ports, ready, os.getpid()),
             daemon=True,
             name="webloop-sites",
         )
@@ -146,6 +147,10 @@ class SiteServer:
         self.stop()
 
 
+PARENT_POLL_S = 1.0
+"""How often a server process checks that its parent still runs."""
+
+
 def _make_server(
     seed: int, secret: str, slow_s: float, socks: dict[str, socket.socket]
 ) -> uvicorn.Server:
@@ -162,16 +167,32 @@ def _make_server(
 
 
 def _serve_child(
-    seed: int, secret: str, slow_s: float, host: str, ports: dict[str, int], ready: Any
+    seed: int,
+    secret: str,
+    slow_s: float,
+    host: str,
+    ports: dict[str, int],
+    ready: Any,
+    parent: int | None = None,
 ) -> None:
+    """The server process. It exits when its parent is gone: a parent killed by a signal runs
+    no exit handlers, and its daemon children would otherwise keep serving (and hold ports)."""
     socks = {name: _bind(host, port) for name, port in ports.items()}
     server = _make_server(seed, secret, slow_s, socks)
+
+    async def orphaned() -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_POLL_S)
+        server.should_exit = True
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=list(socks.values())))
         while not server.started:
             await asyncio.sleep(0.01)
         ready.set()
+        watch = asyncio.create_task(orphaned()) if parent is not None else None
         await task
+        if watch is not None:
+            watch.cancel()
 
     asyncio.run(main())

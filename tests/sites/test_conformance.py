@@ -13,6 +13,10 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -194,3 +198,38 @@ def test_process_mode_serves_too():
             s.url("wiki") + "/__webloop/state?session=x", headers={"X-Webloop-Secret": s.secret}
         )
         assert r.status_code == 200
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie waiting to be reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_parent_takes_its_server_process_with_it():
+    """A parent killed by a signal runs no exit handlers; its server process sees that it is
+    orphaned and exits (else it would keep serving and hold its ports)."""
+    script = (
+        "import time\n"
+        "from sites.server import SiteServer\n"
+        "s = SiteServer(seed=0, mode='process').start()\n"
+        "print(s._proc.pid, s.url('wiki'), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = Path(__file__).parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=root)
+    try:
+        pid, url = parent.stdout.readline().decode().split()
+        assert httpx.get(url + "/").status_code == 200
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing check
+    while _running(int(pid)):
+        assert time.monotonic() < deadline, "the orphaned server process kept running"
+        time.sleep(0.1)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/")
