@@ -351,7 +351,7 @@ class Engine:
                     break
                 continue
             invalid_run = 0
-            here = _repeat_key(obs, step)
+            here = _repeat_key(obs, step) if self.config.max_repeats else None
             t1 = time.perf_counter()
             obs, terminated, truncated, info = await env.step(action)
             step = _with(
@@ -376,10 +376,11 @@ class Engine:
             if truncated:
                 meta["ended_by"] = "step budget"
                 break
-            repeats[here] += 1
-            if self.config.max_repeats and repeats[here] >= self.config.max_repeats:
-                meta["ended_by"] = "repeated action"
-                break
+            if here is not None:  # max_repeats set
+                repeats[here] += 1
+                if repeats[here] >= self.config.max_repeats:
+                    meta["ended_by"] = "repeated action"
+                    break
         outcome = await self.grader(env, job, answer)
         if self.config.record_progress and steps:
             progress[-1] = _share_met(outcome.meta)

@@ -173,7 +173,7 @@ def _serve_child(
     host: str,
     ports: dict[str, int],
     ready: Any,
-    parent: int | None = None,
+    parent: int,
 ) -> None:
     """The server process. It exits when its parent is gone: a parent killed by a signal runs
     no exit handlers, and its daemon children would otherwise keep serving (and hold ports)."""
@@ -190,9 +190,8 @@ def _serve_child(
         while not server.started:
             await asyncio.sleep(0.01)
         ready.set()
-        watch = asyncio.create_task(orphaned()) if parent is not None else None
+        watch = asyncio.create_task(orphaned())
         await task
-        if watch is not None:
-            watch.cancel()
+        watch.cancel()
 
     asyncio.run(main())
