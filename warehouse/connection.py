@@ -21,6 +21,7 @@ from typing import TypeVar
 import duckdb
 
 from warehouse.config import WarehouseConfig, redact
+from warehouse.extensions import connect_config
 from warehouse.retry import retrying
 
 T = TypeVar("T")
@@ -106,13 +107,7 @@ def connect(
     """
     if read_only:
         require_catalog_file(cfg)
-    con = duckdb.connect(
-        config={
-            "extension_directory": extension_directory(),
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": True,
-        }
-    )
+    con = duckdb.connect(config=connect_config(extension_directory()))
     con.execute("SET parquet_metadata_cache = true")
     created: list[Path] = []  # what this call created, removed again if the open fails
     try:
