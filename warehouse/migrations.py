@@ -1,6 +1,7 @@
 """A small migration runner: versioned ``schema/NNNN_name.sql`` files and a version table.
 
-Each file is applied once, in its own transaction, and recorded in ``webloop_schema``. Several
+Each file is applied once and recorded in ``webloop_schema``; the files a warehouse lacks are
+applied together, in one transaction (a new warehouse is created in one snapshot). Several
 processes opening a fresh warehouse at once race safely: a losing transaction conflicts, is
 retried, and then finds the version already applied. Opening a warehouse whose schema is newer
 than this code raises :class:`SchemaTooNewError` instead of guessing.
@@ -76,32 +77,40 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, schema_dir: Path = SCHEMA_DI
 
 
 def migrate(con: duckdb.DuckDBPyConnection, schema_dir: Path = SCHEMA_DIR) -> list[int]:
-    """Apply pending migrations; return the versions applied by this call."""
-    applied: list[int] = []
-    check_not_newer(con, schema_dir)
-    for mig in available(schema_dir):
-        if with_retry(lambda mig=mig: _apply(con, mig), what=f"migration {mig.version}"):
-            applied.append(mig.version)
-    return applied
+    """Apply pending migrations; return the versions applied by this call. An up-to-date
+    warehouse costs one read of the version table (every open runs this)."""
+    have = check_not_newer(con, schema_dir)
+    pending = [m for m in available(schema_dir) if m.version > have]
+    if not pending:
+        return []
+    return with_retry(lambda: _apply(con, pending), what=f"migration {pending[-1].version}")
 
 
-def _apply(con: duckdb.DuckDBPyConnection, mig: Migration) -> bool:
+def _apply(con: duckdb.DuckDBPyConnection, migs: list[Migration]) -> list[int]:
+    """Apply the migrations of ``migs`` that the warehouse lacks, in one transaction (a fresh
+    warehouse is one snapshot: ~60 ms instead of ~50 ms per file); the versions applied."""
     con.execute("BEGIN")
     try:
-        if current_version(con) >= mig.version:
+        have = current_version(con)
+        todo = [m for m in migs if m.version > have]
+        if not todo:
             con.execute("ROLLBACK")
-            return False
+            return []
         con.execute(
             f"CREATE TABLE IF NOT EXISTS {LAKE}.{VERSION_TABLE} "
             "(version BIGINT NOT NULL, name VARCHAR, applied_at TIMESTAMP WITH TIME ZONE)"
         )
-        con.execute(mig.sql)
-        con.execute(
-            f"INSERT INTO {LAKE}.{VERSION_TABLE} VALUES (?, ?, now())", [mig.version, mig.name]
-        )
-        con.execute("CALL lake.set_commit_message('webloop', ?)", [f"migration {mig.version}"])
+        for mig in todo:
+            con.execute(mig.sql)
+            con.execute(
+                f"INSERT INTO {LAKE}.{VERSION_TABLE} VALUES (?, ?, now())",
+                [mig.version, mig.name],
+            )
+        versions = [m.version for m in todo]
+        what = f"migration {versions[0]}" + (f"-{versions[-1]}" if len(versions) > 1 else "")
+        con.execute("CALL lake.set_commit_message('webloop', ?)", [what])
         con.execute("COMMIT")
-        return True
+        return versions
     except BaseException:
         _rollback(con)
         raise
