@@ -307,3 +307,38 @@ def test_encoder_caches_in_memory_lru_and_on_disk(tmp_path) -> None:
     assert warm.encode([]).shape == (0, DIM)
     with pytest.raises(TypeError):
         warm.encode("Accept all")
+
+
+def test_a_texts_vector_is_the_same_whatever_was_encoded_beside_it() -> None:
+    """The same text gives the same bits alone, in a batch of others (shorter, longer, the same
+    token count), at any position and under 1 or 2 threads: what was cached before cannot
+    change what training sees (the same data and seed give the same checkpoint)."""
+    import torch
+
+    from rollouts.encoder import encode_uncached
+
+    rng = random.Random(7)
+    words = ["add", "the", "blue", "kettle", "to", "cart", "search", "flights", "Ripeel", "Mia"]
+    texts = sorted({" ".join(rng.choices(words, k=rng.randint(1, 40))) for _ in range(300)})
+    probes = [*texts[::37], "Accept all", "link Checkout — /cart"]
+    alone = {t: encode_uncached([t])[0] for t in probes}
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 1):
+            torch.set_num_threads(n)
+            mixed = texts + probes
+            rng.shuffle(mixed)
+            vecs = encode_uncached(mixed)
+            for t in probes:
+                assert np.array_equal(vecs[mixed.index(t)], alone[t]), (n, t)
+    finally:
+        torch.set_num_threads(threads)
+    # and the vectors are MiniLM's: a text is nearer to itself reworded than to another text
+    a, b, c = encode_uncached(
+        [
+            "Add the blue kettle to the cart",
+            "Put the blue kettle into your cart",
+            "Reply to Mia Kim",
+        ]
+    )
+    assert float(a @ b) > 0.8 > float(a @ c)

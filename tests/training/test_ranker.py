@@ -159,3 +159,24 @@ def test_one_ppo_update_moves_the_ranker_by_the_advantage_sign(
     after = trainable.logprobs([good, bad]).logprob.detach()
     assert res.steps_run == 4
     assert after[0] > before[0] and after[1] < before[1], (before, after)
+
+
+def test_the_same_rows_and_seed_train_the_same_checkpoint_whatever_the_encoder_had_cached(
+    tmp_path,
+) -> None:
+    """SFT with the real MiniLM encoder, twice: once cold, once after the encoder had cached
+    other texts (so other texts are encoded together). The checkpoints are byte-identical."""
+    from rollouts.encoder import TextEncoder
+    from training.trainer import TrainConfig, fit
+
+    cfg = TrainConfig(objective="sft", epochs=3, lr=2e-3, batch_size=4, seed=5)
+    files = []
+    for run, warm in enumerate(([], [r[0] for r in ROWS] + ["button Search", "Veyland 1431"])):
+        encoder = TextEncoder()
+        encoder.encode(warm)
+        torch.manual_seed(0)
+        model = RankerTrainable(RankerModel(seed=0), encoder=encoder)
+        fit(model, turns(), cfg, tmp_path / f"run{run}")
+        model.save(tmp_path / f"final{run}")
+        files.append((tmp_path / f"final{run}" / "model.safetensors").read_bytes())
+    assert files[0] == files[1]
