@@ -149,6 +149,7 @@ class ModelServer:
         self.proc: subprocess.Popen | None = None
         self._log: IO[str] | None = None
         self.started_s = 0.0  # seconds the last start took until healthy
+        self._t0 = 0.0
 
     @property
     def base_url(self) -> str:
@@ -161,8 +162,14 @@ class ModelServer:
     def start(self, timeout_s: float = 300) -> ModelServer:
         """Start the engine and wait until it is healthy (ServerError with its log tail when
         it dies or ``timeout_s`` passes)."""
+        self.launch()
+        return self.ready(timeout_s)
+
+    def launch(self) -> ModelServer:
+        """Start the engine's process group and return at once (:meth:`ready` waits for it):
+        a caller can do other work while the engine loads."""
         argv, env = command(self.spec)
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the server
@@ -170,12 +177,16 @@ class ModelServer:
         self.proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
         )
+        return self
+
+    def ready(self, timeout_s: float = 300) -> ModelServer:
+        """Wait until the launched engine is healthy; stops it on failure or timeout."""
         try:
             self.wait_healthy(timeout_s)
         except BaseException:
             self.stop()
             raise
-        self.started_s = time.monotonic() - t0
+        self.started_s = time.monotonic() - self._t0
         return self
 
     def wait_healthy(self, timeout_s: float) -> None:

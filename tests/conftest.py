@@ -154,6 +154,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, mark))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When a ``vllm`` test will run, launch vLLM now in the background (30-70 s to load): the
+    suite keeps about one of the two cores busy, the load runs on the other
+    (``tests/serving/vllm_tier.py``). Not under pytest-xdist: there every worker collects every
+    test, and the fixture starts vLLM on the one worker that runs the serving files."""
+    xdist = getattr(session.config, "workerinput", None) is not None
+    if xdist or session.config.getoption("numprocesses", None):
+        return
+    if any(item.get_closest_marker("vllm") for item in session.items):
+        from tests.serving import vllm_tier
+
+        vllm_tier.launch_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.serving import vllm_tier
+
+    vllm_tier.close_early()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     """Under pytest-xdist (``make test TEST_WORKERS=N``) a test file is the unit of work: its

@@ -1,5 +1,9 @@
 """Model servers for the serving tests, one per engine for the whole session (vLLM takes
-30-70 s to start here): both serve the same tiny Idefics3 under the name ``tiny-idefics``."""
+30-70 s to start here): both serve the same tiny Idefics3 under the name ``tiny-idefics``.
+
+vLLM is launched when collection finds a ``vllm`` test (``vllm_tier.launch_early``, called by
+``tests/conftest.py``), so it loads on the core the rest of the suite leaves idle; its fixture
+then only waits for it to be healthy."""
 
 from __future__ import annotations
 
@@ -8,24 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from flows.serving import ModelServer, ServerSpec, free_port
-from tests.serving.vllm_tier import HAVE_VLLM, SKIP_REASON
-
-NAME = "tiny-idefics"
+from flows.serving import ModelServer
+from tests.serving import vllm_tier
+from tests.serving.vllm_tier import HAVE_VLLM, NAME, SKIP_REASON, spec_of
 
 
 @pytest.fixture(scope="session")
 def idefics(tmp_path_factory) -> Path:
-    """The tiny Idefics3 preset, built offline once per session."""
+    """The tiny Idefics3 preset, built offline once per session (by the early vLLM launch when
+    there is one)."""
+    if vllm_tier.early is not None:
+        return vllm_tier.early.wait().model  # type: ignore[return-value]
     from training.models import build_tiny_idefics
 
     return build_tiny_idefics(tmp_path_factory.mktemp("idefics") / NAME)
 
 
 def _serve(engine: str, model: Path, logs: Path) -> Iterator[ModelServer]:
-    # eager vLLM: torch.compile of a tiny model only costs start-up time
-    spec = ServerSpec(engine, str(model), port=free_port(), name=NAME, enforce_eager=True)
-    server = ModelServer(spec, log=logs / f"{engine}.log")
+    server = ModelServer(spec_of(engine, model), log=logs / f"{engine}.log")
     server.start(timeout_s=1800)  # a deadline for (very) loaded machines
     try:
         yield server
@@ -44,7 +48,13 @@ def vllm_server(idefics: Path, tmp_path_factory) -> Iterator[ModelServer]:
     """vLLM with the tiny Idefics3 (skipped without ``.venv-vllm``)."""
     if not HAVE_VLLM:
         pytest.skip(SKIP_REASON)
-    yield from _serve("vllm", idefics, tmp_path_factory.mktemp("vllm-logs"))
+    if vllm_tier.early is None:
+        yield from _serve("vllm", idefics, tmp_path_factory.mktemp("vllm-logs"))
+        return
+    server = vllm_tier.early.wait().server
+    assert server is not None
+    server.ready(timeout_s=1800)  # a deadline for (very) loaded machines
+    yield server  # stopped at the end of the session (close_vllm_early)
 
 
 @pytest.fixture
