@@ -176,10 +176,17 @@ def plan_items(
             coords=run.get("coords") or "pixels",
             set_of_marks=marks,
             action_timeout_s=float(run.get("action_timeout_s") or action_timeout_s),
+            screenshots=mode != "a11y" or marks,  # the replay's prompts show what the run's did
         )
         prompt = PromptConfig(mode=mode, k_images=int(run.get("k_images") or 3))
         items.append(Item(v, ref, env, expert_action_space(mode, marks), prompt))
     return items, skipped
+
+
+def _unseen(env: EnvConfig) -> EnvConfig:
+    """``env`` for replays that only locate page states (no prompt is built from them): no
+    screenshots, which cost Chromium more CPU than the rest of a step."""
+    return dataclasses.replace(env, screenshots=False)
 
 
 def site_seed(items: list[Item]) -> int:
@@ -259,7 +266,7 @@ class Verifier:
         if key not in self.paths:  # recorded once per task, reference and environment
 
             async def record() -> list:
-                env = BrowserEnv(self.slot, item.env)
+                env = BrowserEnv(self.slot, _unseen(item.env))
                 try:
                     return await record_path(env, t, item.reference, self.start(t), self.state)
                 finally:
@@ -272,7 +279,7 @@ class Verifier:
         """The intervention of one failed trajectory, and its replay (None: no error found)."""
         v, teacher_name = item.view, self.cfg.teacher_name
         path = await self.path(item)
-        env = BrowserEnv(self.slot, item.env)
+        env = BrowserEnv(self.slot, _unseen(item.env))
         try:
             texts = [s.action_text for s in v.steps]
             reached = await replay_reached(env, v.task, texts, self.start(v.task), self.state)

@@ -349,7 +349,8 @@ async def _exact_scorer(
         raise WarehouseError(f"the given sites server has seed {server.seed}, the states {seed}")
     client = await stack.enter_async_context(httpx.AsyncClient())
     n = max(1, cfg.concurrency)
-    env_cfg = EnvConfig(action_timeout_s=cfg.action_timeout_s)
+    # replays are graded, never shown to a model: no screenshots (most of a step's Chromium CPU)
+    env_cfg = EnvConfig(action_timeout_s=cfg.action_timeout_s, screenshots=False)
     if browser is not None:
         shared = SharedSlot(browser)
         envs = [BrowserEnv(shared, env_cfg) for _ in range(n)]

@@ -1,9 +1,10 @@
-"""The flywheel flow, end to end on a tiny configuration, through the session's Prefect harness,
-sites server and Chromium: one flywheel started as ``webloop flywheel`` in its own process,
-killed (SIGKILL of its process group) in round 2, and run again in-process to the end. The rows
-each round leaves are checked on that resumed run (an uninterrupted flywheel runs in the demo
-test), against what an uninterrupted run holds by construction (every named run's trajectory
-ids follow from its deterministic task selection); then a re-run that adds nothing."""
+"""The flywheel flow and the demo, end to end on a tiny configuration, through the session's
+Prefect harness, sites server and Chromium: one flywheel started as ``webloop flywheel`` in its
+own process, killed (SIGKILL of its process group) in round 2, and continued in-process by the
+demo (``run_demo``, which says it continues an interrupted run) to the end. The rows each round
+leaves are checked on that resumed run, against what an uninterrupted run holds by construction
+(every named run's trajectory ids follow from its deterministic task selection); then a second
+``webloop demo`` finds everything done, starts nothing and adds nothing."""
 
 from __future__ import annotations
 
@@ -102,8 +103,9 @@ def snapshot(home: str, fid: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> dict[str, Any]:
     """The tiny flywheel run as a process of its own, SIGKILLed once round 2's collection has
-    written, then run again in-process (on the session's sites and Chromium) to the end."""
-    from flows.flywheel import Lent, flywheel_flow, flywheel_status, run_name
+    written, then continued in-process by the demo (on the session's sites and Chromium)."""
+    from flows.demo import demo_state, run_demo
+    from flows.flywheel import Lent, flywheel_status, run_name
 
     cfg = tiny_config(tiny_recipe)
     home = str(tmp_path_factory.mktemp("flywheel") / "home")
@@ -136,23 +138,28 @@ def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> 
         proc.wait(timeout=60)
     assert killed, f"the flywheel never reached round 2: {proc.stderr.read().decode()[-2000:]}"
     killed_status = flywheel_status(cfg, home)
+    killed_state = demo_state(cfg, home)
     before = snapshot(home, cfg.flywheel_id)
-    out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
+    out = run_demo(cfg, home, Lent(sites, chromium.browser, chromium.run))
     return {
         "cfg": cfg,
         "home": home,
         "out": out,
         "killed_status": killed_status,
+        "killed_state": killed_state,
         "before": before,
         "stored": snapshot(home, cfg.flywheel_id),
     }
 
 
 def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
+    from flows.demo import demo_state, summary_lines
     from flows.flywheel import flywheel_status
 
     before, out = resumed["before"], resumed["out"]
     assert resumed["killed_status"] == "running"  # killed: never marked completed
+    assert resumed["killed_state"] == out["state"] == "interrupted"
+    assert demo_state(resumed["cfg"], resumed["home"]) == "done"
     assert before["datasets"] == 1 and before["evaluations"] == 2  # round 2 had not finished
     assert [r["round"] for r in out["rounds"]] == [1, 2]
     assert out["rounds"][0]["dataset"]["built"] is False  # round 1 was not redone
@@ -163,6 +170,15 @@ def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
         assert after[k] == after[f"distinct_{k}"], k
     # what the killed process stored is still there
     assert set(before["named"]) <= set(after["named"])
+    # the demo's summary says what happened
+    text = "\n".join(summary_lines(out))
+    assert text.startswith("an earlier demo had stopped part-way: it continued where it stopped")
+    u, f = out["untrained"], out["final"]
+    assert f"success before (untrained ranker): {u['n_success']}/{u['n']}" in text
+    assert f"success after (2 rounds): {f['n_success']}/{f['n']}" in text
+    sft = out["rounds"][1]["dataset"]["counts"]["sft"]
+    assert f"{sft} SFT rows" in text and resumed["home"] in text
+    assert "webloop dashboard" in text and "prefect server start" in text
 
 
 def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
@@ -281,23 +297,37 @@ def test_each_round_leaves_its_rows(resumed):
     assert out["rounds"][1]["before"]["evaluation_id"] == out["rounds"][0]["after"]["evaluation_id"]
 
 
-def test_a_rerun_adds_nothing(resumed, monkeypatch):
+def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
     from flows import collect as collect_module
+    from flows import demo as demo_module
     from flows import intervene as intervene_module
     from flows import score_steps as score_steps_module
-    from flows.flywheel import flywheel_flow
+    from flows.cli_flywheel import register
 
     cfg, home = resumed["cfg"], resumed["home"]
     for module in (collect_module, intervene_module):
         monkeypatch.setattr(module, "SiteServer", refuse)
     monkeypatch.setattr(collect_module, "Engine", refuse)
     monkeypatch.setattr(score_steps_module, "_exact_scorer", refuse)
-    again = flywheel_flow(cfg, home)  # nothing lent: nothing may need starting
-    for r in again["rounds"]:
-        assert all(c["ran"] == 0 for c in r["collected"].values())
-        assert all(j["judged"] == 0 for j in r["judged"].values())
-        assert r["dataset"]["built"] is False
-        assert r["steps_run"] == 0
+    monkeypatch.setattr(demo_module, "lend", refuse)
+    monkeypatch.setattr(demo_module, "demo_config", lambda seed, rounds: cfg)
+    monkeypatch.setenv("WEBLOOP_HOME", home)
+    monkeypatch.delenv("WEBLOOP_WAREHOUSE", raising=False)
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def main() -> None:
+        """(a group, so that ``demo`` is a subcommand)"""
+
+    res = CliRunner().invoke(app, ["demo", "--rounds", "2"])
+    assert res.exit_code == 0, res.output
+    assert "an earlier demo finished" in res.output
+    assert "found everything done" in res.output
+    assert "success after (2 rounds)" in res.output
     assert snapshot(home, cfg.flywheel_id) == resumed["stored"]
 
 
