@@ -147,18 +147,27 @@ FIXTURE_MARKERS = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use a fixture of :data:`FIXTURE_MARKERS` carry its marker (``make test-fast``
-    deselects them)."""
+    deselects them). Tests of a ``--quick`` benchmark (marker ``bench``) run last: their
+    benchmarks start in the background when the session begins (``tests/bench/early.py``)."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         for mark in {m for f, m in FIXTURE_MARKERS.items() if f in names}:
             item.add_marker(getattr(pytest.mark, mark))
+    items[:] = [i for i in items if not _bench(i)] + [i for i in items if _bench(i)]
+
+
+def _bench(item: pytest.Item) -> tuple[str, ...] | None:
+    """The benchmark run (script and extra arguments) a test reads, from its ``bench`` marker."""
+    mark = item.get_closest_marker("bench")
+    return tuple(mark.args) if mark is not None else None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """When a ``vllm`` test will run, launch vLLM now in the background (30-70 s to load): the
-    suite keeps about one of the two cores busy, the load runs on the other
-    (``tests/serving/vllm_tier.py``). Not under pytest-xdist: there every worker collects every
-    test, and the fixture starts vLLM on the one worker that runs the serving files."""
+    """When a ``vllm`` test will run, launch vLLM now in the background (30-70 s to load), and
+    start the selected ``--quick`` benchmarks (``tests/bench/early.py``): the suite keeps about
+    one of the two cores busy, they run on the other (``tests/serving/vllm_tier.py``). Not under
+    pytest-xdist: there every worker collects every test; each fixture or benchmark test then
+    starts what it needs on the worker that runs it."""
     xdist = getattr(session.config, "workerinput", None) is not None
     if xdist or session.config.getoption("numprocesses", None):
         return
@@ -166,11 +175,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.serving import vllm_tier
 
         vllm_tier.launch_early()
+    from tests.bench import early
+
+    early.start([run for item in session.items if (run := _bench(item))])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.bench import early
     from tests.serving import vllm_tier
 
+    early.stop()
     vllm_tier.close_early()
 
 

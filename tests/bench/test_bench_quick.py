@@ -5,26 +5,19 @@ benchmark fails CI; each check reads the figures it prints and asserts they are 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench"
+from tests.bench.early import quick
 
 
 def run_bench(name: str, *args: str, timeout: int = 600) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / name), "--quick", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = quick(name, *args, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
+@pytest.mark.bench("sites.py")
 @pytest.mark.browser
 def test_sites_bench_quick_checks_every_task_with_the_expert():
     out = run_bench("sites.py")
@@ -35,6 +28,7 @@ def test_sites_bench_quick_checks_every_task_with_the_expert():
     assert latency and int(latency.group(1)) >= 8, out  # the server measured real page loads
 
 
+@pytest.mark.bench("judging.py")
 @pytest.mark.slow
 def test_judging_bench_quick_counts_n_plus_two_calls():
     out = run_bench("judging.py")

@@ -6,13 +6,11 @@ exits non-zero otherwise; here the figures are re-read from its output). No asse
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "curation.py"
+from tests.bench.early import quick
+
 NUM = r"([\d,]+(?:\.\d+)?)"
 STAGES = ["validate", "pin", "select", "examples", "gates", "export", "register", "total"]
 FILTERS = [
@@ -30,11 +28,10 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.bench("curation.py")
 @pytest.mark.slow
 def test_curation_bench_quick_builds_what_the_sql_count_expects():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=900
-    )
+    proc = quick("curation.py", timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
 

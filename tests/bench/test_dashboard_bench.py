@@ -6,21 +6,18 @@ timing is a positive number). No assertion on speed."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "dashboard.py"
+from tests.bench.early import quick
+
 NUM = r"([\d.]+)"
 
 
+@pytest.mark.bench("dashboard.py")
 @pytest.mark.slow
 def test_dashboard_bench_quick_renders_the_page_and_prints_the_aims():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=900
-    )
+    proc = quick("dashboard.py", timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert re.search(r"fill: .* 2,000 trajectories, 20,000 steps", out), out

@@ -7,22 +7,18 @@ assertion on speed or on success rates (the quick size is far too small to measu
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "learning.py"
+from tests.bench.early import quick
 
 
+@pytest.mark.bench("learning.py")
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.timeout(1500)  # every stage of the loop, on a shared 2-core machine
 def test_learning_bench_quick_runs_the_whole_loop():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=1200
-    )
+    proc = quick("learning.py", timeout=1200)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     expert = re.search(r"noisy expert .*: (\d+) trajectories, (\d+) steps", out)

@@ -4,26 +4,19 @@ step and model-call counts in the async and lock-step arms (the baseline does th
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.bench.early import quick
+
 NUM = r"(\d+(?:\.\d+)?)"
 
 
+@pytest.mark.bench("rollouts.py")
 @pytest.mark.browser
 @pytest.mark.slow
 def test_quick_rollouts_bench_prints_figures_and_equal_work():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rollouts.py"), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    proc = quick("rollouts.py", timeout=540)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     eff = re.findall(rf"engine +{NUM} steps/s, bare +{NUM} steps/s, efficiency {NUM}", out)

@@ -5,13 +5,11 @@ parse as a positive number. No assertion on speed: the figures depend on the mac
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "warehouse.py"
+from tests.bench.early import quick
+
 NUM = r"([\d,]+(?:\.\d+)?)"
 
 
@@ -19,11 +17,10 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.bench("warehouse.py")
 @pytest.mark.slow
 def test_warehouse_bench_quick_ingests_every_row_into_both_stores():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=600
-    )
+    proc = quick("warehouse.py", timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
 
