@@ -13,16 +13,15 @@ torchvision, unavailable beside the CPU torch here); tiny offline models use it.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollouts.actions import parse_action
+from rollouts.batching import BatchWorker
 from rollouts.policies import PolicyContext, PolicyOutput, register
 from rollouts.prompts import PromptConfig, build_messages
 
@@ -137,8 +136,6 @@ class _Request:
     messages: Prompt
     max_new_tokens: int
     sampling: Sampling
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
 
 
 def prompt_text(processor: Any, template_messages: list[dict[str, Any]]) -> str:
@@ -211,10 +208,8 @@ class HFGenerator:
     processor: Any
     max_batch: int = 8
     wait_s: float = 0.01
-    _queue: list[_Request] = field(default_factory=list)
-    _cv: threading.Condition = field(default_factory=threading.Condition)
-    _thread: threading.Thread | None = None
     batches: int = 0
+    _worker: BatchWorker | None = None
 
     async def generate(
         self,
@@ -228,39 +223,23 @@ class HFGenerator:
         """Generate one reply (batched with concurrent requests) to chat ``messages`` or a raw
         text prompt. ``temperature`` 0 is greedy; above 0 samples (reproducibly when ``seed`` is
         given)."""
+        if self._worker is None:
+            self._worker = BatchWorker(
+                self._run_requests,
+                max_batch=self.max_batch,
+                wait_s=self.wait_s,
+                name="hf-generator",
+            )
         sampling = Sampling(float(temperature), float(top_p), seed)
-        loop = asyncio.get_running_loop()
-        req = _Request(messages, max_new_tokens, sampling, loop.create_future(), loop)
-        with self._cv:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._serve, daemon=True, name="hf-generator"
-                )
-                self._thread.start()
-            self._queue.append(req)
-            self._cv.notify()
-        return await req.future
+        return await self._worker.submit(_Request(messages, max_new_tokens, sampling))
 
-    def _serve(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue:
-                    self._cv.wait()
-            time.sleep(self.wait_s)  # let concurrent requests join the batch
-            with self._cv:
-                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                results = self.run_batch(
-                    [r.messages for r in batch],
-                    max(r.max_new_tokens for r in batch),
-                    sampling=[r.sampling for r in batch],
-                    limits=[r.max_new_tokens for r in batch],
-                )
-                for r, res in zip(batch, results, strict=True):
-                    r.loop.call_soon_threadsafe(_resolve, r.future, res, None)
-            except Exception as exc:
-                for r in batch:
-                    r.loop.call_soon_threadsafe(_resolve, r.future, None, exc)
+    def _run_requests(self, batch: list[_Request]) -> list[Generation]:
+        return self.run_batch(
+            [r.messages for r in batch],
+            max(r.max_new_tokens for r in batch),
+            sampling=[r.sampling for r in batch],
+            limits=[r.max_new_tokens for r in batch],
+        )
 
     def run_batch(
         self,
@@ -340,15 +319,6 @@ def _stop_ids(tok: Any) -> set[int]:
     if isinstance(im_end, int) and im_end != tok.unk_token_id:
         ids.add(im_end)
     return {i for i in ids if i is not None}
-
-
-def _resolve(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
 
 
 @register("hf")

@@ -23,7 +23,6 @@ the policy takes the top candidate (temperature 0) or samples softmax(scores / T
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -49,6 +48,7 @@ from rollouts.actions import (
     format_action,
     parse_action,
 )
+from rollouts.batching import BatchWorker
 from rollouts.encoder import DIM, MODEL_NAME, TextEncoder, default_encoder
 from rollouts.policies import PolicyContext, PolicyOutput, register
 from rollouts.prompts import SYSTEM_PROMPT, PromptConfig, build_messages
@@ -1000,22 +1000,41 @@ class RankerPolicy:
         self.model = model.eval()
         self.temperature = float(temperature)
         self.encoder = encoder or default_encoder()
+        # concurrent episodes' prompts are ranked together (one encoder call for their new texts)
+        self._worker = BatchWorker(self.rank_many, max_batch=64, name="ranker")
 
     def rank(self, messages: list[dict[str, Any]]) -> tuple[list[Candidate], np.ndarray]:
         """Candidates of the prompt and their scores (no sampling)."""
+        return self.rank_many([messages])[0]
+
+    def rank_many(
+        self, prompts: Sequence[list[dict[str, Any]]]
+    ) -> list[tuple[list[Candidate], np.ndarray]]:
+        """:meth:`rank` of several prompts: their new texts in one encoder call (the expensive
+        part), then each prompt through the scorer on its own. A prompt's scores are the same
+        bits whatever it was ranked with (the encodings are a function of the text alone), so
+        batching never changes what a run does."""
         import torch
 
-        enc = encode_input(parse_prompt(messages), self.encoder)
-        with torch.no_grad():
-            scores = self.model(*batch_tensors([enc]))
-        return enc.candidates, scores.numpy().astype(np.float64)
+        inputs = [parse_prompt(m) for m in prompts]
+        listed = [candidates(inp) for inp in inputs]
+        self.encoder.encode(
+            [t for inp, c in zip(inputs, listed, strict=True) for t in encoder_texts(inp, c)]
+        )
+        out = []
+        for inp, cands in zip(inputs, listed, strict=True):
+            enc = encode_input(inp, self.encoder, cands)
+            with torch.no_grad():
+                scores = self.model(*batch_tensors([enc]))
+            out.append((enc.candidates, scores.numpy().astype(np.float64)))
+        return out
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         messages = build_messages(
             ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
         )
         start = time.perf_counter()
-        cands, scores = await asyncio.to_thread(self.rank, messages)
+        cands, scores = await self._worker.submit(messages)
         logp = _log_softmax(scores)
         if self.temperature == 0.0:
             i = int(np.argmax(scores))
@@ -1030,6 +1049,10 @@ class RankerPolicy:
             text, parse_action(text), float(logp[i]), time.perf_counter() - start, messages
         )
 
+    async def aclose(self) -> None:
+        """Stop the ranking thread (a later call starts it again)."""
+        self._worker.close()
+
     async def top_k(self, ctx: PolicyContext, k: int) -> list[PolicyOutput]:
         """The ``k`` most likely distinct actions at the context's state, best first (the
         process reward model's candidates: the policy's choice and its runners-up, where
@@ -1038,7 +1061,7 @@ class RankerPolicy:
             ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
         )
         start = time.perf_counter()
-        cands, scores = await asyncio.to_thread(self.rank, messages)
+        cands, scores = await self._worker.submit(messages)
         logp, took = _log_softmax(scores), time.perf_counter() - start
         out = []
         for i in np.argsort(-scores, kind="stable")[:k]:

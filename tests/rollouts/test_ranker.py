@@ -232,6 +232,31 @@ def test_top_k_lists_the_likeliest_distinct_actions_best_first() -> None:
     )
 
 
+def test_prompts_ranked_together_get_the_same_scores_as_ranked_alone() -> None:
+    """Concurrent episodes share the ranker's calls (``rank_many``: one encoder call for their
+    new texts); each prompt's scores are the same bits as ranking it alone, so batching never
+    changes what an episode does."""
+    policy = make_policy("ranker", temperature=0.0, encoder=HashEncoder())
+    instructions = [INSTRUCTION, "Search Openpedia for Hamarton", "Accept the cookies"]
+
+    def ctx(k: int) -> PolicyContext:
+        turns = [Turn("http://h/", "T", a11y=TREE)]
+        return PolicyContext(f"t{k}", instructions[k % 3], None, turns, random.Random(k))
+
+    async def together() -> list:
+        return await asyncio.gather(*(policy.act(ctx(k)) for k in range(6)))
+
+    outs = asyncio.run(together())
+    ranked = policy.rank_many([o.messages for o in outs])
+    for k, (out, (cands, scores)) in enumerate(zip(outs, ranked, strict=True)):
+        alone = make_policy("ranker", temperature=0.0, encoder=HashEncoder())
+        solo_cands, solo_scores = alone.rank(out.messages)
+        assert np.array_equal(scores, solo_scores) and cands == solo_cands
+        solo = asyncio.run(alone.act(ctx(k)))
+        assert (solo.text, solo.logprob) == (out.text, out.logprob)
+    asyncio.run(policy.aclose())
+
+
 # -- real snapshots of the bundled sites --------------------------------------------------------
 
 TEMPLATES = ["shop_add_to_cart", "wiki_twin_city", "mail_reply", "travel_book_cheapest"]
