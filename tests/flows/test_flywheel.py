@@ -29,6 +29,7 @@ TINY: dict[str, Any] = dict(
     rounds=2,
     bundled_tasks=60,
     expert_tasks=4,
+    noise=0.0,  # the policy's failures feed the interventions; an expert's skipped steps only wait
     policy_tasks=3,
     group_size=2,
     prm_states=1,
@@ -230,7 +231,7 @@ def test_each_round_leaves_its_rows(resumed):
                 [fid],
             ).rows()
         )
-        # round 1: the noisy expert (1 sample per task) and the untrained ranker (G per task)
+        # round 1: the expert (1 sample per task) and the untrained ranker (G per task)
         assert cfg.horizon(1) == 5 and cfg.horizon(2) == cfg.horizon(3) == 8
         assert by_run[run_name(cfg, 1, "expert")] == 4
         assert by_run[run_name(cfg, 1, "policy")] == 3 * 2
