@@ -114,18 +114,18 @@ def pg_cfg(pg_url: str, tmp_path: Path) -> WarehouseConfig:
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[str]:
-    """A temporary Prefect server and database for the whole session (~11 s, once); its API URL.
+    """A temporary Prefect server and database for the whole session (15-20 s to start, once,
+    in the background from the end of collection: ``tests/prefect_server.py``); its API URL.
 
     Flows run in-process against it. A subprocess that runs a flow gets the URL in
     ``PREFECT_API_URL`` (:func:`prefect_subprocess_env`) instead of starting its own server."""
     from flows import prefect_env as configure_env
 
     configure_env.configure()
-    import prefect.settings
-    from prefect.testing.utilities import prefect_test_harness
+    from tests import prefect_server
 
-    with prefect_test_harness(server_startup_timeout=300):  # a deadline for loaded machines
-        yield prefect.settings.PREFECT_API_URL.value()
+    with prefect_server.harness() as api_url:
+        yield api_url
 
 
 @pytest.fixture
@@ -163,7 +163,8 @@ def _bench(item: pytest.Item) -> tuple[str, ...] | None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """When a ``vllm`` test will run, launch vLLM now in the background (30-70 s to load), and
+    """When a ``vllm`` test will run, launch vLLM now in the background (30-70 s to load); when a
+    ``prefect`` test will, the session's Prefect server (``tests/prefect_server.py``); and
     start the selected ``--quick`` benchmarks (``tests/bench/early.py``): the suite keeps about
     one of the two cores busy, they run on the other (``tests/serving/vllm_tier.py``). Not under
     pytest-xdist: there every worker collects every test; each fixture or benchmark test then
@@ -175,17 +176,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.serving import vllm_tier
 
         vllm_tier.launch_early()
+    if any(item.get_closest_marker("prefect") for item in session.items):
+        from tests import prefect_server
+
+        prefect_server.launch()
     from tests.bench import early
 
     early.start([run for item in session.items if (run := _bench(item))])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests import prefect_server
     from tests.bench import early
     from tests.serving import vllm_tier
 
     early.stop()
     vllm_tier.close_early()
+    prefect_server.stop()
 
 
 @pytest.hookimpl(optionalhook=True)
