@@ -148,3 +148,27 @@ async def replay_states(
             return states, True
         states.append(await page_state(env, task, probe, obs.a11y))
     return states, False
+
+
+async def replay_actions(
+    env: Any,
+    task: Any,
+    actions: Sequence[str | None],
+    resolve: Resolve,
+    failed: Sequence[bool] = (),
+) -> bool:
+    """:func:`replay_states` without the states: reach where the actions lead (no observations,
+    no probes, for a replay whose alignment is already known); whether an ``answer`` ended it."""
+    url, allowed = resolve(task)
+    await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    for i, text in enumerate(actions):
+        if not text:
+            continue
+        action = parse_action(text)
+        if isinstance(action, ParseError):
+            raise ValueError(f"stored action does not parse: {text!r}")
+        again = i < len(failed) and failed[i]
+        done, _, _ = await env.act(action, timeout_s=REPLAYED_FAILURE_TIMEOUT_S if again else None)
+        if done:
+            return True
+    return False

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from judging.alignment import Probe, ReferencePaths, align, replay_states
+from judging.alignment import Probe, ReferencePaths, align, replay_actions, replay_states
 from judging.base import TrajectoryView, untrusted
 from rollouts.actions import Answer, ParseError, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
@@ -311,17 +311,41 @@ class ExactScorer:
             self.pool.put_nowait(env)
 
     async def score(self, state: State, cands: Sequence[Proposal]) -> list[ScoreResult]:
+        """Each distinct candidate replayed once. The first replay also aligns the prefix (page
+        states probed at every step); the others wait for its cursor and then replay without
+        observing anything but the grade (a state is the same whichever replay reaches it)."""
+        cursor: asyncio.Future = asyncio.get_running_loop().create_future()
         cache: dict[str | None, asyncio.Task] = {}
         for c in cands:  # identical candidates are replayed once
             if c.action_text not in cache:
-                cache[c.action_text] = asyncio.ensure_future(self._scored(state, c.action_text))
-        return [await cache[c.action_text] for c in cands]
+                first = not cache
+                cache[c.action_text] = asyncio.ensure_future(
+                    self._scored(state, c.action_text, cursor, first)
+                )
+        try:
+            return [await cache[c.action_text] for c in cands]
+        finally:
+            if not cursor.done():
+                cursor.cancel()
 
-    async def _scored(self, state: State, candidate: str | None) -> ScoreResult:
+    async def _scored(
+        self, state: State, candidate: str | None, cursor: asyncio.Future, first: bool
+    ) -> ScoreResult:
+        if not first:  # (before taking an environment: the first replay may need the last one)
+            try:
+                j = await asyncio.shield(cursor)
+            except PrefixEnded as exc:
+                return ScoreResult(None, error=str(exc))
+            except Exception as exc:
+                return ScoreResult(None, error=f"replay failed: {type(exc).__name__}: {exc}"[:1000])
         env = await self.pool.get()
         try:
-            return await self.replay(env, state, candidate)
+            if first:
+                return await self.replay(env, state, candidate, cursor=cursor)
+            return await self._continue(env, state, candidate, j, aligned=False)
         except Exception as exc:  # a crashed browser is a scorer error, not a low score
+            if not cursor.done():
+                cursor.set_exception(exc)
             return ScoreResult(None, error=f"replay failed: {type(exc).__name__}: {exc}"[:1000])
         finally:
             await env.close()
@@ -347,16 +371,36 @@ class ExactScorer:
             raise PrefixEnded(f"the prefix ended with an answer before step {state.step_idx}")
         return align(reached, path)
 
-    async def replay(self, env: Any, state: State, candidate: str | None) -> ScoreResult:
-        task = state.traj.task
+    async def replay(
+        self, env: Any, state: State, candidate: str | None, cursor: asyncio.Future | None = None
+    ) -> ScoreResult:
+        """Replay the prefix (aligning it), the candidate and the reference's continuation;
+        ``cursor`` gets the alignment (or the error) as soon as it is known."""
         try:
             j = await self._aligned(env, state)
         except PrefixEnded as exc:
+            if cursor is not None and not cursor.done():
+                cursor.set_exception(exc)
             return ScoreResult(None, error=str(exc))
+        if cursor is not None and not cursor.done():
+            cursor.set_result(j)
+        return await self._continue(env, state, candidate, j, aligned=True)
+
+    async def _continue(
+        self, env: Any, state: State, candidate: str | None, j: int, *, aligned: bool
+    ) -> ScoreResult:
+        """From the state (``aligned``: ``env`` is already there; else it is replayed to it):
+        the candidate, then the reference from cursor ``j + 1``, graded."""
+        task = state.traj.task
+        if not aligned:
+            actions = [s.action_text for s in state.prefix]
+            failed = [bool(s.action_error) for s in state.prefix]
+            if await replay_actions(env, task, actions, self.resolve, failed):
+                raise PrefixEnded(f"the prefix ended with an answer before step {state.step_idx}")
         ref = list(task.reference or [])
         answer, detail = None, {"cursor": j, "candidate": candidate}
         if candidate is not None:
-            _, done, _, info = await env.step(_parsed(candidate))
+            done, _, info = await env.act(_parsed(candidate))
             detail["candidate_error"] = info["error"]
             answer = info["answer"] if done else None
         else:
@@ -366,7 +410,7 @@ class ExactScorer:
         if not done:
             for text in ref[j + 1 :]:
                 action = _parsed(text)
-                _, done, _, info = await env.step(action)
+                done, _, info = await env.act(action)
                 continued += 1
                 if info["error"]:
                     detail["continuation_error"] = f"{text}: {info['error']}"[:300]

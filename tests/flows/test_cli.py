@@ -171,6 +171,7 @@ def test_tasks_generate_list_and_import(tmp_path: Path):
     assert proc.returncode == 2 and "only the 'bundled' suite" in proc.stderr
 
 
+@pytest.mark.slow  # a server process
 def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
     import re
     import signal

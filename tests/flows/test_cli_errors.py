@@ -233,6 +233,7 @@ def test_a_failure_inside_a_prefect_flow_is_one_line_without_prefect_noise(
     assert "Flow run" in text or "Task run" in text
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_policy_check_does_not_import_torch():
     """``--policy`` is checked against the registered policy names; listing them must not load
     torch (1-2 s per command): the ranker builds its model class on first use."""

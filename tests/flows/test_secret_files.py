@@ -37,6 +37,7 @@ def _serve_until_ready(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     return proc, urls
 
 
+@pytest.mark.slow  # a server process
 def test_sites_serve_replaces_a_readable_secret_file_and_a_planted_link(tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()

@@ -247,6 +247,7 @@ def sft_messages_json(turn: Turn) -> str:
     return json.dumps(_messages(turn))
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_gpu_check_skips_cleanly_without_cuda():
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(

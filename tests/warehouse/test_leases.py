@@ -136,6 +136,7 @@ def check_one_winner_each(
             assert all(c.released_at is not None for c in cs[1:])  # the losers withdrew
 
 
+@pytest.mark.slow  # processes race
 def test_two_processes_racing_for_leases_sqlite(cfg: WarehouseConfig, tmp_path: Path):
     runs = [f"run-{i}" for i in range(4)]
     won = race(cfg, "", tmp_path, 2, runs)
@@ -178,6 +179,7 @@ def test_a_waiting_claimant_gets_the_lease_when_it_is_released(wh: Warehouse):
     assert holder_of(wh.con, "r2").claim_id == second.claim.claim_id
 
 
+@pytest.mark.slow  # waits 1 s
 def test_a_waiting_claimant_gives_up_after_its_wait(wh: Warehouse):
     acquire(wh.con, "r3")
     t0 = time.monotonic()
@@ -186,6 +188,7 @@ def test_a_waiting_claimant_gives_up_after_its_wait(wh: Warehouse):
     assert time.monotonic() - t0 >= 1.0
 
 
+@pytest.mark.slow  # waits out a 2 s TTL
 def test_a_lease_without_heartbeat_expires_after_its_ttl(wh: Warehouse):
     stale = acquire(wh.con, "r4", ttl_s=2.0)
     time.sleep(2.5)
@@ -197,6 +200,7 @@ def test_a_lease_without_heartbeat_expires_after_its_ttl(wh: Warehouse):
         stale.check()
 
 
+@pytest.mark.slow  # waits out a 6 s TTL
 def test_hold_keeps_the_lease_alive_by_heartbeat_and_releases_it(wh: Warehouse):
     ttl = 6.0
     with hold(wh, "r5", ttl_s=ttl, holder="collect") as lease:
@@ -216,6 +220,7 @@ def test_hold_keeps_the_lease_alive_by_heartbeat_and_releases_it(wh: Warehouse):
     assert acquire(wh.con, "r5").claim.run_id == "r5"
 
 
+@pytest.mark.slow  # a holder process killed
 def test_a_killed_holders_lease_expires_at_once_on_its_host(cfg: WarehouseConfig):
     with Warehouse.open(cfg):
         pass

@@ -165,6 +165,7 @@ def test_write_mode_changes_data_but_still_not_files(tmp_path: Path):
 # -- read-only opens write nothing; a first run creates nothing ----------------------------------
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_read_only_commands_leave_catalog_and_data_untouched(lake: WarehouseConfig):
     before = _fingerprint(Path(lake.catalog), Path(lake.data_path), lake.blob_path)
     for args in (
@@ -178,6 +179,7 @@ def test_read_only_commands_leave_catalog_and_data_untouched(lake: WarehouseConf
     assert _fingerprint(Path(lake.catalog), Path(lake.data_path), lake.blob_path) == before
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_cli_sql_refuses_files_with_a_clear_message(lake: WarehouseConfig):
     proc = webloop(lake.home, "sql", "SELECT * FROM read_text('/etc/passwd')")
     assert proc.returncode == 2, proc.stdout
@@ -187,6 +189,7 @@ def test_cli_sql_refuses_files_with_a_clear_message(lake: WarehouseConfig):
     assert not Path("/tmp/webloop-leak.csv").exists()
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_a_first_query_on_a_fresh_home_says_how_to_create_a_warehouse(tmp_path: Path):
     home = tmp_path / "fresh"
     for args in (("sql", "select 1"), ("warehouse", "info")):
@@ -225,6 +228,7 @@ def test_a_failed_open_removes_what_it_created(tmp_path: Path, monkeypatch):
 # -- a hostile Online-Mind2Web folder set, through the CLI -----------------------------------
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_cli_import_reports_rejected_screenshots_per_folder(tmp_path: Path):
     from tests.warehouse.test_om2w import _mixed_folder_set
 
