@@ -10,7 +10,7 @@ import typer
 
 from flows.cli_common import Format, UserError, _open, console, print_frame
 
-ESTIMATORS = ("grpo", "step_grpo", "awr", "turn")
+ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
 
 
 def _estimator(value: str) -> str:
@@ -155,17 +155,15 @@ def register(app: typer.Typer) -> None:
         seed: int = 0,
         concurrency: Annotated[int, typer.Option(min=1)] = 8,
         prm_scorer: Annotated[
-            str, typer.Option(help="step_grpo: scorer of the visited states (exact or vlm).")
+            str, typer.Option(help="step_*: scorer of the visited states (exact or vlm).")
         ] = "exact",
-        prm_k: Annotated[
-            int, typer.Option(min=2, help="step_grpo: candidates sampled per state.")
-        ] = 4,
+        prm_k: Annotated[int, typer.Option(min=2, help="step_*: candidates per state.")] = 4,
         prm_candidates: Annotated[
             str,
-            typer.Option(help="step_grpo: top_k (the policy's K likeliest actions) or sample."),
+            typer.Option(help="step_*: top_k (the policy's K likeliest actions) or sample."),
         ] = "top_k",
         prm_max_states: Annotated[
-            int | None, typer.Option(min=1, help="step_grpo: score at most this many states.")
+            int | None, typer.Option(min=1, help="step_*: score at most this many states.")
         ] = None,
         prm_scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer URL.")] = None,
         prm_scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
@@ -186,8 +184,9 @@ def register(app: typer.Typer) -> None:
         ] = 0,
     ) -> None:
         """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl).
-        ``step_grpo`` also samples K candidates at each visited state and scores them (the
-        score-steps stage) before each update."""
+        ``step_grpo`` and ``step_awr`` also take K candidates at each visited state and score
+        them (the score-steps stage) before each update; ``awr`` and ``step_awr`` update by
+        weighted regression, the others by PPO-clip."""
         from flows.train import RLConfig
         from flows.train import train_rl as run
 

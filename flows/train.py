@@ -33,7 +33,7 @@ from training import registry  # noqa: E402
 from training.data import check_modality, find_dataset, sft_turns  # noqa: E402
 from training.interface import DataMismatch  # noqa: E402
 from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
-from training.rl import prepare  # noqa: E402
+from training.rl import STEP_LEVEL, WEIGHTED, prepare  # noqa: E402
 from training.trainer import TrainConfig, fit  # noqa: E402
 from warehouse import Warehouse, WarehouseConfig  # noqa: E402
 
@@ -235,9 +235,9 @@ class RLConfig:
     action_timeout_s: float = 3.0
     concurrency: int = 8
     estimator_options: dict[str, Any] = field(default_factory=dict)
-    # step_grpo: every iteration scores its states (score-steps) before the update: ``prm_k``
-    # candidates of the current policy at each state (``prm_candidates``: its K most likely
-    # distinct actions where it can list them, else samples), scored by ``prm_scorer``
+    # step_grpo / step_awr: every iteration scores its states (score-steps) before the update:
+    # ``prm_k`` candidates of the current policy at each state (``prm_candidates``: its K most
+    # likely distinct actions where it can list them, else samples), scored by ``prm_scorer``
     prm_scorer: str = "exact"
     prm_k: int = 4
     prm_candidates: str = "top_k"
@@ -258,7 +258,7 @@ class RLConfig:
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("concurrency")
-        if self.estimator != "step_grpo":  # (the other estimators' run ids stay as they were)
+        if self.estimator not in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
             for k in [k for k in d if k.startswith("prm_")]:
                 d.pop(k)
         if not self.anchor_coef:  # added later: runs without an anchor keep their ids
@@ -315,7 +315,7 @@ async def run_rl(
         live = say if callable(getattr(say, "steps", None)) else None
         col = await run_collect(wh, coll, live, server=server, browser=browser)
         options = dict(cfg.estimator_options)
-        if cfg.estimator == "step_grpo":
+        if cfg.estimator in STEP_LEVEL:
             await _score_states(wh, cfg, it, current, col["run_id"], say, server, browser)
             options["scorer"] = cfg.prm_scorer
         turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **options)
@@ -436,9 +436,9 @@ async def _score_states(
     server: Any,
     browser: Any,
 ) -> None:
-    """``step_grpo``'s process rewards for one iteration: at the states the iteration visited,
-    ``cfg.prm_k`` candidates sampled from the current policy, scored by ``cfg.prm_scorer``
-    (the score-steps stage; a re-run finds the scores already stored)."""
+    """The step-level estimators' process rewards for one iteration: at the states it visited,
+    ``cfg.prm_k`` candidates of the current policy, scored by ``cfg.prm_scorer`` (the
+    score-steps stage; a re-run finds the scores already stored)."""
     sc = ScoreStepsConfig(
         scorer=cfg.prm_scorer,
         k=cfg.prm_k,
@@ -507,7 +507,7 @@ def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> Collect
 
 def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
     return TrainConfig(
-        objective="awr" if cfg.estimator == "awr" else "ppo",
+        objective="awr" if cfg.estimator in WEIGHTED else "ppo",
         epochs=cfg.ppo_epochs,
         lr=cfg.lr,
         batch_size=cfg.batch_size,

@@ -1,8 +1,8 @@
 """Advantage estimators: pure functions over a polars frame of turns, registered by name.
 
 Every estimator takes a frame with one row per turn (or per candidate action, for ``step_grpo``)
-and returns the same frame, same row order, with a new float column ``advantage`` (``awr`` adds
-``weight`` too). Look one up by name::
+and returns the same frame, same row order, with a new float column ``advantage`` (``awr`` and
+``step_awr`` add ``weight`` too). Look one up by name::
 
     est = ESTIMATORS.make("grpo", eps=1e-6)      # a configured ``frame -> frame`` callable
     frame = est(frame)
@@ -17,6 +17,7 @@ Estimators (formulas in each docstring):
 
 * ``grpo`` — trajectory-level group-relative (OpenWebRL / WebGym GRPO).
 * ``step_grpo`` — step-level group-relative over PRM-scored candidates at a state (PRO-CUA).
+* ``step_awr`` — those step-level advantages as AWR weights (weighted regression, no clipping).
 * ``awr`` — advantage-weighted regression with a learned value baseline (DigiRL);
   :func:`fit_value_baseline` fits that baseline.
 * ``turn`` — turn-level credit from rubric progress (ERA-style shaping).
@@ -198,6 +199,41 @@ def step_grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
         )
     )
     return _finish(out, values, ["advantage"], {"advantage": 0.0})
+
+
+@register("step_awr")
+def step_awr(
+    frame: pl.DataFrame, beta: float = 0.5, w_max: float = 20.0, eps: float = 1e-6
+) -> pl.DataFrame:
+    """Step-level advantage-weighted regression from process rewards (AWR on PRO-CUA's signal).
+
+    Columns: ``traj_id``, ``step_idx``, ``score`` (the PRM score of one candidate at the state).
+    ``A(s, a)`` is :func:`step_grpo`'s advantage (the score normalised within the state), and
+
+    ``weight(s, a) = min(exp(A(s, a) / β), w_max)`` where the state's candidates score
+    differently, ``0`` where they all score the same.
+
+    The update is weighted regression (``−Σ w·log π(a|s)``): mass moves to the candidates that
+    scored best, however unlikely the policy found them, where PPO's clipped ratio lets a
+    candidate of probability p grow only to (1 + ε)·p per update. A state without a signal weighs
+    nothing: its candidates are the policy's own top choices (not samples), and weighting them
+    alike would pull the policy toward choosing among them uniformly."""
+    if beta <= 0 or w_max <= 0:
+        raise ValueError(f"step_awr: need beta > 0 and w_max > 0; got {beta=}, {w_max=}")
+    frame = _drop_produced(frame, ["advantage", "weight"])
+    out = _prepare(frame, "step_awr", ["traj_id", "step_idx", "score"])
+    kept = out.filter(pl.col(_KEEP))
+    state = ["traj_id", "step_idx"]
+    score = pl.col("score").cast(pl.Float64)
+    values = kept.with_columns(_normalised(score, state, eps).alias("advantage"))
+    signal = score.std(ddof=0).over(state) > 0
+    values = values.with_columns(
+        pl.when(signal)
+        .then((pl.col("advantage") / beta).exp().clip(upper_bound=w_max))
+        .otherwise(0.0)
+        .alias("weight")
+    )
+    return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
 
 
 @register("awr")

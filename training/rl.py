@@ -7,6 +7,7 @@
 * ``step_grpo``: PRM-scored candidate actions at the run's states (``candidates`` +
   ``step_scores``, e.g. from ``webloop score-steps``): each candidate is a turn whose reply is the
   candidate's output, advantage its score normalised within the state.
+* ``step_awr``: the same candidates and advantages, as AWR weights (weighted regression).
 * ``turn``: per-turn rubric progress, from the ``progress`` list a collect run records in each
   trajectory's ``meta`` (bundled sites: share of the task's criteria met after each step).
 
@@ -30,8 +31,13 @@ ESTIMATOR_OPTIONS = {
     "grpo": ("eps",),
     "awr": ("gamma", "beta", "w_max"),
     "step_grpo": ("eps",),
+    "step_awr": ("beta", "w_max", "eps"),
     "turn": ("gamma", "eps"),
 }
+STEP_LEVEL = frozenset({"step_grpo", "step_awr"})
+"""Estimators over PRM-scored candidates at the visited states (the RL loop scores them first)."""
+WEIGHTED = frozenset({"awr", "step_awr"})
+"""Estimators whose update is weighted regression (objective ``awr``), not PPO."""
 
 
 def prepare(
@@ -42,8 +48,8 @@ def prepare(
         raise DataMismatch(
             f"unknown advantage estimator {estimator!r}; known: {sorted(ESTIMATOR_OPTIONS)}"
         )
-    if estimator == "step_grpo":
-        frame = candidate_frame(wh, run_ids, options.pop("scorer", None))
+    if estimator in STEP_LEVEL:
+        frame = candidate_frame(wh, run_ids, options.pop("scorer", None), estimator)
     else:
         frame = run_steps(wh, run_ids)
     rewarded = frame.filter(pl.col("reward").is_not_null())
@@ -53,7 +59,7 @@ def prepare(
         "trajectories": frame["traj_id"].n_unique() if frame.height else 0,
         "mean_reward": _traj_mean_reward(rewarded),
     }
-    if estimator == "step_grpo":  # (the rows' reward is a constant: the trajectories' outcome)
+    if estimator in STEP_LEVEL:  # (the rows' reward is a constant: the trajectories' outcome)
         stats["mean_reward"] = _traj_mean_reward(
             frame.with_columns(reward=(pl.col("status") == "success").cast(pl.Float64))
         )
@@ -130,7 +136,9 @@ def with_progress(wh: Warehouse, frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def candidate_frame(wh: Warehouse, run_ids: Sequence[str], scorer: str | None) -> pl.DataFrame:
+def candidate_frame(
+    wh: Warehouse, run_ids: Sequence[str], scorer: str | None, estimator: str = "step_grpo"
+) -> pl.DataFrame:
     """PRM-scored candidates at the states of the runs' trajectories, as turn rows: the state's
     prompt, the candidate's output as the reply (``model_output``), its score."""
     df = wh.sql(
@@ -147,12 +155,12 @@ def candidate_frame(wh: Warehouse, run_ids: Sequence[str], scorer: str | None) -
     )
     if df.is_empty():
         raise DataMismatch(
-            f"estimator 'step_grpo': no scored candidates at the states of {', '.join(run_ids)} "
+            f"estimator {estimator!r}: no scored candidates at the states of {', '.join(run_ids)} "
             "(run: webloop score-steps --run RUN)"
         )
     if df["scorer"].n_unique() > 1:
         raise DataMismatch(
-            f"estimator 'step_grpo': candidates scored by {sorted(df['scorer'].unique())}; "
+            f"estimator {estimator!r}: candidates scored by {sorted(df['scorer'].unique())}; "
             "choose one with --scorer"
         )
     # a state's candidates all stand for the same state: the reward of the state is known

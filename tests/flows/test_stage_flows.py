@@ -328,6 +328,26 @@ def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, done: dict):
     assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
 
 
+def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, done: dict):
+    # step_awr: the same scored states as step_grpo, but the update is weighted regression
+    # (exp(A/beta) where a state's candidates differ, 0 elsewhere), not PPO's clipped ratio
+    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="step_awr", iterations=1,
+                   group_size=1, n_tasks=2, seed=3, prm_k=2, prm_max_states=3,
+                   **SHORT)  # fmt: skip
+    out, _ = run(train_rl_flow, cfg, home)
+    [it] = out["iterations"]
+    assert it["turns"] > 0 and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
+    names = {
+        n for (n,) in sql(home, "SELECT DISTINCT name FROM metrics WHERE training_run_id = ?",
+                          [out["training_run_id"]])
+    }  # fmt: skip
+    assert "loss" in names and "clip_fraction" not in names  # weighted regression, not PPO
+    config = _json(sql(home, "SELECT config FROM training_runs WHERE training_run_id = ?",
+                       [out["training_run_id"]])[0][0])  # fmt: skip
+    assert config["estimator"] == "step_awr"
+    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
+
+
 def test_maintain_warehouse(home: str):
     before = sql(home, "SELECT count(*) FROM trajectories")[0][0]
     out, fr = run(maintain_warehouse, keep_recent_minutes=0.0, home=home)

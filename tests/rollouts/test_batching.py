@@ -33,20 +33,22 @@ async def _queued(worker: BatchWorker, n: int) -> None:
         await asyncio.sleep(0)
 
 
+async def _behind_a_held_batch(worker: BatchWorker, rec: Recorder, rest: str) -> list:
+    """Submit "a" (its batch is held open), then ``rest`` while it runs; release; all results
+    (exceptions included), in order."""
+    first = asyncio.ensure_future(worker.submit("a"))
+    while not rec.batches:
+        await asyncio.sleep(0)
+    others = [asyncio.ensure_future(worker.submit(x)) for x in rest]
+    await _queued(worker, len(rest))
+    rec.release.set()
+    return await asyncio.gather(first, *others, return_exceptions=True)
+
+
 def test_requests_that_wait_go_in_one_batch_and_get_their_own_results():
     rec = Recorder()
     worker = BatchWorker(rec, max_batch=8)
-
-    async def main() -> list[str]:
-        first = asyncio.ensure_future(worker.submit("a"))
-        while not rec.batches:
-            await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(worker.submit(x)) for x in "bcdef"]
-        await _queued(worker, 5)
-        rec.release.set()
-        return await asyncio.gather(first, *rest)
-
-    assert asyncio.run(main()) == list("ABCDEF")
+    assert asyncio.run(_behind_a_held_batch(worker, rec, "bcdef")) == list("ABCDEF")
     assert rec.batches == [["a"], list("bcdef")]
     assert worker.batches == 2
 
@@ -54,17 +56,7 @@ def test_requests_that_wait_go_in_one_batch_and_get_their_own_results():
 def test_max_batch_splits_and_an_error_reaches_only_its_batch():
     rec = Recorder(fail_on="c")
     worker = BatchWorker(rec, max_batch=2)
-
-    async def main() -> list:
-        first = asyncio.ensure_future(worker.submit("a"))
-        while not rec.batches:
-            await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(worker.submit(x)) for x in "bcde"]
-        await _queued(worker, 4)
-        rec.release.set()
-        return await asyncio.gather(first, *rest, return_exceptions=True)
-
-    out = asyncio.run(main())
+    out = asyncio.run(_behind_a_held_batch(worker, rec, "bcde"))
     assert rec.batches == [["a"], ["b", "c"], ["d", "e"]]
     assert out[0] == "A" and out[3:] == ["D", "E"]
     assert all(isinstance(e, ValueError) and "bad request c" in str(e) for e in out[1:3])

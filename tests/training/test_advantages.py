@@ -12,7 +12,7 @@ from training.advantages import ESTIMATORS, compute_advantages, fit_value_baseli
 
 
 def test_registry_names_and_options():
-    assert ESTIMATORS.names() == ["awr", "grpo", "step_grpo", "turn"]
+    assert ESTIMATORS.names() == ["awr", "grpo", "step_awr", "step_grpo", "turn"]
     with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
         ESTIMATORS.make("nope")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['gama'\]"):
@@ -66,6 +66,27 @@ def test_step_grpo_hand_values():
     # -> -1.224745, 1.224745, 0; state (a,1) has one candidate -> 0; state (b,0) constant -> 0
     expected = [-1.224745, 1.224745, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert out["advantage"].to_list() == pytest.approx(expected, abs=1e-5)
+
+
+def test_step_awr_hand_values():
+    frame = pl.DataFrame(
+        {
+            "traj_id": ["a", "a", "a", "a", "a", "b", "b"],
+            "step_idx": [0, 0, 0, 0, 1, 0, 0],
+            "score": [1.0, 3.0, 2.0, 100.0, 5.0, 2.0, 2.0],
+            "status": ["ok", "ok", "ok", "timeout", "ok", "ok", "ok"],
+        }
+    )
+    out = compute_advantages("step_awr", frame, beta=0.5, w_max=4.0)
+    # advantages as step_grpo: (a,0) -> -1.224745, 1.224745, 0; the rest 0
+    expected = [-1.224745, 1.224745, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert out["advantage"].to_list() == pytest.approx(expected, abs=1e-5)
+    # weight = min(exp(A / 0.5), 4) where the state's candidates differ: exp(-2.449490) =
+    # 0.086334, exp(2.449490) = 11.58 -> 4, exp(0) = 1; the timeout row, the lone candidate of
+    # (a,1) and the equal candidates of (b,0) weigh 0
+    assert out["weight"].to_list() == pytest.approx([0.086334, 4.0, 1.0, 0, 0, 0, 0], abs=1e-5)
+    with pytest.raises(ValueError, match="beta > 0"):
+        compute_advantages("step_awr", frame, beta=0.0)
 
 
 def test_awr_hand_values():
