@@ -332,7 +332,7 @@ def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, done: d
     # step_awr: the same scored states as step_grpo, but the update is weighted regression
     # (exp(A/beta) where a state's candidates differ, 0 elsewhere), not PPO's clipped ratio
     cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="step_awr", iterations=1,
-                   group_size=1, n_tasks=2, seed=3, prm_k=2, prm_max_states=3,
+                   group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
                    **SHORT)  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
