@@ -14,7 +14,7 @@ from judging.base import TrajectoryView
 from judging.prm import ExactScorer, Proposal, State
 from rollouts.actions import format_action, parse_action
 from rollouts.browser import SharedSlot
-from rollouts.env import BrowserEnv, origin_of
+from rollouts.env import BrowserEnv, EnvConfig, origin_of
 from rollouts.grounding import ground
 from rollouts.policies import ExpertPolicy, PolicyContext
 from rollouts.prompts import Turn
@@ -86,9 +86,10 @@ def _scorer(browser, server, client) -> ExactScorer:
         sid = session_of(await env.cookies(origin))
         return await fetch_state(client, origin, server.secret, sid) if sid else {}
 
-    return ExactScorer(
-        [BrowserEnv(SharedSlot(browser))], _resolve(server), bundled_grade(server, client), probe
-    )
+    # a reference step that cannot continue after a wrong candidate fails after the action
+    # timeout: 3 s (the default 10 s only waits longer for the same outcome)
+    env = BrowserEnv(SharedSlot(browser), EnvConfig(action_timeout_s=3.0))
+    return ExactScorer([env], _resolve(server), bundled_grade(server, client), probe)
 
 
 @pytest.mark.browser
@@ -137,7 +138,6 @@ class _Recording(BrowserEnv):
 @pytest.mark.browser
 def test_a_replayed_action_that_failed_when_recorded_gets_the_short_timeout(chromium, server):
     from judging.alignment import REPLAYED_FAILURE_TIMEOUT_S, replay_states
-    from rollouts.env import EnvConfig
 
     task = _task()
     actions = ['click(css="#no-such-button")', 'click(css="#no-such-link")']
