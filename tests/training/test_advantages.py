@@ -52,15 +52,19 @@ def test_grpo_rejects_varying_reward_and_missing_columns():
         compute_advantages("grpo", nulls.cast({"reward": pl.Float64}))
 
 
+# three states: (a,0) with scores 1, 3, 2 and a timeout row, (a,1) one candidate, (b,0) a tie
+SCORED = pl.DataFrame(
+    {
+        "traj_id": ["a", "a", "a", "a", "a", "b", "b"],
+        "step_idx": [0, 0, 0, 0, 1, 0, 0],
+        "score": [1.0, 3.0, 2.0, 100.0, 5.0, 2.0, 2.0],
+        "status": ["ok", "ok", "ok", "timeout", "ok", "ok", "ok"],
+    }
+)
+
+
 def test_step_grpo_hand_values():
-    frame = pl.DataFrame(
-        {
-            "traj_id": ["a", "a", "a", "a", "a", "b", "b"],
-            "step_idx": [0, 0, 0, 0, 1, 0, 0],
-            "score": [1.0, 3.0, 2.0, 100.0, 5.0, 2.0, 2.0],
-            "status": ["ok", "ok", "ok", "timeout", "ok", "ok", "ok"],
-        }
-    )
+    frame = SCORED
     out = compute_advantages("step_grpo", frame)
     # state (a,0): scores 1, 3, 2 (the timeout row excluded): mean 2, std sqrt(2/3) = 0.816497
     # -> -1.224745, 1.224745, 0; state (a,1) has one candidate -> 0; state (b,0) constant -> 0
@@ -69,14 +73,7 @@ def test_step_grpo_hand_values():
 
 
 def test_step_awr_hand_values():
-    frame = pl.DataFrame(
-        {
-            "traj_id": ["a", "a", "a", "a", "a", "b", "b"],
-            "step_idx": [0, 0, 0, 0, 1, 0, 0],
-            "score": [1.0, 3.0, 2.0, 100.0, 5.0, 2.0, 2.0],
-            "status": ["ok", "ok", "ok", "timeout", "ok", "ok", "ok"],
-        }
-    )
+    frame = SCORED
     out = compute_advantages("step_awr", frame, beta=0.5, w_max=4.0)
     # advantages as step_grpo: (a,0) -> -1.224745, 1.224745, 0; the rest 0
     expected = [-1.224745, 1.224745, 0.0, 0.0, 0.0, 0.0, 0.0]
