@@ -119,6 +119,20 @@ way on the same page (an element that was not there is not there now); waiting t
 timeout for it again only costs time — seconds per such step of every replayed prefix."""
 
 
+def _replayed(actions: Sequence[str | None], failed: Sequence[bool]):
+    """The stored actions to replay, parsed, each with its timeout (None: the env's own; an
+    action that failed when recorded gets :data:`REPLAYED_FAILURE_TIMEOUT_S`). Empty texts (an
+    invalid step changed nothing) are left out."""
+    for i, text in enumerate(actions):
+        if not text:
+            continue
+        action = parse_action(text)
+        if isinstance(action, ParseError):
+            raise ValueError(f"stored action does not parse: {text!r}")
+        again = i < len(failed) and failed[i]
+        yield action, REPLAYED_FAILURE_TIMEOUT_S if again else None
+
+
 async def replay_states(
     env: Any,
     task: Any,
@@ -134,16 +148,8 @@ async def replay_states(
     url, allowed = resolve(task)
     obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
     states = [await page_state(env, task, probe, obs.a11y)]
-    for i, text in enumerate(actions):
-        if not text:
-            continue  # an invalid step changed nothing
-        action = parse_action(text)
-        if isinstance(action, ParseError):
-            raise ValueError(f"stored action does not parse: {text!r}")
-        again = i < len(failed) and failed[i]
-        obs, done, _, _ = await env.step(
-            action, timeout_s=REPLAYED_FAILURE_TIMEOUT_S if again else None
-        )
+    for action, timeout_s in _replayed(actions, failed):
+        obs, done, _, _ = await env.step(action, timeout_s=timeout_s)
         if done:
             return states, True
         states.append(await page_state(env, task, probe, obs.a11y))
@@ -161,14 +167,8 @@ async def replay_actions(
     no probes, for a replay whose alignment is already known); whether an ``answer`` ended it."""
     url, allowed = resolve(task)
     await env.reset(url, allowed_origins=allowed, max_steps=10_000)
-    for i, text in enumerate(actions):
-        if not text:
-            continue
-        action = parse_action(text)
-        if isinstance(action, ParseError):
-            raise ValueError(f"stored action does not parse: {text!r}")
-        again = i < len(failed) and failed[i]
-        done, _, _ = await env.act(action, timeout_s=REPLAYED_FAILURE_TIMEOUT_S if again else None)
+    for action, timeout_s in _replayed(actions, failed):
+        done, _, _ = await env.act(action, timeout_s=timeout_s)
         if done:
             return True
     return False

@@ -337,7 +337,7 @@ class ExactScorer:
             except PrefixEnded as exc:
                 return ScoreResult(None, error=str(exc))
             except Exception as exc:
-                return ScoreResult(None, error=f"replay failed: {type(exc).__name__}: {exc}"[:1000])
+                return _replay_failed(exc)
         env = await self.pool.get()
         try:
             if first:
@@ -346,7 +346,7 @@ class ExactScorer:
         except Exception as exc:  # a crashed browser is a scorer error, not a low score
             if not cursor.done():
                 cursor.set_exception(exc)
-            return ScoreResult(None, error=f"replay failed: {type(exc).__name__}: {exc}"[:1000])
+            return _replay_failed(exc)
         finally:
             await env.close()
             self.pool.put_nowait(env)
@@ -421,6 +421,12 @@ class ExactScorer:
         criteria = await self.grade(env, task, answer)
         detail.update(continued=continued, criteria=criteria)
         return ScoreResult(_fraction(criteria), detail)
+
+
+def _replay_failed(exc: BaseException) -> ScoreResult:
+    """A replay that broke (a crashed browser, a prefix that cannot be replayed): a scorer
+    error, not a low score."""
+    return ScoreResult(None, error=f"replay failed: {type(exc).__name__}: {exc}"[:1000])
 
 
 class PrefixEnded(ValueError):
