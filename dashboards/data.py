@@ -7,7 +7,7 @@ cached (``st.cache_data``) keyed by the query, its arguments and the warehouse's
 DuckLake snapshot: a page shows what flows wrote as soon as they commit, and a rerun over an
 unchanged warehouse costs one snapshot lookup. Label writes need no cache clearing (the
 write makes a new snapshot). The SQL page runs on a separate sandboxed, read-only connection
-(:mod:`warehouse.readonly`).
+(:mod:`warehouse.readonly`), a fresh cursor of it per query.
 
 The warehouse is the one of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (``webloop dashboard``
 passes them through).
@@ -33,7 +33,6 @@ from warehouse.retry import retrying
 from warehouse.store import Warehouse
 
 _write_lock = threading.Lock()
-_sql_lock = threading.Lock()
 
 
 def config() -> WarehouseConfig:
@@ -184,6 +183,7 @@ def save_label(traj_id: str, label: str, reviewer: str, **kw: Any) -> Any:
 
 
 def user_query(query: str, max_rows: int) -> QueryResult:
-    """Run SQL typed on the SQL page on the sandboxed read-only connection."""
-    with _sql_lock:
-        return run_readonly(_sandboxed(_key(config())), query, max_rows=max_rows)
+    """Run SQL typed on the SQL page on the sandboxed read-only connection: each query on a
+    fresh cursor of it (no user's query can leave anything another user's sees), checked
+    against :mod:`warehouse.usersql`'s allow-list and stopped at its time limit."""
+    return run_readonly(_sandboxed(_key(config())), query, max_rows=max_rows)

@@ -93,51 +93,54 @@ def _root(
 
 # -- sql --------------------------------------------------------------------------------------
 
-_READ_ONLY_TYPES = {"SELECT", "EXPLAIN"}
-
-
-def statement_kinds(query: str) -> list[str]:
-    """The statement types in ``query`` (DuckDB's parser), e.g. ``["SELECT", "INSERT"]``."""
-    import duckdb
-
-    from warehouse.connection import parse_statements
-
-    try:
-        return [s.type.name for s in parse_statements(query)]  # parsing reads no files
-    except duckdb.Error as exc:
-        raise UserError(f"cannot parse the query: {exc}") from None
-
 
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="SQL over the warehouse tables (schema 'lake').")],
     write: Annotated[
-        bool, typer.Option("--write", help="Allow statements that change data.")
+        bool,
+        typer.Option("--write", help="Allow data changes (INSERT, UPDATE, DELETE, MERGE)."),
     ] = False,
+    schema: Annotated[
+        bool,
+        typer.Option(
+            "--schema", help="With --write, also allow CREATE, DROP and ALTER (schema changes)."
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.1, max=86_400, help="Stop the query after this many seconds."),
+    ] = 120.0,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
-    """Run SQL against the warehouse; read-only unless --write."""
-    kinds = statement_kinds(query)
-    if not kinds:
-        raise UserError("the query is empty")
-    writes = [k for k in kinds if k not in _READ_ONLY_TYPES]
-    if "EXPLAIN" in kinds and "ANALYZE" in query.upper():
-        writes.append("EXPLAIN ANALYZE")
-    if writes and not write:
-        raise UserError(
-            f"refusing to run a {', '.join(writes)} statement without --write "
-            "(webloop sql is read-only by default)"
-        )
-    from warehouse.sandbox import open_sandboxed, run_user_sql
+    """Run SQL against the warehouse; read-only unless --write (an allow-list: see Security).
+
+    Every write is a DuckLake snapshot: `webloop warehouse rollback SNAPSHOT` undoes one."""
+    if schema and not write:
+        raise UserError("--schema changes the warehouse: pass it together with --write")
+    from warehouse.sandbox import SqlInterruptedError, open_sandboxed, run_user_sql
 
     # Sandboxed: the warehouse's tables only (no other files, network, extensions or settings);
     # read-only opens create, migrate and write nothing.
     with open_sandboxed(WarehouseConfig.from_env(), write=write) as wh:
-        result, n_statements = run_user_sql(wh.con, query, write=write)
-        if result is not None and result.description:
-            print_frame(result.pl(), fmt)
+        before = _latest_snapshot(wh) if write else None
+        try:
+            frame, n_statements = run_user_sql(
+                wh.con, query, write=write, schema=schema, timeout_s=timeout
+            )
+        except SqlInterruptedError as exc:
+            sys.stderr.write(f"{exc}\n")
+            raise typer.Exit(130) from None
+        if frame is not None:
+            print_frame(frame, fmt)
         elif fmt is Format.table:
             console.print(f"ok ({n_statements} statement(s))")
+        if write and fmt is Format.table and (after := _latest_snapshot(wh)) != before:
+            console.print(f"snapshot {after}; undo with: webloop warehouse rollback {before}")
+
+
+def _latest_snapshot(wh: Any) -> int:
+    return int(wh.sql("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')").item())
 
 
 # -- warehouse --------------------------------------------------------------------------------
@@ -179,6 +182,29 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+@warehouse_app.command("rollback")
+def warehouse_rollback(
+    snapshot: Annotated[
+        int, typer.Argument(min=1, help="The snapshot to restore (see FROM lake.snapshots()).")
+    ],
+) -> None:
+    """Restore every table as it was at SNAPSHOT, as one new snapshot (itself undoable)."""
+    from warehouse import Warehouse
+    from warehouse.rollback import rollback
+
+    # No migrations first: after a DROP SCHEMA they would recreate empty tables before the
+    # rollback restores the real ones (an extra snapshot to undo to).
+    with Warehouse.open(WarehouseConfig.from_env(), migrate=False) as wh:
+        rep = rollback(wh, snapshot)
+    for t in rep.tables:
+        rows = "" if t.rows_after is None else f": {t.rows_before} -> {t.rows_after} rows"
+        console.print(f"{escape(t.table)}  {t.action}{rows}")
+    console.print(
+        f"restored snapshot {rep.target} as snapshot {rep.snapshot}; "
+        f"undo with: webloop warehouse rollback {rep.previous}"
+    )
 
 
 @warehouse_app.command("maintain")

@@ -73,7 +73,7 @@ class WarehouseConfig:
         """A human-readable catalog description with any password removed."""
         if self.catalog_kind == "sqlite":
             return f"sqlite:{self.catalog}"
-        return "postgres:" + redact(self.catalog, self.secret)
+        return "postgres:" + redact(self.catalog, self.secret)  # the DSN holds no password
 
     @property
     def is_local_data(self) -> bool:
@@ -102,7 +102,10 @@ def _parse_catalog(url: str, home: Path) -> tuple[str, str, str | None]:
 
 
 def postgres_dsn(url: str) -> tuple[str, str | None]:
-    """Turn a ``postgresql://`` URL into a libpq keyword string (and the password, to redact)."""
+    """Turn a ``postgresql://`` URL into a libpq keyword string without the password, and the
+    password. The password never enters the connection string (which DuckDB shows in
+    ``duckdb_databases()``): :func:`warehouse.connection.connect` hands it to DuckDB as a
+    secret."""
     parts = urlsplit(url)
     if not parts.path.strip("/"):
         raise ConfigError(f"{redact(url, parts.password)}: the URL names no database")
@@ -114,9 +117,9 @@ def postgres_dsn(url: str) -> tuple[str, str | None]:
     if parts.username:
         kv["user"] = unquote(parts.username)
     password = unquote(parts.password) if parts.password else None
-    if password:
-        kv["password"] = password
-    kv.update(parse_qsl(parts.query))
+    query = dict(parse_qsl(parts.query))
+    password = query.pop("password", None) or password
+    kv.update(query)
     dsn = " ".join(f"{k}={_libpq_quote(v)}" for k, v in kv.items())
     return dsn, password
 

@@ -9,10 +9,7 @@ error only when contention outlasts the retry budget.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import itertools
-import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -114,9 +111,10 @@ def connect(
         if cfg.catalog_kind == "sqlite":
             if not read_only:
                 _prepare_sqlite(Path(cfg.catalog), created)
-            target = "ducklake:sqlite:" + cfg.catalog
+            target = attach_target(cfg)
         else:
-            target = "ducklake:postgres:" + cfg.catalog
+            _catalog_secret(con, cfg)
+            target = attach_target(cfg)  # no password: it is in the secret
         if cfg.is_local_data and not read_only:
             created += _mkdirs(Path(cfg.data_path))
         options = [f"DATA_PATH {sql_string(cfg.data_path)}"]
@@ -137,7 +135,7 @@ def connect(
             missing = True  # an empty PostgreSQL catalog: DuckLake may not create one read-only
         if missing:
             raise NoWarehouseError(_no_warehouse(cfg))
-        con.execute(f"USE {LAKE}")
+        _use_lake(con, read_only)
         if sandboxed:
             sandbox(con, cfg)
     except BaseException:
@@ -145,6 +143,36 @@ def connect(
         _remove_created(created)
         raise
     return con
+
+
+def _use_lake(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
+    """``USE lake``. After a ``DROP SCHEMA main CASCADE`` (undone by ``webloop warehouse
+    rollback``) there is no schema to use: a writable open creates it again, a read-only one
+    stays on the in-memory database (queries then say which table is missing)."""
+    try:
+        con.execute(f"USE {LAKE}")
+    except duckdb.CatalogException:
+        if read_only:
+            return
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {LAKE}.main")
+        con.execute(f"USE {LAKE}")
+
+
+def attach_target(cfg: WarehouseConfig) -> str:
+    """The ``ducklake:…`` string that ATTACHes ``cfg``'s catalog (never with a password)."""
+    kind = "sqlite" if cfg.catalog_kind == "sqlite" else "postgres"
+    return f"ducklake:{kind}:{cfg.catalog}"
+
+
+def _catalog_secret(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> None:
+    """Hand the PostgreSQL catalog's password to DuckDB as a temporary secret, so it is not in
+    the ATTACH string that ``duckdb_databases()`` and ``PRAGMA database_list`` show;
+    ``duckdb_secrets()`` shows a secret's name and scope, redacted."""
+    if cfg.secret:
+        con.execute(
+            "CREATE OR REPLACE TEMPORARY SECRET webloop_catalog "
+            f"(TYPE postgres, PASSWORD {sql_string(cfg.secret)})"
+        )
 
 
 def require_catalog_file(cfg: WarehouseConfig) -> None:
@@ -224,35 +252,7 @@ def _prepare_sqlite(path: Path, created: list[Path] | None = None) -> None:
         raise WarehouseError(f"cannot prepare SQLite catalog {path}: {exc}") from None
 
 
-# -- SQL written by people: a sandboxed connection and a statement guard ------------------------
-
-#: Statement types :func:`run_user_sql` runs read-only, and the ones ``write=True`` adds.
-#: Everything else (ATTACH, DETACH, COPY, EXPORT, IMPORT, INSTALL/LOAD, SET/RESET/USE, PRAGMA,
-#: PREPARE/EXECUTE) is refused in both modes.
-READ_STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
-WRITE_STATEMENTS = frozenset(
-    {"INSERT", "UPDATE", "DELETE", "MERGE_INTO", "CREATE", "DROP", "ALTER", "TRANSACTION", "CALL"}
-)
-# DuckLake functions that only read (the others expire, clean up, rewrite or add files).
-_LAKE_READ_FUNCTIONS = frozenset(
-    {
-        "ducklake_current_snapshot",
-        "ducklake_last_committed_snapshot",
-        "ducklake_list_files",
-        "ducklake_options",
-        "ducklake_snapshots",
-        "ducklake_table_changes",
-        "ducklake_table_deletions",
-        "ducklake_table_info",
-        "ducklake_table_insertions",
-    }
-)
-# Core functions that run SQL given as text or a serialized plan (would bypass the guard).
-_SQL_TEXT_FUNCTIONS = frozenset({"query", "query_table", "json_execute_serialized_sql"})
-
-
-class SqlRefusedError(WarehouseError):
-    """User SQL that the sandbox does not run; the message says what and why."""
+# -- SQL written by people: the sandboxed connection (the checks: warehouse.usersql) ---------
 
 
 def sandbox(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> None:
@@ -272,111 +272,3 @@ def sandbox(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> None:
     con.execute(f"SET allowed_directories = [{sql_string(cfg.data_path)}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-
-
-def parse_statements(query: str) -> list[duckdb.Statement]:
-    """Parse ``query`` without touching files (``IMPORT DATABASE`` reads files while parsing)."""
-    con = duckdb.connect(config={"enable_external_access": False})
-    try:
-        return con.extract_statements(query)
-    finally:
-        con.close()
-
-
-def check_user_sql(
-    con: duckdb.DuckDBPyConnection, query: str, *, write: bool = False
-) -> list[duckdb.Statement]:
-    """The statements of ``query`` if :func:`run_user_sql` may run them, else raise
-    :class:`SqlRefusedError` (or ``duckdb.ParserException`` for SQL that does not parse)."""
-    statements = parse_statements(query)
-    if not statements:
-        raise SqlRefusedError("the query is empty")
-    allowed = READ_STATEMENTS | (WRITE_STATEMENTS if write else frozenset())
-    refused = [s.type.name for s in statements if s.type.name not in allowed]
-    if refused:
-        kinds = ", ".join(dict.fromkeys(refused))
-        why = (
-            "only SELECT, EXPLAIN and data changes (INSERT, UPDATE, DELETE, MERGE, CREATE, "
-            "DROP, ALTER, CALL, transactions) run here: no files, attachments, extensions or "
-            "settings"
-            if write
-            else "this SQL is read-only: only SELECT and EXPLAIN"
-        )
-        raise SqlRefusedError(f"refusing to run a {kinds} statement ({why})")
-    denied = _denied_functions(con, write)
-    called = sorted(f for f in _called_functions(query) if f in denied)
-    if called:
-        raise SqlRefusedError(
-            f"refusing to call {', '.join(called)}: it reads outside the warehouse tables, "
-            "runs SQL given as text, or changes the lake's files"
-        )
-    return statements
-
-
-def run_user_sql(
-    con: duckdb.DuckDBPyConnection, query: str, *, write: bool = False
-) -> tuple[duckdb.DuckDBPyConnection | None, int]:
-    """Run SQL written by a person on a :func:`sandbox`-ed connection, statement by statement.
-
-    Returns the connection holding the last statement's result (``None`` for no statement) and
-    the number of statements. Refusals raise :class:`SqlRefusedError` with the reason; DuckDB's
-    own permission errors (a file outside the warehouse) are raised as one, too.
-    """
-    result = None
-    statements = check_user_sql(con, query, write=write)
-    for stmt in statements:
-        refused = None
-        try:
-            result = con.execute(stmt)
-        except duckdb.PermissionException as exc:
-            refused = str(exc).splitlines()[0]
-        if refused is not None:  # raised outside the except: a refusal, not an I/O failure
-            raise SqlRefusedError(
-                "refused: this reaches outside the warehouse (SQL here reads only the "
-                f"warehouse's own tables): {refused}"
-            )
-    return result, len(statements)
-
-
-def _called_functions(query: str) -> set[str]:
-    """Names (lower case) of everything called in ``query``: a name followed by ``(``."""
-    tokens = duckdb.tokenize(query)
-    names = set()
-    for (start, kind), (nxt, _) in itertools.pairwise(tokens):
-        if kind not in (duckdb.token_type.identifier, duckdb.token_type.keyword):
-            continue
-        if not query[nxt:].startswith("("):
-            continue
-        text = query[start:nxt].strip()
-        m = re.match(r'"((?:[^"]|"")*)"|([^\s(/-]+)', text)
-        if m:
-            names.add(
-                (m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2)).lower()
-            )
-    return names
-
-
-@functools.cache
-def _core_functions() -> frozenset[str]:
-    con = duckdb.connect(config={"enable_external_access": False})
-    try:
-        return frozenset(
-            r[0]
-            for r in con.execute("SELECT DISTINCT function_name FROM duckdb_functions()").fetchall()
-        )
-    finally:
-        con.close()
-
-
-def _denied_functions(con: duckdb.DuckDBPyConnection, write: bool) -> frozenset[str]:
-    """Functions added by extensions (sqlite, postgres, ducklake's file maintenance…) except the
-    lake's read functions, plus the core functions that run SQL text."""
-    present = {
-        r[0]
-        for r in con.execute("SELECT DISTINCT function_name FROM duckdb_functions()").fetchall()
-    }
-    extension = present - _core_functions()
-    allowed = _LAKE_READ_FUNCTIONS | (
-        {f for f in extension if f.startswith("ducklake_")} if write else frozenset()
-    )
-    return frozenset((extension - allowed) | _SQL_TEXT_FUNCTIONS)

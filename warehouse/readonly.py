@@ -24,10 +24,17 @@ import duckdb
 import polars as pl
 
 from warehouse.config import WarehouseConfig, redact
-from warehouse.connection import NoWarehouseError, SqlRefusedError, WarehouseError, run_user_sql
+from warehouse.connection import NoWarehouseError, WarehouseError
 from warehouse.retry import retrying
 from warehouse.sandbox import open_sandboxed
 from warehouse.store import Warehouse
+from warehouse.usersql import (
+    DEFAULT_TIMEOUT_S,
+    SqlInterruptedError,
+    SqlRefusedError,
+    SqlTimeoutError,
+    run_user_sql,
+)
 
 __all__ = [
     "NoWarehouseError",
@@ -68,32 +75,39 @@ def open_readonly(cfg: WarehouseConfig | None = None) -> Warehouse:
     return open_sandboxed(cfg, write=False)
 
 
-def run_readonly(wh: Warehouse, query: str, *, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-    """Run ``query`` (SELECT / EXPLAIN only) on a warehouse from :func:`open_readonly`.
+def run_readonly(
+    wh: Warehouse,
+    query: str,
+    *,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> QueryResult:
+    """Run ``query`` (SELECT / EXPLAIN only) on a warehouse from :func:`open_readonly`, on a
+    fresh cursor (nothing one query does is seen by the next), stopped after ``timeout_s``.
 
-    Raises :class:`ReadOnlyQueryError` for refused or failing SQL; at most ``max_rows`` rows
-    of the result are fetched."""
+    Raises :class:`ReadOnlyQueryError` for refused, failing or timed-out SQL; at most
+    ``max_rows`` rows of the result are fetched."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
 
-    def attempt() -> tuple[pl.DataFrame | None, int]:
-        result, n = run_user_sql(wh.con, query, write=False)
-        if result is None or not result.description:
-            return None, n
-        reader = result.fetch_record_batch(min(max_rows + 1, 100_000))
+    def fetch(cur: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+        reader = cur.fetch_record_batch(min(max_rows + 1, 100_000))
         batches, rows = [], 0
         for batch in reader:
             batches.append(batch)
             rows += batch.num_rows
             if rows > max_rows:
                 break
-        return _frame(batches, reader.schema), n
+        return _frame(batches, reader.schema)
+
+    def attempt() -> tuple[pl.DataFrame | None, int]:
+        return run_user_sql(wh.con, query, write=False, timeout_s=timeout_s, fetch=fetch)
 
     try:
         frame, n = _io_retry(attempt)
         if frame is None:
             return QueryResult(pl.DataFrame(), False, n)
-    except SqlRefusedError as exc:
+    except (SqlRefusedError, SqlTimeoutError, SqlInterruptedError) as exc:
         raise ReadOnlyQueryError(str(exc)) from None
     except duckdb.Error as exc:
         msg = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, wh.cfg.secret)

@@ -3,29 +3,33 @@
 ::
 
     with open_sandboxed() as wh:                     # read-only: creates and migrates nothing
-        result, n = run_user_sql(wh.con, "SELECT count(*) FROM steps")
-        frame = result.pl()
+        frame, n = run_user_sql(wh.con, "SELECT count(*) FROM steps")  # a polars frame
 
 The connection is sandboxed (:func:`warehouse.connection.sandbox`): it reads the lake's tables
 and cannot open other files, reach the network, attach databases or load extensions.
-:func:`run_user_sql` runs only the statement types the mode allows and refuses functions that
-escape the sandbox (the sqlite/postgres scanners, SQL-from-text functions).
+:func:`run_user_sql` runs only what :mod:`warehouse.usersql`'s allow-list admits (SELECT on the
+lake's tables with core functions; data changes with ``write``; schema changes with ``schema``),
+each query on a fresh cursor with a time limit.
 """
 
 from __future__ import annotations
 
 from warehouse.config import WarehouseConfig
-from warehouse.connection import (
-    NoWarehouseError,
+from warehouse.connection import NoWarehouseError
+from warehouse.store import Warehouse
+from warehouse.usersql import (
+    SqlInterruptedError,
     SqlRefusedError,
+    SqlTimeoutError,
     check_user_sql,
     run_user_sql,
 )
-from warehouse.store import Warehouse
 
 __all__ = [
     "NoWarehouseError",
+    "SqlInterruptedError",
     "SqlRefusedError",
+    "SqlTimeoutError",
     "check_user_sql",
     "open_sandboxed",
     "run_user_sql",

@@ -46,8 +46,8 @@ def test_rows_are_capped(ro):
         ("SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')", "outside the warehouse"),
         ("COPY (SELECT 1) TO '{base}/out.csv'", "COPY statement"),
         ("ATTACH '{base}/other.db' AS other", "ATTACH statement"),
-        ("INSTALL httpfs", "read-only"),
-        ("LOAD httpfs", "read-only"),
+        ("INSTALL httpfs", "refusing to run a INSTALL statement"),
+        ("LOAD httpfs", "refusing to run a LOAD statement"),
         ("SET enable_external_access = true", "SET statement"),
         (
             "INSERT INTO trajectories (traj_id, run_id, task_id, policy, status) "
@@ -57,6 +57,11 @@ def test_rows_are_capped(ro):
         ("DELETE FROM trajectories", "DELETE statement"),
         ("CREATE TABLE z AS SELECT 1", "CREATE statement"),
         ("SELECT * FROM sqlite_scan('{base}/x.sqlite', 't')", "refusing to call sqlite_scan"),
+        ("/* é */ SELECT * FROM sqlite_scan('{base}/x.sqlite', 't')", "call sqlite_scan"),
+        ("EXPLAIN ANALYSE COPY (SELECT 'x') TO '{base}/out.csv'", "EXPLAIN ANALYZE"),
+        ("EXPLAIN ANALYZE CREATE TEMP VIEW tasks AS SELECT 1", "EXPLAIN ANALYZE"),
+        ("SELECT path FROM duckdb_databases()", "refusing to call duckdb_databases"),
+        ("PRAGMA database_list", "pragma_database_list"),
         ("SELECT * FROM query('SELECT 1')", "refusing to call query"),
     ],
 )
@@ -73,8 +78,10 @@ def test_escapes_are_refused(ro, sql, why):
 
 def test_bad_sql_is_a_clear_error(ro):
     _, wh, _ = ro
-    with pytest.raises(ReadOnlyQueryError, match=r"the query failed: Catalog Error.*nope"):
+    with pytest.raises(ReadOnlyQueryError, match=r"no warehouse table named 'nope'.*trajectories"):
         run_readonly(wh, "SELECT * FROM nope")
+    with pytest.raises(ReadOnlyQueryError, match=r"the query failed: Binder Error.*nope"):
+        run_readonly(wh, "SELECT nope FROM trajectories")
     with pytest.raises(ReadOnlyQueryError, match="the query failed: Parser Error"):
         run_readonly(wh, "SELEC 1")
 
