@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+import threading
 import traceback
 from enum import StrEnum
 from pathlib import Path
@@ -124,6 +125,14 @@ def sql(
     # read-only opens create, migrate and write nothing.
     with open_sandboxed(WarehouseConfig.from_env(), write=write) as wh:
         before = _latest_snapshot(wh) if write else None
+        notice = threading.Timer(
+            2.0,
+            lambda: sys.stderr.write(
+                f"still running after 2 s (Ctrl-C stops it; so does --timeout, now {timeout:g} s)\n"
+            ),
+        )
+        notice.daemon = True
+        notice.start()
         try:
             frame, n_statements = run_user_sql(
                 wh.con, query, write=write, schema=schema, timeout_s=timeout
@@ -131,6 +140,8 @@ def sql(
         except SqlInterruptedError as exc:
             sys.stderr.write(f"{exc}\n")
             raise typer.Exit(130) from None
+        finally:
+            notice.cancel()
         if frame is not None:
             print_frame(frame, fmt)
         elif fmt is Format.table:
