@@ -68,7 +68,12 @@ def features(kind: str) -> Any:
 
 
 def final_path(out_dir: Path, name: str, dataset_id: str) -> Path:
-    return out_dir / f"{name}-{dataset_id}"
+    """``out_dir/<name>-<dataset_id>``; a name that would leave ``out_dir`` (``..``, ``/``, an
+    absolute path) is refused, so a rebuild never replaces a folder outside it."""
+    final = out_dir / f"{name}-{dataset_id}"
+    if final.parent != out_dir or Path(name).name != name or name.startswith("."):
+        raise ValueError(f"dataset name {name!r} would write outside {out_dir}: use a plain name")
+    return final
 
 
 def export(

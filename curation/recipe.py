@@ -164,7 +164,12 @@ class Gates(_Frozen):
 class Recipe(_Frozen):
     """A curation recipe (see the module docstring and curation/recipes/*.yaml)."""
 
-    name: str = Field(min_length=1, description="Dataset name.")
+    name: str = Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Dataset name: letters, digits, '.', '_' and '-' (it names the export folder).",
+    )
     description: str = ""
     sources: Sources = Sources()
     filters: tuple[FilterSpec, ...] = ()
@@ -200,6 +205,7 @@ def load_recipe(path: Path) -> Recipe:
 
 def parse_recipe(text: str, source: str) -> Recipe:
     """Validate recipe YAML ``text``; ``source`` names it in errors (usually the file path)."""
+    _refuse_aliases(text, source)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -223,6 +229,24 @@ def parse_recipe(text: str, source: str) -> Recipe:
     recipe._source = source
     recipe._lines = lines
     return recipe
+
+
+def _refuse_aliases(text: str, source: str) -> None:
+    """Refuse YAML anchors and aliases before anything is built: a 600-byte "billion laughs"
+    recipe (nested aliases) would otherwise expand to gigabytes. Recipes need neither. The
+    event stream is read lazily, so this costs one pass over the text."""
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            alias = isinstance(event, yaml.AliasEvent)
+            if alias or getattr(event, "anchor", None) is not None:
+                line = event.start_mark.line + 1
+                what = "an alias (*)" if alias else "an anchor (&)"
+                raise RecipeError(
+                    f"{source}:{line}: {what}: recipes may not use YAML anchors or aliases "
+                    "(write the values out)"
+                )
+    except yaml.YAMLError as exc:
+        raise RecipeError(_yaml_error(exc, text, source)) from None
 
 
 def _check_filters(items: Any, fail) -> None:
