@@ -8,14 +8,15 @@ The app reads the warehouse of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (and
 from __future__ import annotations
 
 import os
+import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from flows.children import run_child
 from flows.cli_common import UserError, console
 from warehouse import WarehouseConfig
 
@@ -84,8 +85,5 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"port {port} on {address} is in use: choose another with --port")
         shown = WarehouseConfig.from_env(home=env.get("WEBLOOP_HOME")).describe()  # no password
         console.print(f"webloop dashboard on http://{address}:{port} (warehouse: {shown})")
-        try:
-            code = subprocess.call(argv, env=env)
-        except KeyboardInterrupt:
-            code = 0
-        raise typer.Exit(code)
+        code = run_child(argv, env=env)  # stops Streamlit on Ctrl-C, SIGTERM, SIGHUP, SIGKILL
+        raise typer.Exit(0 if code == 128 + signal.SIGINT else code)

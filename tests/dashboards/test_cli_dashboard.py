@@ -40,7 +40,7 @@ def app() -> typer.Typer:
 def test_runs_streamlit_with_the_options(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(
-        cli_dashboard.subprocess, "call", lambda argv, env: calls.append((argv, env)) or 0
+        cli_dashboard, "run_child", lambda argv, env: calls.append((argv, env)) or 0
     )
     monkeypatch.setattr(cli_dashboard, "port_free", lambda port, address: True)
     res = CliRunner().invoke(app(), ["dashboard", "--port", "8600", "--home", str(tmp_path)])
@@ -53,7 +53,7 @@ def test_runs_streamlit_with_the_options(monkeypatch, tmp_path):
 
 def test_a_busy_port_is_refused(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli_dashboard.subprocess, "call", lambda argv, env: calls.append(argv))
+    monkeypatch.setattr(cli_dashboard, "run_child", lambda argv, env: calls.append(argv))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
