@@ -79,15 +79,14 @@ def _bucket(n_tokens: int) -> int:
 def encode_uncached(texts: Sequence[str], max_tokens: int = 128) -> np.ndarray:
     """Run texts through the encoder (no cache) → ``[n, 384]`` float32, rows L2-normalised.
 
-    A text's vector is a function of the text alone, not of the texts encoded beside it: each
-    text is padded to a length fixed by its own token count (the next of 8, 16, 24, 32, 48, 64,
-    96, 128) and batched only with texts of that length. Batches padded to their longest text
-    made a vector depend on its neighbours in the last bits (the padded length changes the
-    kernels' summation order; measured up to 1.3e-7), so which texts happened to be uncached
-    changed the encodings, and the same data and seed trained another checkpoint. At one padded
-    length, a row came out bit-identical for any batch size, position and 1 or 2 threads here,
-    except in tiny matrices (a few rows of a few tokens), whose last rows can take another
-    kernel path: a pass of fewer than 64 tokens is filled up with copies of its rows.
+    Each text is padded to a length fixed by its own token count (the next of 8, 16, 24, 32, 48,
+    64, 96, 128) and batched only with texts of that length; a pass of fewer than 64 tokens is
+    filled up with copies of its rows. That keeps a vector's dependence on its neighbours to the
+    last bits (padding every batch to its longest text moved vectors by up to 1.3e-7 and cost
+    throughput), but it does not remove it: which kernel path a row takes depends on the batch
+    shape, the thread count and the CPU (on one Xeon the bits held for any batch; on another
+    they differ by ~1e-7). Code that needs the same bits from the same inputs (the trainer)
+    encodes its own texts in one canonical call: :meth:`TextEncoder.encode_fresh`.
     Throughput on the ranker's texts, against length-sorted batches padded to their longest
     text: 170 vs 138 texts/s in bulk (SFT's first epoch), 102 vs 79 texts/s in the ~14 new
     texts of one prompt (a rollout step)."""
@@ -167,6 +166,25 @@ class TextEncoder:
         if not keys:
             return np.zeros((0, DIM), np.float32)
         return np.stack([found[k] for k in keys])
+
+    def encode_fresh(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts`` computed now, in one :func:`encode_uncached` call of their
+        distinct texts in first-seen order, whatever the cache holds (the results are cached for
+        :meth:`encode`). So the bits are a function of ``texts`` alone: a cached vector was
+        computed beside other texts and can differ in its last bits, and a trainer that read
+        it would train another checkpoint from the same rows and seed."""
+        if isinstance(texts, str):
+            raise TypeError("TextEncoder.encode_fresh takes a sequence of texts, not one string")
+        distinct = list(dict.fromkeys(texts))
+        vectors = encode_uncached(distinct, self.max_tokens)
+        by_text = dict(zip(distinct, vectors, strict=True))
+        with self._lock:
+            self.misses += len(distinct)
+            for text, vec in by_text.items():
+                self._store(text_key(text), vec)
+        if not distinct:
+            return np.zeros((0, DIM), np.float32)
+        return np.stack([by_text[t] for t in texts])
 
     def _lookup(self, key: str) -> np.ndarray | None:
         vec = self._mem.get(key)

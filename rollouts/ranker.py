@@ -790,7 +790,12 @@ def encode_input(
     call, cached by text)."""
     enc = encoder or default_encoder()
     cands = candidates(inp) if cands is None else cands
-    vec = enc.encode(encoder_texts(inp, cands))
+    return encoded(cands, enc.encode(encoder_texts(inp, cands)))
+
+
+def encoded(cands: list[Candidate], vec: np.ndarray) -> Encoded:
+    """A prompt's :class:`Encoded` from its candidates and the vectors of its
+    :func:`encoder_texts` (in that order)."""
     n = len(cands)
     value = vec[3 + n :].copy()
     value[[i for i, c in enumerate(cands) if not c.value]] = 0.0

@@ -22,7 +22,7 @@ from rollouts.ranker import (
     RankerModel,
     batch_tensors,
     candidates,
-    encode_input,
+    encoded,
     encoder_texts,
     parse_prompt,
     prompt_key,
@@ -118,30 +118,36 @@ class RankerTrainable:
     def prepared(self, prompt: str) -> Encoded:
         """Candidates and embeddings of a rendered prompt (cached by the prompt's sha256)."""
         key = prompt_key(prompt)
-        enc = self._prepared.get(key)
-        if enc is None:
-            try:
-                enc = encode_input(parse_prompt(prompt), self.encoder)
-            except NotAWebloopPrompt as exc:
-                raise DataMismatch(f"not a webloop prompt ({exc})") from exc
-            if len(self._prepared) >= self.max_cache:
-                self._prepared.pop(next(iter(self._prepared)))
-            self._prepared[key] = enc
-        return enc
+        if key not in self._prepared:
+            self._prepare({key: prompt})
+        return self._prepared[key]
 
     def prepare(self, turns: Sequence[Turn], batch: int = 64) -> None:
         """Fill the cache for ``turns``: the texts of ``batch`` distinct prompts go to the
-        encoder in one call (3x the texts/s of prompt by prompt: fewer, fuller passes)."""
+        encoder in one call (3x the texts/s of prompt by prompt: fewer, fuller passes).
+
+        The vectors are computed here (:meth:`TextEncoder.encode_fresh`), never read from the
+        encoder's cache: a cached vector was computed beside other texts and may differ in its
+        last bits, so the same rows and seed would train another checkpoint depending on what
+        the process had encoded before."""
         todo = {prompt_key(t.prompt): t.prompt for t in turns}
-        todo = {k: p for k, p in todo.items() if k not in self._prepared}
-        items = list(todo.items())
+        items = [(k, p) for k, p in todo.items() if k not in self._prepared]
         for i in range(0, len(items), batch):
-            chunk = [(k, parse_prompt(p)) for k, p in items[i : i + batch]]
-            listed = [(k, inp, candidates(inp)) for k, inp in chunk]
-            texts = [t for _, inp, cands in listed for t in encoder_texts(inp, cands)]
-            self.encoder.encode(texts)  # encode_input below then hits the cache
-            for k, inp, cands in listed:
-                self._prepared[k] = encode_input(inp, self.encoder, cands)
+            self._prepare(dict(items[i : i + batch]))
+
+    def _prepare(self, prompts: dict[str, str]) -> None:
+        try:
+            listed = [(k, candidates(inp), inp) for k, inp in _parsed(prompts)]
+        except NotAWebloopPrompt as exc:
+            raise DataMismatch(f"not a webloop prompt ({exc})") from exc
+        texts = [encoder_texts(inp, cands) for _, cands, inp in listed]
+        vectors = self.encoder.encode_fresh([t for group in texts for t in group])
+        start = 0
+        for (k, cands, _), group in zip(listed, texts, strict=True):
+            if len(self._prepared) >= self.max_cache:
+                self._prepared.pop(next(iter(self._prepared)))
+            self._prepared[k] = encoded(cands, vectors[start : start + len(group)])
+            start += len(group)
 
     def target(self, turn: Turn) -> int | None:
         """The index of the turn's reply among its prompt's candidates (None: not a candidate)."""
@@ -158,3 +164,9 @@ class RankerTrainable:
         with torch.no_grad():
             scores = self.module(*batch_tensors([enc]))
         return int(scores.argmax()), self.target(turn)
+
+
+def _parsed(prompts: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    """``(key, parsed prompt)`` of each prompt."""
+    for key, prompt in prompts.items():
+        yield key, parse_prompt(prompt)

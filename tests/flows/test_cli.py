@@ -44,7 +44,7 @@ def test_sql_formats(home: Path):
 def test_sql_refuses_writes_without_the_flag(home: Path):
     proc = webloop(home, "sql", "DELETE FROM steps", ok=False)
     assert proc.returncode == 2
-    assert "refusing to run a DELETE statement without --write" in proc.stderr
+    assert "refusing to run a DELETE statement: this SQL is read-only (pass --write)" in proc.stderr
     proc = webloop(home, "sql", "SELECT 1; DROP TABLE steps", ok=False)
     assert proc.returncode == 2 and "DROP" in proc.stderr
     n = json.loads(

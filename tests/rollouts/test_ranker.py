@@ -75,6 +75,9 @@ class HashEncoder(TextEncoder):
             out.append(v / np.linalg.norm(v))
         return np.stack(out) if out else np.zeros((0, DIM), np.float32)
 
+    def encode_fresh(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encode(texts)
+
 
 def messages(history: list[str] | None = None, tree: str = TREE, error: str | None = None):
     turns = [Turn("u", "t", a11y="x", action_text=a, error=error) for a in history or []]
@@ -334,13 +337,15 @@ def test_encoder_caches_in_memory_lru_and_on_disk(tmp_path) -> None:
         warm.encode("Accept all")
 
 
-def test_a_texts_vector_is_the_same_whatever_was_encoded_beside_it() -> None:
-    """The same text gives the same bits alone, in a batch of others (shorter, longer, the same
-    token count), at any position and under 1 or 2 threads: what was cached before cannot
-    change what training sees (the same data and seed give the same checkpoint)."""
+def test_a_texts_vector_barely_depends_on_what_was_encoded_beside_it() -> None:
+    """The same text alone, in a batch of others (shorter, longer, the same token count), at any
+    position and under 1 or 2 threads: the vectors agree to float32 noise (kernel paths depend
+    on the batch shape, the thread count and the CPU, so not always to the bit), and
+    :meth:`TextEncoder.encode_fresh` gives the bits of one canonical call whatever was cached
+    (what the trainer reads: the same rows and seed give the same checkpoint)."""
     import torch
 
-    from rollouts.encoder import encode_uncached
+    from rollouts.encoder import TextEncoder, encode_uncached
 
     rng = random.Random(7)
     words = ["add", "the", "blue", "kettle", "to", "cart", "search", "flights", "Ripeel", "Mia"]
@@ -355,9 +360,14 @@ def test_a_texts_vector_is_the_same_whatever_was_encoded_beside_it() -> None:
             rng.shuffle(mixed)
             vecs = encode_uncached(mixed)
             for t in probes:
-                assert np.array_equal(vecs[mixed.index(t)], alone[t]), (n, t)
+                np.testing.assert_allclose(vecs[mixed.index(t)], alone[t], rtol=0, atol=2e-6)
     finally:
         torch.set_num_threads(threads)
+    cold, warm = TextEncoder(), TextEncoder()
+    warm.encode(texts)  # vectors computed beside 300 other texts
+    fresh = warm.encode_fresh(probes)
+    assert np.array_equal(fresh, cold.encode_fresh(probes))
+    assert np.array_equal(warm.encode(probes), fresh)  # and cached for encode()
     # and the vectors are MiniLM's: a text is nearer to itself reworded than to another text
     a, b, c = encode_uncached(
         [

@@ -366,10 +366,13 @@ def test_cli_sql_stops_at_ctrl_c(lake):
         SLOW,
         background=True,
     )
-    notice = proc.stderr.readline()  # printed once the query has run for 2 s
-    assert b"still running after 2 s (Ctrl-C stops it" in notice, notice
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        notice = proc.stderr.readline()  # printed once the query has run for 2 s
+        assert b"still running after 2 s (Ctrl-C stops it" in notice, notice
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a query that was not stopped would run for hours
     assert time.monotonic() - sent < 10
     assert proc.returncode == 130 and err.strip() == b"interrupted: the query was stopped", err
