@@ -27,7 +27,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +37,7 @@ from warehouse.connection import WarehouseError
 from warehouse.ids import make_id, traj_id_for
 from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
 from warehouse.store import Warehouse
-from warehouse.tasks import put_tasks
+from warehouse.tasks import latest_tasks, put_tasks
 
 SUITE = "om2w"
 LABEL_NAMES = {0: "failure", 1: "success", 2: "not_executable"}
@@ -47,28 +47,63 @@ _BATCH = 50
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 
 
+MAX_TASK_ID_CHARS = 1000
+MAX_SAMPLE_IDX = 2**31 - 1
+
+
+def display_name(name: str) -> str:
+    """A file or folder name as reports show it: as it is when it is printable UTF-8, else the
+    ``repr`` of its bytes (``b'bad\\xff'``, ``b'a\\nb'``), so that no name fails to print or
+    writes control characters to a terminal."""
+    if name.isprintable() and _is_utf8(name):
+        return name
+    return repr(os.fsencode(name))
+
+
+def _is_utf8(text: str) -> bool:
+    """True when ``text`` can be stored as UTF-8 (no lone surrogates from bytes or JSON)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class Screenshot:
     """One file of a folder's ``trajectory/``: the file to read, or why it is not read."""
 
-    name: str
+    name: str  # as reports show it (display_name)
     path: Path | None  # resolved, inside the task folder; None when rejected
     problem: str | None = None
 
 
 @dataclass
-class ParsedFolder:
-    """One valid Online-Mind2Web task folder."""
+class ResultFields:
+    """What a ``result.json`` says, checked by :func:`read_result`: every string can be stored,
+    the task id is printable, the sample index is in range."""
 
-    folder: Path
     task_id: str
     task: str
     answer: str | None
     actions: list[str]
     thoughts: list[str]
-    screenshots: list[Screenshot]  # in step order; a rejected one keeps its step, unread
     website: str | None
     sample_idx: int
+
+
+@dataclass
+class ParsedFolder(ResultFields):
+    """One valid Online-Mind2Web task folder: its ``result.json`` and its screenshots."""
+
+    folder: Path = Path()
+    screenshots: list[Screenshot] = field(default_factory=list)  # in step order; a rejected
+    # one keeps its step, unread
+
+    @property
+    def name(self) -> str:
+        """The folder's name as reports show it."""
+        return display_name(self.folder.name)
 
 
 @dataclass
@@ -77,7 +112,9 @@ class ImportReport:
 
     run_id: str
     imported: list[str] = field(default_factory=list)  # trajectory ids
-    malformed: list[tuple[str, str]] = field(default_factory=list)  # (folder, reason)
+    # Folders not imported: (folder as display_name shows it, reason). A folder whose task id
+    # and sample index another folder (earlier by name) already has is one of them.
+    malformed: list[tuple[str, str]] = field(default_factory=list)
     # Screenshots not stored (their step keeps no screenshot): (folder, file, reason).
     rejected: list[tuple[str, str, str]] = field(default_factory=list)
     labels_written: int = 0
@@ -95,16 +132,50 @@ class MalformedFolder(ValueError):
     """A task folder that cannot be imported; the message says why."""
 
 
+# -- reading one folder: every check of a folder's files and values is here ---------------------
+
+
 def parse_folder(folder: Path, root: Path | None = None) -> ParsedFolder:
     """Validate and read one task folder, or raise :class:`MalformedFolder` with the reason.
 
     Nothing outside the task folder is read: ``result.json``, ``trajectory/`` or a screenshot
     that is a symbolic link leaving the folder (or, with ``root``, a task folder that is a link
-    leaving ``root``) is refused. Links that stay inside the folder are followed.
+    leaving ``root``) is refused. Links that stay inside the folder are followed. A folder name
+    that is not UTF-8, or a file that cannot be read (permissions, a link loop), is a reason too:
+    this raises nothing else.
     """
+    try:
+        return _parse_folder(folder, root)
+    except OSError as exc:
+        raise MalformedFolder(f"cannot read the folder ({exc.strerror or exc})") from None
+    except RuntimeError as exc:  # Path.resolve() on a link loop (Python 3.11), deep recursion
+        raise MalformedFolder(f"cannot read the folder ({exc})") from None
+
+
+def _parse_folder(folder: Path, root: Path | None) -> ParsedFolder:
+    if not _is_utf8(folder.name):
+        raise MalformedFolder("the folder name is not valid UTF-8")
     base = folder.resolve()
     if root is not None and root.resolve() not in base.parents:
         raise MalformedFolder("the task folder is a link that leaves the import folder")
+    fields = read_result(_load_result(folder, base))
+    shots_dir = folder / "trajectory"
+    if not shots_dir.is_dir():
+        raise MalformedFolder("no trajectory/ folder of screenshots")
+    real_dir = shots_dir.resolve()
+    if real_dir != base and base not in real_dir.parents:
+        raise MalformedFolder("trajectory/ is a link that leaves the task folder")
+    files = [p for p in shots_dir.iterdir() if p.suffix.lower() in _IMAGE_EXT]
+    unnumbered = [display_name(p.name) for p in files if not re.search(r"\d+", p.name)]
+    if unnumbered:
+        raise MalformedFolder(f"screenshot names without a step number: {unnumbered[:3]}")
+    files.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
+    shots = [_screenshot(base, p) for p in files]
+    return ParsedFolder(**vars(fields), folder=folder, screenshots=shots)
+
+
+def _load_result(folder: Path, base: Path) -> Any:
+    """The parsed ``result.json`` of ``folder`` (resolved: ``base``), never read from outside."""
     result_path = folder / "result.json"
     if not result_path.exists() and not result_path.is_symlink():
         raise MalformedFolder("no result.json")
@@ -116,40 +187,61 @@ def parse_folder(folder: Path, root: Path | None = None) -> ParsedFolder:
     if resolved.stat().st_size > MAX_RESULT_BYTES:
         raise MalformedFolder(f"result.json is larger than {MAX_RESULT_BYTES // 2**20} MiB")
     try:
-        result = json.loads(resolved.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        return json.loads(resolved.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, >4300 digits
         raise MalformedFolder(f"result.json is not valid JSON ({exc})") from None
     except OSError as exc:
         raise MalformedFolder(f"cannot read result.json ({exc.strerror})") from None
+
+
+def read_result(result: Any) -> ResultFields:
+    """Check a parsed ``result.json`` and take what is imported from it, or raise
+    :class:`MalformedFolder` naming the key: the one place where its values are validated.
+
+    ``task_id`` and ``task`` are non-empty strings, the id printable (no NUL, no control
+    character) and at most :data:`MAX_TASK_ID_CHARS` long; ``webloop.sample_idx`` is an integer
+    from 0 to :data:`MAX_SAMPLE_IDX`; every string kept is valid Unicode (a JSON ``\\ud800``
+    escape is not), whatever its nesting.
+    """
     if not isinstance(result, dict):
         raise MalformedFolder("result.json is not a JSON object")
-    task_id = _require_str(result, "task_id")
-    task = _require_str(result, "task")
     answer = result.get("final_result_response")
     if answer is not None and not isinstance(answer, str):
-        answer = json.dumps(answer, ensure_ascii=False)
-    actions = _str_list(result, "action_history")
-    thoughts = _str_list(result, "thoughts")
-    shots_dir = folder / "trajectory"
-    if not shots_dir.is_dir():
-        raise MalformedFolder("no trajectory/ folder of screenshots")
-    real_dir = shots_dir.resolve()
-    if real_dir != base and base not in real_dir.parents:
-        raise MalformedFolder("trajectory/ is a link that leaves the task folder")
-    files = [p for p in shots_dir.iterdir() if p.suffix.lower() in _IMAGE_EXT]
-    unnumbered = [p.name for p in files if not re.search(r"\d+", p.name)]
-    if unnumbered:
-        raise MalformedFolder(f"screenshot names without a step number: {unnumbered[:3]}")
-    files.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
-    meta = result.get("webloop") if isinstance(result.get("webloop"), dict) else {}
-    sample_idx = meta.get("sample_idx", 0)
-    if isinstance(sample_idx, bool) or not isinstance(sample_idx, int) or sample_idx < 0:
-        raise MalformedFolder("result.json: 'webloop.sample_idx' must be a non-negative integer")
-    website = _web_url(result.get("website"))
-    shots = [_screenshot(base, p) for p in files]
-    return ParsedFolder(
-        folder, task_id, task, answer, actions, thoughts, shots, website, sample_idx
+        answer = _dumps(answer, "final_result_response")
+    website = result.get("website")
+    if isinstance(website, str):
+        _storable(website, "website")
+    return ResultFields(
+        task_id=_task_id(result),
+        task=_storable(_require_str(result, "task"), "task"),
+        answer=None if answer is None else _storable(answer, "final_result_response"),
+        actions=_str_list(result, "action_history"),
+        thoughts=_str_list(result, "thoughts"),
+        website=_web_url(website),
+        sample_idx=_sample_idx(result),
     )
+
+
+def _task_id(result: dict[str, Any]) -> str:
+    value = _require_str(result, "task_id")
+    if len(value) > MAX_TASK_ID_CHARS:
+        raise MalformedFolder(
+            f"result.json: 'task_id' is longer than {MAX_TASK_ID_CHARS} characters"
+        )
+    bad = next((c for c in value if not c.isprintable()), None)
+    if bad is not None:
+        raise MalformedFolder(f"result.json: 'task_id' holds {bad!a}, not a printable character")
+    return value
+
+
+def _sample_idx(result: dict[str, Any]) -> int:
+    meta = result.get("webloop")
+    value = meta.get("sample_idx", 0) if isinstance(meta, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAMPLE_IDX:
+        raise MalformedFolder(
+            f"result.json: 'webloop.sample_idx' must be an integer from 0 to {MAX_SAMPLE_IDX}"
+        )
+    return value
 
 
 def _web_url(value: Any) -> str | None:
@@ -166,16 +258,17 @@ def _web_url(value: Any) -> str | None:
 
 def _screenshot(base: Path, path: Path) -> Screenshot:
     """Where to read a screenshot from, or why not: never outside the task folder ``base``."""
+    name = display_name(path.name)
     real = path.resolve()
     if base not in real.parents:
-        return Screenshot(path.name, None, "a link that leaves the task folder")
+        return Screenshot(name, None, "a link that leaves the task folder")
     if not real.exists():
-        return Screenshot(path.name, None, "a broken link")
+        return Screenshot(name, None, "a broken link")
     if not real.is_file():
-        return Screenshot(path.name, None, "not a regular file")
+        return Screenshot(name, None, "not a regular file")
     if real.stat().st_size > images.MAX_BYTES:
-        return Screenshot(path.name, None, f"larger than {images.MAX_BYTES // 2**20} MiB")
-    return Screenshot(path.name, real)
+        return Screenshot(name, None, f"larger than {images.MAX_BYTES // 2**20} MiB")
+    return Screenshot(name, real)
 
 
 def _require_str(result: dict[str, Any], key: str) -> str:
@@ -185,13 +278,32 @@ def _require_str(result: dict[str, Any], key: str) -> str:
     return value
 
 
+def _storable(value: str, key: str) -> str:
+    """``value`` if it can be stored (UTF-8), else the folder is malformed at ``key``."""
+    if not _is_utf8(value):
+        raise MalformedFolder(f"result.json: '{key}' holds text that is not valid Unicode")
+    return value
+
+
+def _dumps(value: Any, key: str) -> str:
+    """A non-string JSON value as JSON text (for a text column)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        raise MalformedFolder(f"result.json: '{key}' is nested too deeply") from None
+
+
 def _str_list(result: dict[str, Any], key: str) -> list[str]:
     value = result.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
         raise MalformedFolder(f"result.json: '{key}' must be a list of strings")
-    return ["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in value]
+    items = ["" if v is None else v if isinstance(v, str) else _dumps(v, key) for v in value]
+    return [_storable(v, f"{key}[{i}]") for i, v in enumerate(items)]
+
+
+# -- importing a folder set -------------------------------------------------------------------
 
 
 def import_om2w(
@@ -203,42 +315,106 @@ def import_om2w(
     agent: str | None = None,
     reviewer: str = "om2w-human",
 ) -> ImportReport:
-    """Import every task folder under ``root`` (and optional human labels) into ``wh``."""
+    """Import every task folder under ``root`` (and optional human labels) into ``wh``.
+
+    A folder that cannot be imported is reported with its reason (:class:`ImportReport`) and the
+    rest imports; so is a second folder with the task id and sample index of an earlier one (by
+    name), or with the id of an earlier one but another task text or website. The run ends
+    ``completed``, or ``failed`` with the error when the import stops (the error is raised). The
+    import is idempotent: running it again, also after a crash half-way, stores each row once,
+    and a task already stored with the folder's task text keeps its version.
+    """
     root = Path(root)
-    if not root.is_dir():
-        raise WarehouseError(f"{root}: not a folder of Online-Mind2Web task folders")
+    folders = _task_folders(root)
     label_map = read_labels(labels, agent) if labels else {}
+    shown = display_name(root.resolve().name)
     run = Run(
-        run_id=run_name or make_id("om2w-import", root.resolve().name, agent),
+        run_id=run_name or make_id("om2w-import", shown, agent),
         kind="import",
-        name=run_name or f"om2w import of {root.name}",
-        config={"source": "online-mind2web", "folder": root.name, "agent": agent},
+        name=run_name or f"om2w import of {display_name(root.name)}",
+        config={"source": "online-mind2web", "folder": display_name(root.name), "agent": agent},
         status="running",
     )
     wh.write([run])
     rep = ImportReport(run_id=run.run_id)
-    parsed = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        try:
-            parsed.append(parse_folder(folder, root))
-        except MalformedFolder as exc:
-            rep.malformed.append((folder.name, str(exc)))
-    for start in range(0, len(parsed), _BATCH):
-        _import_batch(wh, run, parsed[start : start + _BATCH], rep)
-    if labels:
-        _write_labels(wh, run.run_id, parsed, label_map, reviewer, Path(labels).name, rep)
-    wh.write([_finish(run)])
+    try:
+        parsed = _parse_all(folders, root, rep)
+        for start in range(0, len(parsed), _BATCH):
+            _import_batch(wh, run, parsed[start : start + _BATCH], rep)
+        if labels:
+            source = display_name(Path(labels).name)
+            _write_labels(wh, run.run_id, parsed, label_map, reviewer, source, rep)
+    except BaseException as exc:
+        _end_run(wh, run, f"{type(exc).__name__}: {exc}")
+        raise
+    _end_run(wh, run, None)
     return rep
 
 
-def _finish(run: Run) -> Run:
-    from dataclasses import replace
+def _task_folders(root: Path) -> list[Path]:
+    """The folders directly under ``root``, in name order; a clear error if it cannot be listed."""
+    if not root.is_dir():
+        raise WarehouseError(f"{root}: not a folder of Online-Mind2Web task folders")
+    try:
+        return sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError as exc:
+        raise WarehouseError(f"{root}: cannot list its task folders ({exc.strerror})") from None
 
-    return replace(run, status="completed", ended_at=utcnow())
+
+def _parse_all(folders: list[Path], root: Path, rep: ImportReport) -> list[ParsedFolder]:
+    """The importable folders; each other one goes to ``rep.malformed`` with its reason."""
+    parsed: list[ParsedFolder] = []
+    by_sample: dict[tuple[str, int], ParsedFolder] = {}
+    by_task: dict[str, ParsedFolder] = {}
+    for folder in folders:
+        try:
+            p = parse_folder(folder, root)
+            _check_unique(p, by_sample, by_task)
+        except MalformedFolder as exc:
+            rep.malformed.append((display_name(folder.name), str(exc)))
+            continue
+        by_sample[(p.task_id, p.sample_idx)] = p
+        by_task.setdefault(p.task_id, p)
+        parsed.append(p)
+    return parsed
+
+
+def _check_unique(
+    p: ParsedFolder,
+    by_sample: dict[tuple[str, int], ParsedFolder],
+    by_task: dict[str, ParsedFolder],
+) -> None:
+    """Refuse a folder that an earlier one already imports: the same trajectory (task id and
+    sample index), or the same task id with another task (which would make task versions flip
+    back and forth on every import)."""
+    first = by_sample.get((p.task_id, p.sample_idx))
+    if first is not None:
+        raise MalformedFolder(
+            f"task id {p.task_id!r} (sample {p.sample_idx}) is already imported "
+            f"from the folder {first.name}"
+        )
+    first = by_task.get(p.task_id)
+    if first is not None and (first.task, first.website) != (p.task, p.website):
+        raise MalformedFolder(
+            f"task id {p.task_id!r} has another task text or website in the folder {first.name}"
+        )
+
+
+def _end_run(wh: Warehouse, run: Run, error: str | None) -> None:
+    """Mark the run completed, or failed with ``error`` (then a failure to record it is not
+    raised: the import's own error is)."""
+    status = "completed" if error is None else "failed"
+    if error is not None:
+        error = error.encode("utf-8", "backslashreplace").decode("utf-8")[:500]
+    try:
+        wh.write([replace(run, status=status, error=error, ended_at=utcnow())])
+    except Exception:
+        if error is None:
+            raise
 
 
 def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: ImportReport) -> None:
-    tasks, trajs, steps, blobs = [], [], [], {}
+    steps, trajs, blobs = [], [], {}
     for p in batch:
         shot_hashes: list[str | None] = []
         for shot in p.screenshots:
@@ -251,22 +427,12 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
                 else:
                     problem = images.validate_image(data)
             if problem is not None:  # the step stays, without a screenshot
-                rep.rejected.append((p.folder.name, shot.name, problem))
+                rep.rejected.append((p.name, shot.name, problem))
                 shot_hashes.append(None)
                 continue
             put = wh.blobs.put(data)
             shot_hashes.append(put.hash)
             blobs[put.hash] = Blob(put.hash, put.size, images.media_type(data))
-        tasks.append(
-            Task(
-                task_id=p.task_id,
-                suite=SUITE,
-                site=p.website,
-                instruction=p.task,
-                start_url=p.website or "",
-                source="online-mind2web",
-            )
-        )
         tid = traj_id_for(run.run_id, p.task_id, p.sample_idx)
         n = max(len(shot_hashes), len(p.actions))
         for i in range(n):
@@ -283,13 +449,13 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
             )
         trajs.append((tid, p, n))
         rep.imported.append(tid)
-    stored = {t.task_id: t for t in put_tasks(wh, tasks).stored}
+    versions = _task_versions(wh, batch)
     traj_rows = [
         Trajectory(
             traj_id=tid,
             run_id=run.run_id,
             task_id=p.task_id,
-            task_version=stored[p.task_id].version,
+            task_version=versions[p.task_id],
             policy=run.config.get("agent") or "om2w-import",
             status=FINISHED,
             group_id=make_id("group", run.run_id, p.task_id),
@@ -301,6 +467,47 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
         for tid, p, n in trajs
     ]
     wh.write_trajectories(traj_rows, steps, extra=[(list(blobs.values()), Blob)])
+
+
+def _task_versions(wh: Warehouse, batch: list[ParsedFolder]) -> dict[str, int]:
+    """The task version each folder's trajectory refers to, storing tasks where needed.
+
+    A task already stored with the folder's task text (and its start URL, when the folder names
+    one) keeps its latest version: a ``result.json`` says less than a task file (no split, no
+    difficulty), so importing it, or importing it again, must not make a new version. An unknown
+    or changed task is stored by :func:`put_tasks` (a new version when it changed).
+    """
+    first: dict[str, ParsedFolder] = {}
+    for p in batch:
+        first.setdefault(p.task_id, p)
+    latest = latest_tasks(wh, "task_id IN (SELECT unnest($ids))", {"ids": sorted(first)})
+    known = {r["task_id"]: r for r in latest.iter_rows(named=True)}
+    versions: dict[str, int] = {}
+    to_store = []
+    for task_id, p in first.items():
+        row = known.get(task_id)
+        if (
+            row is not None
+            and row["instruction"] == p.task
+            and p.website in (None, row["start_url"])
+        ):
+            versions[task_id] = row["version"]
+        else:
+            to_store.append(_task(p))
+    for task in put_tasks(wh, to_store).stored:
+        versions[task.task_id] = task.version
+    return versions
+
+
+def _task(p: ParsedFolder) -> Task:
+    return Task(
+        task_id=p.task_id,
+        suite=SUITE,
+        site=p.website,
+        instruction=p.task,
+        start_url=p.website or "",
+        source="online-mind2web",
+    )
 
 
 def read_labels(path: str | Path, agent: str | None = None) -> dict[str, int]:
@@ -324,8 +531,8 @@ def _label_pairs(data: Any, agent: str | None, path: Path) -> Iterator[tuple[str
         yield from data.items()
     elif isinstance(data, list):
         for i, row in enumerate(data):
-            if not isinstance(row, dict) or "task_id" not in row:
-                raise WarehouseError(f"{path}: entry {i} is not an object with a task_id")
+            if not isinstance(row, dict) or not isinstance(row.get("task_id"), str):
+                raise WarehouseError(f"{path}: entry {i} is not an object with a task_id string")
             yield row["task_id"], _row_label(row, agent, path, i)
     else:
         raise WarehouseError(f"{path}: expected a JSON object or list of labels")
@@ -358,11 +565,11 @@ def _write_labels(
         by_task.setdefault(p.task_id, []).append(traj_id_for(run_id, p.task_id, p.sample_idx))
     rows = []
     for task_id, code in label_map.items():
-        if code not in LABEL_NAMES:
-            rep.label_problems.append(f"task {task_id}: label {code!r} is not 0, 1 or 2")
+        if isinstance(code, bool) or not isinstance(code, int) or code not in LABEL_NAMES:
+            rep.label_problems.append(f"task {task_id!r}: label {code!r} is not 0, 1 or 2")
             continue
         if task_id not in by_task:
-            rep.label_problems.append(f"task {task_id}: labelled but not among the imported")
+            rep.label_problems.append(f"task {task_id!r}: labelled but not among the imported")
             continue
         for tid in by_task[task_id]:
             rows.append(
