@@ -37,6 +37,7 @@ from curation.select import Selection, select
 from warehouse.blobs import BlobStore
 from warehouse.connection import LAKE
 from warehouse.ids import make_id
+from warehouse.outdir import check_out_dir
 from warehouse.records import Dataset, DatasetMember
 from warehouse.store import Warehouse
 from warehouse.versions import current_snapshot, latest_data_snapshot, pin
@@ -89,7 +90,7 @@ def build_dataset(
         f"{sel.trajectories.height} trajectories, {sel.steps.height} steps, "
         f"{sel.interventions.height} interventions",
     )
-    out_dir = Path(out_dir)
+    out_dir = check_out_dir(out_dir)  # never a filesystem root nor through a linked OUT
     spool = out_dir / f".spool-{did}-{uuid.uuid4().hex[:8]}"
     try:
         ex = render_examples(wh, sel, recipe, blobs, spool)

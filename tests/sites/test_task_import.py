@@ -204,7 +204,7 @@ def test_om2w_fork_keys_are_derived(tmp_path: Path):
     got = [(t.task_id, t.instruction, t.start_url, t.site, t.difficulty) for t in parsed.tasks]
     assert got == [
         ("a1", "Buy socks", "https://a.example/", "a.example", 7),
-        ("a2", "Sell socks", "https://www.booking.com", "www.booking.com", None),
+        ("a2", "Sell socks", "https://www.booking.com/", "www.booking.com", None),
         ("fork-3", "Rent a car", "https://cars.example/x", "cars.example", None),
     ]
     errors = dict(parsed.errors)

@@ -30,14 +30,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from warehouse import images
 from warehouse.connection import WarehouseError
 from warehouse.ids import make_id, traj_id_for
+from warehouse.outdir import check_out_dir
 from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
 from warehouse.store import Warehouse
 from warehouse.tasks import latest_tasks, put_tasks
+from warehouse.urls import UrlRefused, parse_web_url
 
 SUITE = "om2w"
 LABEL_NAMES = {0: "failure", 1: "success", 2: "not_executable"}
@@ -245,15 +246,16 @@ def _sample_idx(result: dict[str, Any]) -> int:
 
 
 def _web_url(value: Any) -> str | None:
-    """An http(s) URL with a host, else None: a task's start URL is opened by a browser, and a
-    ``file:`` or ``javascript:`` URL from a result.json must not be."""
+    """The start URL as the browser will visit it, or None when the policy of
+    :func:`warehouse.urls.parse_web_url` refuses it (not http(s), unparsable, a link-local,
+    metadata, loopback or private host: a result.json is a third party's) or it is no string.
+    The folder still imports, without a start URL: the trajectory does not need one."""
     if not isinstance(value, str):
         return None
     try:
-        parts = urlsplit(value.strip())
-    except ValueError:
+        return parse_web_url(value).href
+    except UrlRefused:
         return None
-    return value.strip() if parts.scheme in ("http", "https") and parts.hostname else None
 
 
 def _screenshot(base: Path, path: Path) -> Screenshot:
@@ -619,9 +621,10 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
     Folder names come from task ids (see :func:`folder_name`), are unique within the export
     (case-insensitively, for macOS and Windows file systems) and always land directly in
     ``out``: nothing is written outside it, and a symlink found inside it is refused, not
-    followed.
+    followed. ``out`` itself may not be a filesystem root nor a symlink
+    (:func:`warehouse.outdir.check_out_dir`): refused before anything is written.
     """
-    out = Path(out)
+    out = check_out_dir(out)
     trajs = wh.sql(
         "SELECT t.*, k.instruction FROM trajectories t LEFT JOIN tasks k "
         "ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1) "

@@ -14,6 +14,13 @@ What can be derived is derived (the site from the start URL's host, a missing id
 name and the row's line or entry number, ``"7"`` → 7); a row that still lacks something is
 reported with its line (or entry) number and the reason, and the rest imports. Storing goes
 through :func:`warehouse.tasks.put_tasks`, so a changed task becomes a new version.
+
+Start URLs go through :func:`warehouse.urls.parse_web_url`, the one URL policy: each is stored
+as the browser will visit it (WHATWG serialisation; ``http://a.com\\@b.com/`` is ``a.com``'s
+page ``/@b.com/``), its site is that parse's host, and a row whose URL is not http(s), does not
+parse, or points at a link-local, metadata, loopback or private host is refused with the reason.
+These files come from third parties: ``allow_private=True`` (for a file one wrote for a local
+site) admits loopback and private hosts, never link-local or metadata ones.
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from warehouse.connection import WarehouseError
 from warehouse.ids import stable_hash
 from warehouse.records import Task
+from warehouse.urls import NotAWebUrl, UrlRefused, WebUrl, parse_web_url
 
 
 class RowError(ValueError):
@@ -193,25 +200,29 @@ def _ident(row: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return str(v).strip()
 
 
-def _start_url(row: dict[str, Any], keys: tuple[str, ...]) -> str:
-    """An http(s) URL; a bare host name (``www.booking.com``) becomes ``https://…``."""
+def _given_url(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, str]:
+    """(key, the start URL as the row writes it); a bare host name (``www.booking.com``)
+    becomes ``https://…``."""
     key, _ = _first(row, keys)
     v = _text(row, keys)
     assert v is not None
     if "://" not in v and re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:\d+)?(/\S*)?", v):
         v = "https://" + v
+    return key, v
+
+
+def _start_url(row: dict[str, Any], keys: tuple[str, ...], ctx: _Row) -> WebUrl:
+    """The start URL as the browser will visit it (:func:`warehouse.urls.parse_web_url`), or
+    :class:`RowError` with the reason it is refused."""
+    key, v = _given_url(row, keys)
     try:
-        parts = urlsplit(v)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # e.g. an invalid IPv6 literal
-        ok = False
-    if not ok:
-        raise RowError(f"'{key}' is not an http(s) URL or a host name: {_short(v)}")
-    return v
-
-
-def _host(url: str) -> str | None:
-    return urlsplit(url).hostname
+        return parse_web_url(v, allow_private=ctx.allow_private)
+    except NotAWebUrl as exc:
+        raise RowError(
+            f"'{key}' is not an http(s) URL or a host name: {_short(v)} ({exc})"
+        ) from None
+    except UrlRefused as exc:
+        raise RowError(f"'{key}' is refused as a start URL: {exc} ({_short(v)})") from None
 
 
 def _int(row: dict[str, Any], key: str) -> int | None:
@@ -240,25 +251,27 @@ def _derived_id(ctx: _Row) -> str:
 class _Row:
     n: int  # line or entry number
     stem: str  # the file's name without extension (for derived ids)
+    allow_private: bool = False  # admit loopback / private start URLs (see parse_web_url)
 
 
 # -- formats ------------------------------------------------------------------------------------
 
 _INSTRUCTION = ("confirmed_task", "task", "instruction", "ques", "question", "intent")
 _URL = ("website", "start_url", "web", "url", "start_page")
+_RUBRIC_URL = ("start_url", "website", "web", "url")
 
 
 def _om2w(row: dict[str, Any], ctx: _Row) -> Task:
-    website = _start_url(row, _URL)
+    website = _start_url(row, _URL, ctx)
     instruction = _text(row, _INSTRUCTION)
     ref_len = _int(row, "reference_length")
     level = row.get("level")
     return Task(
         task_id=_ident(row, ("task_id", "id", "annotation_id")) or _derived_id(ctx),
         suite="om2w",
-        site=_host(website),
+        site=website.host,
         instruction=instruction,
-        start_url=website,
+        start_url=website.href,
         split="test",
         difficulty=ref_len,
         source="online-mind2web",
@@ -267,15 +280,15 @@ def _om2w(row: dict[str, Any], ctx: _Row) -> Task:
 
 
 def _webvoyager(row: dict[str, Any], ctx: _Row) -> Task:
-    web = _start_url(row, ("web", "start_url", "website", "url"))
+    web = _start_url(row, ("web", "start_url", "website", "url"), ctx)
     question = _text(row, ("ques", "question", "task", "instruction", "confirmed_task"))
     tid = _ident(row, ("id", "task_id")) or _derived_id(ctx)
     return Task(
         task_id=f"webvoyager/{tid}",
         suite="webvoyager",
-        site=_text(row, ("web_name",), required=False) or _host(web),
+        site=_text(row, ("web_name",), required=False) or web.host,
         instruction=question,
-        start_url=web,
+        start_url=web.href,
         split="test",
         source="webvoyager",
     )
@@ -283,7 +296,7 @@ def _webvoyager(row: dict[str, Any], ctx: _Row) -> Task:
 
 def _rubric(row: dict[str, Any], ctx: _Row) -> Task:
     instruction = _text(row, ("instruction", "task", "confirmed_task", "ques", "question"))
-    start = _start_url(row, ("start_url", "website", "web", "url"))
+    start = _start_url(row, _RUBRIC_URL, ctx)
     rubric = row.get("rubric")
     if isinstance(rubric, str) and rubric.strip():
         rubric = [rubric]
@@ -298,13 +311,15 @@ def _rubric(row: dict[str, Any], ctx: _Row) -> Task:
         isinstance(reference, list) and all(isinstance(r, str) for r in reference)
     ):
         raise RowError("'reference' must be a list of actions (strings)")
-    tid = _ident(row, ("task_id", "id")) or f"rubric/{stable_hash(instruction, start, length=12)}"
+    # a derived id hashes the URL as written (not its serialisation): ids stay as they were
+    given = _given_url(row, _RUBRIC_URL)[1]
+    tid = _ident(row, ("task_id", "id")) or f"rubric/{stable_hash(instruction, given, length=12)}"
     return Task(
         task_id=tid,
         suite=_text(row, ("suite",), required=False) or "rubric",
-        site=_text(row, ("site",), required=False) or _host(start),
+        site=_text(row, ("site",), required=False) or start.host,
         instruction=instruction,
-        start_url=start,
+        start_url=start.href,
         rubric=[r.strip() for r in rubric],
         reference=reference,
         split=_text(row, ("split",), required=False) or "test",
@@ -319,9 +334,13 @@ FORMATS: dict[str, Callable[[dict[str, Any], _Row], Task]] = {
 }
 
 
-def parse_task_file(fmt: str, path: str | Path) -> ParsedTasks:
+def parse_task_file(fmt: str, path: str | Path, *, allow_private: bool = False) -> ParsedTasks:
     """Parse a task file of format ``fmt`` (om2w, webvoyager, rubric). Bad rows land in
-    ``errors``; :class:`WarehouseError` only when the file cannot be read at all."""
+    ``errors``; :class:`WarehouseError` only when the file cannot be read at all.
+
+    ``allow_private`` admits start URLs on loopback and private hosts (``localhost``,
+    ``[::1]``, 10.0.0.0/8 …): off for third-party files, on only for one's own file of tasks
+    on a local site. Link-local and cloud metadata hosts are refused either way."""
     if fmt not in FORMATS:
         raise WarehouseError(f"unknown task format {fmt!r}; known: {sorted(FORMATS)}")
     unit, rows = _rows(_read_text(path))
@@ -336,7 +355,7 @@ def parse_task_file(fmt: str, path: str | Path) -> ParsedTasks:
             out.errors.append((n, "not a JSON object"))
             continue
         try:
-            task = FORMATS[fmt](row, _Row(n, stem))
+            task = FORMATS[fmt](row, _Row(n, stem, allow_private))
         except RowError as exc:
             out.errors.append((n, str(exc)))
             continue
