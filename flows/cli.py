@@ -24,11 +24,13 @@ from flows.cli_common import (
     _scorers,
     console,
     err,
+    existing_run,
     fit_consoles,
     print_frame,
 )
 from warehouse import WarehouseConfig
 from warehouse.config import ConfigError
+from warehouse.secrets import has_url_credentials, redact
 
 app = typer.Typer(
     help="webloop: the open data flywheel for visual web agents.",
@@ -64,7 +66,11 @@ class PromptMode(StrEnum):
 # The Dask scale-out options of collect, judge and score-steps (flows/dask_scale.py shards).
 Workers = Annotated[
     int,
-    typer.Option(help="Shard across a local Dask cluster of N worker processes (0: no Dask)."),
+    typer.Option(
+        help="Shard across a local Dask cluster of N worker processes (0: no Dask).",
+        min=0,
+        max=1024,
+    ),
 ]
 DaskAddress = Annotated[
     str | None, typer.Option(help="Shard across an existing Dask cluster (tcp://HOST:8786).")
@@ -221,7 +227,12 @@ def warehouse_rollback(
 @warehouse_app.command("maintain")
 def warehouse_maintain(
     keep_recent_minutes: Annotated[
-        float, typer.Option(help="Also keep snapshots younger than this (readers may use them).")
+        float,
+        typer.Option(
+            help="Also keep snapshots younger than this (readers may use them).",
+            min=0.0,
+            max=525600.0,
+        ),
     ] = 60.0,
 ) -> None:
     """Flush inlined data, merge small files, expire unpinned snapshots, delete unused files."""
@@ -302,9 +313,14 @@ def export_om2w(
 
 @sites_app.command("serve")
 def sites_serve(
-    seed: Annotated[int, typer.Option(help="Content seed (tasks must use the same).")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Content seed (tasks must use the same).", min=0, max=2**32 - 1)
+    ] = 0,
     base_port: Annotated[
-        int, typer.Option(help="Ports base..base+3 for shop, travel, wiki, mail (0: free).")
+        int,
+        typer.Option(
+            help="Ports base..base+3 for shop, travel, wiki, mail (0: free).", min=0, max=65535
+        ),
     ] = 0,
 ) -> None:
     """Serve the bundled sites until Ctrl-C; print their URLs."""
@@ -331,9 +347,11 @@ def sites_serve(
 
 @sites_app.command("check")
 def sites_check(
-    n: Annotated[int, typer.Option(help="Tasks to run the scripted expert on.")] = 40,
-    seed: Annotated[int, typer.Option(help="Task seed.")] = 0,
-    concurrency: Annotated[int, typer.Option(help="Browser contexts at once.")] = 4,
+    n: Annotated[
+        int, typer.Option(help="Tasks to run the scripted expert on.", min=1, max=10_000_000)
+    ] = 40,
+    seed: Annotated[int, typer.Option(help="Task seed.", min=0, max=2**32 - 1)] = 0,
+    concurrency: Annotated[int, typer.Option(help="Browser contexts at once.", min=1, max=256)] = 4,
 ) -> None:
     """Run the scripted expert on generated tasks in real Chromium; report the success rate."""
     import asyncio
@@ -365,9 +383,13 @@ def tasks_generate(
     suite: Annotated[
         str, typer.Option(help="Task suite (only 'bundled' is generated).")
     ] = "bundled",
-    n: Annotated[int, typer.Option(help="Number of distinct tasks.")] = 2000,
-    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same tasks.")] = 0,
-    site_seed: Annotated[int, typer.Option(help="Content seed of the sites.")] = 0,
+    n: Annotated[int, typer.Option(help="Number of distinct tasks.", min=1, max=10_000_000)] = 2000,
+    seed: Annotated[
+        int, typer.Option(help="Seed: the same seed gives the same tasks.", min=0, max=2**32 - 1)
+    ] = 0,
+    site_seed: Annotated[
+        int, typer.Option(help="Content seed of the sites.", min=0, max=2**32 - 1)
+    ] = 0,
     ood_site: Annotated[str, typer.Option(help="Site held out as the 'ood' split.")] = "travel",
     adversarial: Annotated[
         bool,
@@ -456,10 +478,12 @@ def tasks_list(
     suite: Annotated[str | None, typer.Option()] = None,
     site: Annotated[str | None, typer.Option()] = None,
     split: Annotated[str | None, typer.Option()] = None,
-    difficulty: Annotated[int | None, typer.Option(help="Exact difficulty.")] = None,
-    min_difficulty: Annotated[int | None, typer.Option()] = None,
-    max_difficulty: Annotated[int | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+    difficulty: Annotated[
+        int | None, typer.Option(help="Exact difficulty.", min=0, max=100)
+    ] = None,
+    min_difficulty: Annotated[int | None, typer.Option(min=0, max=100)] = None,
+    max_difficulty: Annotated[int | None, typer.Option(min=0, max=100)] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.", min=1)] = 50,
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """List tasks (latest versions) with filters."""
@@ -496,9 +520,11 @@ def collect(
     split: Annotated[
         str | None, typer.Option(help="Split (train, test, ood; all if empty).")
     ] = "train",
-    n_tasks: Annotated[int, typer.Option(help="Number of tasks.")] = 50,
-    samples: Annotated[int, typer.Option(help="Samples per task (a GRPO group).")] = 1,
-    concurrency: Annotated[int, typer.Option(help="Trajectories in flight.")] = 8,
+    n_tasks: Annotated[int, typer.Option(help="Number of tasks.", min=1, max=1_000_000)] = 50,
+    samples: Annotated[
+        int, typer.Option(help="Samples per task (a GRPO group).", min=1, max=1000)
+    ] = 1,
+    concurrency: Annotated[int, typer.Option(help="Trajectories in flight.", min=1, max=256)] = 8,
     policy: Annotated[
         str,
         typer.Option(
@@ -506,14 +532,21 @@ def collect(
             callback=_registered("policy", _policies),
         ),
     ] = "expert",
-    noise: Annotated[float, typer.Option(help="Expert mistake rate (0 = flawless).")] = 0.0,
-    max_steps: Annotated[int, typer.Option(help="Step budget per trajectory.")] = 30,
+    noise: Annotated[
+        float, typer.Option(help="Expert mistake rate (0 = flawless).", min=0.0, max=1.0)
+    ] = 0.0,
+    max_steps: Annotated[
+        int, typer.Option(help="Step budget per trajectory.", min=1, max=1000)
+    ] = 30,
     action_timeout: Annotated[
-        float, typer.Option(help="Seconds an action waits for its element or page.")
+        float,
+        typer.Option(help="Seconds an action waits for its element or page.", min=0.1, max=600.0),
     ] = 10.0,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
-    seed: Annotated[int, typer.Option(help="Task order and policy RNG seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Task order and policy RNG seed.", min=0, max=2**32 - 1)
+    ] = 0,
     allow_origin: Annotated[
         list[str] | None, typer.Option(help="Extra origins the browser may reach (repeatable).")
     ] = None,
@@ -525,13 +558,16 @@ def collect(
     prompt_mode: Annotated[
         PromptMode, typer.Option(help="screenshot, a11y or both.")
     ] = PromptMode.both,
-    k_images: Annotated[int, typer.Option(help="Screenshots of the last k steps.")] = 3,
+    k_images: Annotated[
+        int, typer.Option(help="Screenshots of the last k steps.", min=0, max=32)
+    ] = 3,
     self_summary: Annotated[bool, typer.Option(help="Keep the model's own notes.")] = False,
     inject_answer: Annotated[
         bool, typer.Option(help="Expert: append a prompt injection to every answer.")
     ] = False,
     temperature: Annotated[
-        float, typer.Option(help="Model policies: sampling temperature (0 = greedy).")
+        float,
+        typer.Option(help="Model policies: sampling temperature (0 = greedy).", min=0.0, max=5.0),
     ] = 0.0,
     screenshots: Annotated[
         bool | None,
@@ -544,7 +580,11 @@ def collect(
     dask_address: DaskAddress = None,
     lease_wait: Annotated[
         float,
-        typer.Option(help="Another collector writes this run: wait this long (s), then refuse."),
+        typer.Option(
+            help="Another collector writes this run: wait this long (s), then refuse.",
+            min=0.0,
+            max=86400.0,
+        ),
     ] = 0.0,
 ) -> None:
     """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
@@ -583,8 +623,10 @@ def collect(
         f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
         f"policy {policy}, concurrency {concurrency}"
     )
+    from flows import prefect_env
     from flows.progress import LiveProgress
 
+    prefect_env.detach_temporary_server()  # a Ctrl-C leaves it to record the interruption
     with LiveProgress("collect", console=console) as bar:
         out = run_flow(cfg, on_progress=bar)
     console.print(
@@ -593,6 +635,32 @@ def collect(
         f"{out['steps_per_s']} steps/s; outcomes {out['by_status']}; "
         f"written in {out['transactions']} transaction(s)"
     )
+    _refuse_all_infra_errors(out)
+
+
+def _refuse_all_infra_errors(out: dict[str, Any]) -> None:
+    """A collect whose every episode ended as an infrastructure error (a model server that
+    refuses the key, a browser that cannot start) collected nothing: exit 1, saying so."""
+    from warehouse.records import INFRA_ERROR
+
+    by_status = out["by_status"]
+    if not out["ran"] or by_status.get(INFRA_ERROR, 0) != sum(by_status.values()):
+        return
+    with _open(read_only=True) as wh:
+        first = wh.sql(
+            "SELECT error FROM trajectories WHERE run_id = ? AND status = ? "
+            "ORDER BY traj_id LIMIT 1",
+            [out["run_id"], INFRA_ERROR],
+        )
+    example = first.item() if first.height else None
+    raise CollectFailed(
+        f"all {out['ran']} episodes of run {out['run_id']} ended in an infrastructure error, "
+        f"nothing was collected; e.g. {example}"
+    )
+
+
+class CollectFailed(Exception):
+    """Every episode of a collect run failed for infrastructure reasons (exit 1)."""
 
 
 # -- judge ------------------------------------------------------------------------------------
@@ -612,7 +680,9 @@ def judge(
             callback=_registered("judge", _judges),
         ),
     ] = "programmatic",
-    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
+    ] = None,
     base_url: Annotated[
         str | None, typer.Option(help="rubric_vlm: OpenAI-compatible server, e.g. …/v1.")
     ] = None,
@@ -632,7 +702,9 @@ def judge(
         Rule, typer.Option(help="ensemble: unanimous, majority or threshold.")
     ] = Rule.majority,
     threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
-    concurrency: Annotated[int, typer.Option(help="Trajectories judged at once.")] = 8,
+    concurrency: Annotated[
+        int, typer.Option(help="Trajectories judged at once.", min=1, max=256)
+    ] = 8,
     attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
     workers: Workers = 0,
     dask_address: DaskAddress = None,
@@ -763,7 +835,9 @@ def score_steps(
         ),
     ] = "exact",
     k: Annotated[int, typer.Option(help="Candidate actions per state.")] = 4,
-    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
+    ] = None,
     policy: Annotated[
         str,
         typer.Option(
@@ -772,12 +846,16 @@ def score_steps(
             callback=_registered("policy", _policies),
         ),
     ] = "expert",
-    noise: Annotated[float, typer.Option(help="Expert mistake rate for candidates.")] = 0.5,
+    noise: Annotated[
+        float, typer.Option(help="Expert mistake rate for candidates.", min=0.0, max=1.0)
+    ] = 0.5,
     base_url: Annotated[str | None, typer.Option(help="openai candidate policy URL.")] = None,
     model: Annotated[
         str | None, typer.Option(help="openai: the model name; ranker / hf: the checkpoint.")
     ] = None,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature.", min=0.0, max=5.0)
+    ] = 1.0,
     candidates: Annotated[
         str,
         typer.Option(help="sample (K samples) or top_k (the K likeliest distinct: ranker)."),
@@ -793,7 +871,9 @@ def score_steps(
             "states first, seeded shuffle) or first (trajectory-id order)."
         ),
     ] = "failures_first",
-    concurrency: Annotated[int, typer.Option(help="States (browsers) at once.")] = 4,
+    concurrency: Annotated[
+        int, typer.Option(help="States (browsers) at once.", min=1, max=256)
+    ] = 4,
     workers: Workers = 0,
     dask_address: DaskAddress = None,
 ) -> None:
@@ -847,7 +927,9 @@ def score_steps(
 def score_agreement(
     scorer: Annotated[str, typer.Option(help="The scorer to calibrate (e.g. vlm).")] = "vlm",
     reference: Annotated[str, typer.Option(help="The ground-truth scorer.")] = "exact",
-    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
+    ] = None,
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Pairwise ranking accuracy and top-1 agreement of a PRM with the exact scorer."""
@@ -871,7 +953,7 @@ app.add_typer(models_app, name="models")
 @models_app.command("build-tiny")
 def models_build_tiny(
     out: Annotated[Path, typer.Argument(help="Folder to write the checkpoint to.")],
-    seed: Annotated[int, typer.Option(help="Initialization seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Initialization seed.", min=0, max=2**32 - 1)] = 0,
 ) -> None:
     """Build a tiny random Qwen2-VL (offline) for tests and CPU runs."""
     from training.models import build_tiny_vlm
@@ -970,10 +1052,16 @@ def main() -> None:
     prefect_env.quiet_console()
     fit_consoles()
     try:
+        _refuse_url_credentials(sys.argv[1:])
         app()
-    except KeyboardInterrupt:
-        err.print("interrupted")
+    except KeyboardInterrupt as exc:  # Ctrl-C outside a command
+        _say_interrupted(exc)
         raise SystemExit(130) from None
+    except SystemExit as exc:  # Typer turns a command's KeyboardInterrupt into exit 130
+        interrupt = _chained(exc, KeyboardInterrupt)
+        if exc.code == 130 and interrupt is not None:
+            _say_interrupted(interrupt)
+        raise
     except Exception as exc:
         code, command = exit_code(exc), _command()
         log = prefect_env.log_exception(exc, command)
@@ -986,8 +1074,38 @@ def main() -> None:
                 f"{escape(command)} failed: {type(exc).__name__}: {escape(_one_line(exc))}"
                 f"{escape(where)}; fix the cause and re-run the same command (it resumes)"
             )
-        err.print(f"[red]error[/red]: {line}", soft_wrap=True)
+        err.print(f"[red]error[/red]: {redact(line)}", soft_wrap=True)
         raise SystemExit(code) from None
+
+
+def _say_interrupted(exc: BaseException) -> None:
+    """One line for a Ctrl-C: a stage's own KeyboardInterrupt subclass says what it left
+    behind (:class:`flows.collect.CollectInterrupted`), a plain one says "interrupted"."""
+    err.print(escape(_one_line(exc)) if str(exc) else "interrupted", soft_wrap=True)
+
+
+def _chained(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` among ``exc``'s causes and contexts."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def _refuse_url_credentials(argv: list[str]) -> None:
+    """Refuse a URL with a password in the command line (``--base-url
+    http://user:key@host/v1``): it would be stored in the run's config and Prefect's flow-run
+    parameters and show in ``ps``. Keys come from the environment (``WEBLOOP_API_KEY``)."""
+    for arg in argv:
+        if has_url_credentials(arg):
+            raise UserError(
+                f"refusing a URL with credentials in the command line ({redact(arg)}): it would "
+                "be stored with the run; put the API key in WEBLOOP_API_KEY (or OPENAI_API_KEY) "
+                "and pass the URL without user:password@"
+            )
 
 
 if __name__ == "__main__":

@@ -85,6 +85,20 @@ def _open(*, read_only: bool = False) -> Warehouse:
     return Warehouse.open(WarehouseConfig.from_env(), read_only=read_only)
 
 
+def existing_run(value: str | None) -> str | None:
+    """Option callback of ``--run`` options that select stored work: the run must exist (a
+    misspelt run id otherwise selected nothing and the command said "judged 0", exit 0)."""
+    if value is None:
+        return None
+    from warehouse.records import Run
+
+    with _open(read_only=True) as wh:
+        found = wh.read(Run, "run_id = ?", [value]).height
+    if not found:
+        raise typer.BadParameter(f"no run {value!r} in the warehouse (`webloop runs` lists them)")
+    return value
+
+
 def print_frame(df: Any, fmt: Format = Format.table, title: str | None = None) -> None:
     """Print a polars frame as a rich table, CSV or JSON rows."""
     if fmt is Format.csv:

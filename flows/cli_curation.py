@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         snapshot: Annotated[
             int | None,
-            typer.Option(help="Warehouse snapshot to build from (default: the current one)."),
+            typer.Option(
+                help="Warehouse snapshot to build from (default: the current one).", min=0
+            ),
         ] = None,
     ) -> None:
         """Build, gate, export and register the dataset of a recipe (the curate flow)."""

@@ -66,7 +66,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("dashboard")
     def dashboard(
-        port: Annotated[int, typer.Option(help="Port to serve the app on.")] = 8501,
+        port: Annotated[
+            int, typer.Option(help="Port to serve the app on.", min=1, max=65535)
+        ] = 8501,
         home: Annotated[
             Path | None,
             typer.Option(help="Data directory (default $WEBLOOP_HOME or ./.webloop)."),

@@ -38,15 +38,20 @@ def register(app: typer.Typer) -> None:
         eval_split: Annotated[str, typer.Option(help="Split the nightly evaluation runs on.")] = (
             "ood"
         ),
-        eval_n: Annotated[int, typer.Option(help="Tasks of the nightly evaluation.")] = 100,
+        eval_n: Annotated[
+            int, typer.Option(help="Tasks of the nightly evaluation.", min=1, max=1_000_000)
+        ] = 100,
         maintain_cron: Annotated[str, typer.Option(help="Cron of the warehouse maintenance.")] = (
             "0 4 * * 0"
         ),
         keep_recent_minutes: Annotated[
-            float, typer.Option(help="Maintenance keeps snapshots younger than this.")
+            float,
+            typer.Option(
+                help="Maintenance keeps snapshots younger than this.", min=0.0, max=525600.0
+            ),
         ] = 60.0,
         limit: Annotated[
-            int | None, typer.Option(help="Serve: at most this many flow runs at once.")
+            int | None, typer.Option(help="Serve: at most this many flow runs at once.", min=1)
         ] = None,
     ) -> None:
         """Serve webloop's scheduled deployments on the Prefect server (PREFECT_API_URL)."""

@@ -39,13 +39,19 @@ def register(app: typer.Typer) -> None:
     @app.command("flywheel")
     def flywheel(
         rounds: Annotated[int, typer.Option(min=1, help="Rounds of the loop.")] = 2,
-        seed: Annotated[int, typer.Option(help="Seed of tasks, rollouts and training.")] = 0,
+        seed: Annotated[
+            int, typer.Option(help="Seed of tasks, rollouts and training.", min=0, max=2**32 - 1)
+        ] = 0,
         bundled_tasks: Annotated[int, typer.Option(min=1, help="Bundled tasks to generate.")] = 200,
         expert_tasks: Annotated[int, typer.Option(min=1, help="Round 1: expert tasks.")] = 24,
-        noise: Annotated[float, typer.Option(help="The expert's mistake rate per step.")] = 0.12,
+        noise: Annotated[
+            float, typer.Option(help="The expert's mistake rate per step.", min=0.0, max=1.0)
+        ] = 0.12,
         policy_tasks: Annotated[int, typer.Option(min=1, help="Policy tasks per round.")] = 8,
         group_size: Annotated[int, typer.Option(min=1, help="Samples per task (G).")] = 2,
-        temperature: Annotated[float, typer.Option(help="Policy sampling temperature.")] = 1.0,
+        temperature: Annotated[
+            float, typer.Option(help="Policy sampling temperature.", min=0.0, max=5.0)
+        ] = 1.0,
         prm_states: Annotated[int, typer.Option(min=0, help="PRM-scored states per round.")] = 4,
         prm_k: Annotated[int, typer.Option(min=2, help="PRM candidates per state.")] = 3,
         interventions: Annotated[
@@ -95,7 +101,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("demo")
     def demo(
-        seed: Annotated[int, typer.Option(help="Seed of tasks, rollouts and training.")] = 0,
+        seed: Annotated[
+            int, typer.Option(help="Seed of tasks, rollouts and training.", min=0, max=2**32 - 1)
+        ] = 0,
         rounds: Annotated[int, typer.Option(min=1, help="Rounds of the flywheel.")] = 2,
     ) -> None:
         """The main job at CPU scale: the bundled sites, expert and policy rollouts in Chromium,

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from flows.cli_common import existing_run
+
 
 class TeacherName(StrEnum):
     expert = "expert"
@@ -25,13 +27,18 @@ def intervene(
     teacher: Annotated[
         TeacherName, typer.Option(help="expert (bundled sites) or openai (any compatible model).")
     ] = TeacherName.expert,
-    run: Annotated[str | None, typer.Option(help="Only failed trajectories of this run.")] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(help="Only failed trajectories of this run.", callback=existing_run),
+    ] = None,
     base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
     model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
     max_trajectories: Annotated[
-        int | None, typer.Option(help="At most this many trajectories now.")
+        int | None, typer.Option(help="At most this many trajectories now.", min=1)
     ] = None,
-    concurrency: Annotated[int, typer.Option(help="Replays (browser contexts) at once.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option(help="Replays (browser contexts) at once.", min=1, max=256)
+    ] = 2,
     name: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
 ) -> None:
     """Find the first error of failed trajectories, propose one correction with a teacher and
@@ -76,12 +83,18 @@ def rationales(
     teacher: Annotated[
         TeacherName, typer.Option(help="expert (template) or openai (any compatible model).")
     ] = TeacherName.expert,
-    run: Annotated[str | None, typer.Option(help="Only trajectories of this run.")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
+    ] = None,
     base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
     model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="At most this many steps now.")] = None,
-    k_images: Annotated[int, typer.Option(help="openai: screenshots of the last k steps.")] = 3,
-    concurrency: Annotated[int, typer.Option(help="Model requests at once.")] = 4,
+    max_steps: Annotated[
+        int | None, typer.Option(help="At most this many steps now.", min=1)
+    ] = None,
+    k_images: Annotated[
+        int, typer.Option(help="openai: screenshots of the last k steps.", min=0, max=32)
+    ] = 3,
+    concurrency: Annotated[int, typer.Option(help="Model requests at once.", min=1, max=256)] = 4,
 ) -> None:
     """Write a teacher's thought for each step of successful expert trajectories (stored apart
     from the trajectory; a recipe's include.rationales adds them); resumable."""

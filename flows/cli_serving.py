@@ -27,15 +27,24 @@ def serve_model(
     engine: Annotated[
         str, typer.Option(help="hf (webloop's transformers server) or vllm.", callback=_engine)
     ] = "hf",
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (or --host).")] = 8000,
+    port: Annotated[
+        int, typer.Option(help="Port on 127.0.0.1 (or --host).", min=1, max=65535)
+    ] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
     log: Annotated[Path | None, typer.Option(help="Write the engine's output here.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 300,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for health.", min=1, max=86400)
+    ] = 300,
     max_model_len: Annotated[
-        int | None, typer.Option(help="vLLM: context limit (default: the model's own).")
+        int | None,
+        typer.Option(
+            help="vLLM: context limit (default: the model's own).", min=16, max=10_000_000
+        ),
     ] = None,
-    kv_cache_gib: Annotated[int, typer.Option(help="vLLM on CPUs: KV cache GiB.")] = 1,
+    kv_cache_gib: Annotated[
+        int, typer.Option(help="vLLM on CPUs: KV cache GiB.", min=1, max=1024)
+    ] = 1,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (``/v1``) until Ctrl-C / SIGTERM,
     which stop the engine and every process it started."""

@@ -93,15 +93,19 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="ranker (new), tiny (offline tiny VLM) or a model folder.")
         ] = "ranker",
         epochs: Annotated[int, typer.Option(min=1)] = 3,
-        lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
+        lr: Annotated[float, typer.Option(help="Learning rate.", min=1e-12, max=10.0)] = 1e-3,
         batch_size: Annotated[int, typer.Option(min=1)] = 32,
-        max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
+        max_steps: Annotated[
+            int | None, typer.Option(help="Stop after this many steps.", min=1)
+        ] = None,
         save_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 200,
-        seed: int = 0,
+        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
         reasoning_weight: Annotated[
-            float, typer.Option(help="VLM: weight of thought tokens (RL4VLM λ).")
+            float, typer.Option(help="VLM: weight of thought tokens (RL4VLM λ).", min=0.0, max=1.0)
         ] = 1.0,
-        lora_r: Annotated[int | None, typer.Option(help="VLM: LoRA rank (peft).")] = None,
+        lora_r: Annotated[
+            int | None, typer.Option(help="VLM: LoRA rank (peft).", min=1, max=4096)
+        ] = None,
         text_only: Annotated[
             bool, typer.Option(help="VLM: train on prompts without screenshots on purpose.")
         ] = False,
@@ -139,7 +143,9 @@ def register(app: typer.Typer) -> None:
         iterations: Annotated[int, typer.Option(min=1)] = 2,
         group_size: Annotated[int, typer.Option(min=1, help="Samples per task (G).")] = 4,
         n_tasks: Annotated[int, typer.Option(min=1)] = 32,
-        temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+        temperature: Annotated[
+            float, typer.Option(help="Sampling temperature.", min=0.0, max=5.0)
+        ] = 1.0,
         max_steps: Annotated[int, typer.Option(min=1)] = 30,
         horizon: Annotated[
             str | None,
@@ -148,11 +154,13 @@ def register(app: typer.Typer) -> None:
         recipe: Annotated[
             Path | None, typer.Option(help="Take the horizon schedule from a curation recipe.")
         ] = None,
-        lr: float = 1e-3,
+        lr: Annotated[float, typer.Option(help="Learning rate.", min=1e-12, max=10.0)] = 1e-3,
         ppo_epochs: Annotated[int, typer.Option(min=1)] = 2,
-        clip_eps: float = 0.2,
-        kl_coef: float = 0.0,
-        seed: int = 0,
+        clip_eps: Annotated[float, typer.Option(help="PPO clip range.", min=0.001, max=1.0)] = 0.2,
+        kl_coef: Annotated[
+            float, typer.Option(help="KL penalty weight.", min=0.0, max=100.0)
+        ] = 0.0,
+        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
         concurrency: Annotated[int, typer.Option(min=1)] = 8,
         prm_scorer: Annotated[
             str, typer.Option(help="step_*: scorer of the visited states (exact or vlm).")
@@ -248,7 +256,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = 0.0,
         base_url: Annotated[str | None, typer.Option(help="openai: the endpoint.")] = None,
         model: Annotated[str | None, typer.Option(help="openai: the model name.")] = None,
-        seed: int = 0,
+        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
         concurrency: Annotated[int, typer.Option(min=1)] = 8,
         max_repeats: Annotated[
             int,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ from warehouse.records import INFRA_ERROR, Task  # noqa: E402
 from warehouse.tasks import latest_tasks  # noqa: E402
 
 VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s")
+
+
+class CollectInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a collect run: what finished is stored, the episodes in flight are not
+    (a re-run of the same command runs them). Its message is the one line the CLI prints."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,8 @@ async def run_collect(
         stats, wstats, jobs = await _collect(
             wh, cfg, run_id, tasks, policy, done, on_progress, server, browser, lease.check
         )
+        if stats.stopped:
+            raise CollectInterrupted(_interrupted_line(run_id, stats, wstats.trajectories))
         lease.check()
     return {
         "run_id": run_id,
@@ -342,9 +350,11 @@ async def _collect(
                 on_progress=on_progress,
                 env_factory=(lambda: BrowserEnv(shared, env_cfg)) if shared else None,
             )
+            undo = _stop_on_ctrl_c(engine)
             try:
                 stats = await engine.run(jobs)
             finally:
+                undo()
                 wstats = await writer.close()
     finally:
         if own_server and server is not None:
@@ -352,6 +362,33 @@ async def _collect(
         if hasattr(policy, "aclose"):
             await policy.aclose()
     return stats, wstats, jobs
+
+
+def _interrupted_line(run_id: str, stats: Stats, written: int) -> str:
+    """The one line that says what a Ctrl-C left behind."""
+    not_started = max(0, stats.total - stats.finished - stats.interrupted)
+    return (
+        f"interrupted: run {run_id} stopped; {written} finished trajectories stored, "
+        f"{stats.interrupted} in flight and {not_started} not started are not; re-run the same "
+        "command to run them"
+    )
+
+
+def _stop_on_ctrl_c(engine: Engine) -> Callable[[], None]:
+    """Make the first Ctrl-C (SIGINT) stop ``engine`` (:meth:`Engine.interrupt`: what finished is
+    written, the episodes in flight are dropped); a second one raises KeyboardInterrupt at once.
+    Returns the undo. Only in the main thread of a Unix process (elsewhere: a no-op)."""
+    loop = asyncio.get_running_loop()
+
+    def first() -> None:
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C: KeyboardInterrupt
+        engine.interrupt()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, first)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread / not Unix
+        return lambda: None
+    return lambda: loop.remove_signal_handler(signal.SIGINT)
 
 
 # Browsers and HTTP fail transiently (a crashed Chromium, a refused connection): the tasks are

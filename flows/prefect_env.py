@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from warehouse.secrets import redact
+
 _DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
@@ -47,6 +49,58 @@ def quiet_console() -> None:
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
+def detach_temporary_server() -> None:
+    """For a command's main thread, before its flow runs: start Prefect's temporary server (the
+    one used when no ``PREFECT_API_URL`` is set) in a session of its own. A terminal's Ctrl-C
+    goes to the command's whole process group; a temporary server in that group stops with it,
+    and Prefect then spends over a minute retrying it (and prints its unsent events) before the
+    command can exit. Detached, the server lives until the command has recorded the interruption;
+    it still ends with the command: stopped at exit, and (``PR_SET_PDEATHSIG``) when the command
+    dies otherwise. A no-op with a server configured or already running, or off the main thread
+    (the kernel ties the parent-death signal to the thread that starts the server)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    if None in SubprocessASGIServer._instances:  # the process's temporary server exists
+        return
+    _detached_server_class()().start()  # Prefect's flows find it as the temporary server
+
+
+def _detached_server_class() -> type:
+    import subprocess
+    import types
+
+    import prefect.server.api.server as server_module
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.children import die_with_parent
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen:
+        return subprocess.Popen(  # type: ignore[call-overload]
+            *args, start_new_session=True, preexec_fn=die_with_parent, **kwargs
+        )
+
+    class DetachedServer(SubprocessASGIServer):
+        """Prefect's temporary server, started in a session of its own."""
+
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            # Prefect's own command line, with the module's ``subprocess`` seen as one whose
+            # Popen detaches (only for this call, only in that module)
+            server_module.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[assignment]
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                server_module.subprocess = subprocess
+
+    return DetachedServer
+
+
 def log_path() -> Path:
     """``$WEBLOOP_LOG``, else ``$WEBLOOP_HOME/logs/webloop.log`` (home default ``./.webloop``),
     resolved when a record is written (the CLI's ``--home`` sets ``WEBLOOP_HOME``)."""
@@ -56,6 +110,7 @@ def log_path() -> Path:
 
 
 def _append(text: str) -> Path:
+    text = redact(text)  # no API key, password or URL credential reaches the log file
     path = log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:

@@ -54,6 +54,7 @@ def recorded_run(
         yield
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
-        wh.write([Run(**row, status="failed", error=error, ended_at=utcnow())])
+        status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"  # Ctrl-C
+        wh.write([Run(**row, status=status, error=error, ended_at=utcnow())])
         raise
     wh.write([Run(**row, status="completed", ended_at=utcnow())])

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from warehouse.retry import aretrying
+from warehouse.secrets import has_url_credentials, redact
 
 MAX_IN_FLIGHT = 32  # requests in flight per client (more wait their turn)
 
@@ -46,6 +47,11 @@ class ChatClient:
         retries: int = 4,
         backoff_s: float = 0.5,
     ) -> None:
+        if has_url_credentials(base_url):
+            raise ValueError(
+                f"the model server URL {redact(base_url)} holds credentials: pass the key in "
+                "WEBLOOP_API_KEY (or OPENAI_API_KEY), the URL without user:password@"
+            )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -89,7 +95,7 @@ class ChatClient:
             r = await self._http().post(f"{self.base_url}/chat/completions", json=payload)
         if r.status_code in (400, 401, 403, 404, 422):
             raise ModelUnavailable(
-                f"model server refused the request: HTTP {r.status_code} {r.text[:200]}"
+                f"model server refused the request: HTTP {r.status_code} {redact(r.text)[:200]}"
             )
         if r.status_code != 200:
             raise _Retry(f"HTTP {r.status_code}")

@@ -22,6 +22,11 @@ budget (the untrained ranker does, on every task). "The same page" is the URL, t
 the accessibility tree with Playwright's per-snapshot frame prefix of element refs removed
 (``f3e12`` → ``e12``), so a reload of the same page counts as the same page. Resuming a run
 skips trajectories already stored (and redoes infrastructure errors).
+
+:meth:`Engine.interrupt` (the collector calls it on Ctrl-C) stops the run at once: the episodes
+in flight are not handed to the sink (their trajectory is not stored, so a resume runs them
+again), nor is an infrastructure error that ends an episode after the interruption (the browser
+and the sites get the terminal's Ctrl-C too); what finished before stays finished.
 """
 
 from __future__ import annotations
@@ -114,6 +119,8 @@ class Stats:
     finished: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     steps: int = 0
+    interrupted: int = 0  # episodes dropped by Engine.interrupt (not stored: a resume redoes them)
+    stopped: bool = False  # Engine.interrupt was called: the run did not get through its jobs
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -188,10 +195,21 @@ class Engine:
         self.slots: list[BrowserSlot] = []
         self.active: dict[str, Any] = {}  # traj_id -> the slot (or simulated env) running it
         self.started: list[str] = []  # traj_ids in the order their episodes started
+        self.interrupted = False  # interrupt() was called: nothing more starts or is stored
+        self._workers: list[asyncio.Task] = []
+        self._cutting = False  # the straggler cut-off is cancelling the workers
+
+    def interrupt(self) -> None:
+        """Stop the run now (Ctrl-C): no episode starts, the ones in flight are cancelled and
+        not stored. Call it from the engine's event loop; :meth:`run` then returns its stats."""
+        self.interrupted = self.stats.stopped = True
+        for w in self._workers:
+            w.cancel()
 
     async def run(self, jobs: list[Job]) -> Stats:
-        self.stats = Stats(total=len(jobs))
+        self.stats = Stats(total=len(jobs), stopped=self.interrupted)
         self.started = []
+        self._cutting = False
         queue: asyncio.Queue[Job] = asyncio.Queue()
         for job in order_jobs(jobs, self.config.schedule):
             queue.put_nowait(job)
@@ -215,12 +233,16 @@ class Engine:
         return self.stats
 
     async def _run_workers(self, envs: list[Any], queue: asyncio.Queue[Job]) -> None:
+        if self.interrupted:
+            return
         workers = [asyncio.create_task(self._worker(env, queue)) for env in envs]
+        self._workers = workers
         watcher = asyncio.create_task(self._watch(workers))
         try:
             await asyncio.gather(*workers, return_exceptions=True)
         finally:
             watcher.cancel()
+            self._workers = []
 
     async def _watch(self, workers: list[asyncio.Task]) -> None:
         """Progress reports, and the straggler cut-off."""
@@ -237,6 +259,7 @@ class Engine:
             ):
                 cut_at = time.monotonic() + self.config.straggler_grace_s
             if cut_at is not None and time.monotonic() >= cut_at:
+                self._cutting = True
                 for w in workers:
                     w.cancel()
                 return
@@ -247,7 +270,7 @@ class Engine:
 
     async def _worker(self, env: Any, queue: asyncio.Queue[Job]) -> None:
         """One slot: the next job starts as soon as the previous trajectory ended (no batch)."""
-        while True:
+        while not self.interrupted:
             try:
                 job = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -255,20 +278,30 @@ class Engine:
             self.stats.running += 1
             self.active[job.traj_id] = getattr(env, "slot", env)
             self.started.append(job.traj_id)
+            done: Finished | None = None
             try:
                 done = await self._episode(env, job)
             except asyncio.CancelledError:
-                done = self._aborted(job, TIMEOUT, "straggler cut-off", [], {})
-                await self._finish(done)
+                if self._cutting and not self.interrupted:
+                    await self._finish(self._aborted(job, TIMEOUT, "straggler cut-off", [], {}))
+                else:  # interrupted (Ctrl-C, or the caller cancelled the run): not stored
+                    self.stats.interrupted += 1
                 raise
             finally:
                 self.stats.running -= 1
                 self.active.pop(job.traj_id, None)
-                await env.close()
-            await self._finish(done)
+                try:
+                    await env.close()
+                finally:  # an episode that ended is handed on, even if cancelled while closing
+                    if done is not None:
+                        await self._finish(done)
 
     async def _finish(self, done: Finished) -> None:
         st = done.trajectory.status
+        if self.interrupted and st == INFRA_ERROR:
+            # most likely the interruption itself (the browser got the Ctrl-C): not stored
+            self.stats.interrupted += 1
+            return
         self.stats.finished += 1
         self.stats.by_status[st] = self.stats.by_status.get(st, 0) + 1
         await self.sink(done)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from warehouse.secrets import register
+
 
 class ConfigError(ValueError):
     """The warehouse configuration is invalid (bad URL, unsupported scheme)."""
@@ -90,6 +92,7 @@ def _parse_catalog(url: str, home: Path) -> tuple[str, str, str | None]:
         return "sqlite", str(home / "lake" / "catalog.sqlite"), None
     if url.startswith(("postgresql://", "postgres://")):
         dsn, secret = postgres_dsn(url)
+        register(secret)  # masked in everything stored or logged (warehouse.secrets)
         return "postgres", dsn, secret
     if url.startswith("sqlite:"):
         url = url.removeprefix("sqlite:")

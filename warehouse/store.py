@@ -34,6 +34,7 @@ from warehouse.records import (
     polars_schema,
     to_frame,
 )
+from warehouse.secrets import redact_frame
 
 R = TypeVar("R", bound=Record)
 T = TypeVar("T")
@@ -374,5 +375,6 @@ def _prepare(rows: Rows, cls: type[Record] | None) -> tuple[type[Record], pl.Dat
             raise ValueError(f"one record type per write, got {sorted(k.__name__ for k in kinds)}")
         cls = kinds.pop()
         frame = to_frame(rows, cls)
+    frame = redact_frame(frame)  # no API key, password or URL credential is ever stored
     # A key written twice in one batch: the last one wins (MERGE needs unique source keys).
     return cls, frame.unique(subset=list(cls.KEY), keep="last", maintain_order=True)

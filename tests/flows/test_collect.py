@@ -8,6 +8,7 @@ always lands mid-run with a known number of finished trajectories, however fast 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -158,3 +159,68 @@ def test_collect_options_reach_the_environment_and_prompts():
             prompt_config(bad)
     with pytest.raises(WarehouseError, match="needs --base-url and --model"):
         make_policy_for(CollectConfig(policy="openai"))
+
+
+def test_ctrl_c_stops_collect_promptly_and_a_rerun_redoes_the_episodes_in_flight(
+    prefect_harness: str, tmp_path: Path
+):
+    """A terminal's Ctrl-C (SIGINT to the whole process group: the collector, its Chromium, its
+    sites server) with Prefect's temporary server, as a user runs it: the command stops within
+    seconds and says what it left; the episodes in flight are not stored (no 0-step 'timeout'
+    rows), so the same command runs them again."""
+    home = tmp_path / "home"
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        put_tasks(wh, generate(80, 0))
+    model = GatedModel(allowed=FINISH_BEFORE_KILL)
+    run = ["--run", "kill-me"]
+    with model.http:
+        cmd = [
+            "collect",
+            *("--n-tasks", str(N_TASKS), "--concurrency", "2", *run),
+            *("--policy", "openai", "--base-url", model.url, "--model", "gated"),
+        ]
+        env = {**os.environ, "WEBLOOP_HOME": str(home), "PREFECT_HOME": str(tmp_path / "pf")}
+        for name in ("WEBLOOP_WAREHOUSE", "PREFECT_API_URL"):  # the temporary server
+            env.pop(name, None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *cmd],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        try:
+            deadline = time.monotonic() + 300
+            before: dict[str, tuple] = {}
+            while len(before) < FINISH_BEFORE_KILL or model.answered <= FINISH_BEFORE_KILL:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, f"stored {len(before)} in 300 s"
+                if (home / "lake").exists():
+                    before = stored(home)
+                time.sleep(0.2)
+            sent = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+            took = time.monotonic() - sent
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, err
+        assert took < 30, f"Ctrl-C took {took:.0f} s"
+        assert (
+            f"interrupted: run kill-me stopped; {FINISH_BEFORE_KILL} finished trajectories stored"
+        ) in err and "re-run the same command" in err, err
+        assert "Traceback" not in err and "events" not in err.lower(), err
+        after_stop = stored(home)
+        assert len(after_stop) == FINISH_BEFORE_KILL  # nothing in flight was stored
+        assert {row[0] for row in after_stop.values()} == {"failure"}
+        with Warehouse.open(WarehouseConfig.from_env(home=home), read_only=True) as wh:
+            status = wh.sql("SELECT status FROM runs WHERE run_id = 'kill-me'").item()
+        assert status == "cancelled"
+
+        model.release()
+        out = webloop(home, *cmd).stdout
+    assert f"skipped {FINISH_BEFORE_KILL} already stored" in out
+    assert len(stored(home)) == N_TASKS

@@ -2,7 +2,8 @@
 
 It stands in for a remote model provider (which cannot exist here). Each request takes the next
 scripted behaviour: ``("status", 500)``, ``("sleep", seconds)``, ``("garbage", text)`` (a
-non-JSON body), ``("reply", content)`` (a well-formed completion whose message is content), or
+non-JSON body), ``("unauthorized", None)`` (a 401 whose body echoes the bearer key, as some
+providers do), ``("reply", content)`` (a well-formed completion whose message is content), or
 ``("fn", f)`` (the reply is ``f(request body)``).
 """
 
@@ -38,6 +39,9 @@ class FakeOpenAI:
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         kind, arg = self.script.popleft() if self.script else self.default or ("status", 503)
+        if kind == "unauthorized":
+            key = request.headers.get("authorization", "").removeprefix("Bearer ")
+            return JSONResponse({"error": f"Incorrect API key provided: {key}"}, status_code=401)
         if kind == "status":
             return JSONResponse({"error": "scripted"}, status_code=arg)
         if kind == "sleep":

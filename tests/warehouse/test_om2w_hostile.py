@@ -92,8 +92,9 @@ def test_duplicate_task_ids_are_reported_and_task_versions_stay_put(
     for run in ("first", "again"):
         rep = om2w.import_om2w(wh, root, run_name=run)
         reasons = dict(rep.malformed)
-        assert "task id 'a_first' (sample 0) is already imported from the folder a_first" in (
-            reasons["b_same_sample"]
+        assert (
+            "task id 'a_first' (sample 0) is already imported from the folder a_first"
+            in (reasons["b_same_sample"])
         )
         assert "another task text or website in the folder a_first" in reasons["c_other_text"]
         assert len(rep.imported) == 2 and len(reasons) == 2
