@@ -36,6 +36,12 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
     "--disable-quic",
+    # WebRTC sends UDP (STUN, media) past any HTTP proxy, hence past the origin allowlist
+    # (rollouts/proxy.py). The policy disable_non_proxied_udp leaves WebRTC only TCP through the
+    # proxy. The headless shell reads the first switch, the full browser the second (measured
+    # with Chromium 156: each ignores the other's); both are harmless where unknown.
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 ]
 _CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 # Chromium's headless shell (Debian's chromium-headless-shell; what Playwright itself runs for

@@ -13,10 +13,15 @@
 * ``info``: ``error`` (the action failed on the page), ``answer``, ``blocked`` (off-origin
   requests refused since the last step).
 
-Cookies and storage never leak between episodes: each ``reset`` makes a new context. Requests to
-origins outside the episode's allowlist are aborted and recorded. A :class:`BrowserSlot` owns one
-Chromium and relaunches it when it crashed or has served ``contexts_per_browser`` episodes, so a
-crash only takes down the episode running in it.
+Cookies and storage never leak between episodes: each ``reset`` makes a new context. The
+episode's origin allowlist holds in two layers, each recording what it refuses in ``blocked``: a
+route handler aborts the requests the page starts (by full URL, before they reach the network),
+and the context's proxy (:mod:`rollouts.proxy`: every connection of the context, loopback
+included) refuses what a route never sees — a redirect's next hop, WebSocket and WebRTC-over-TCP
+tunnels (recorded as ``CONNECT host:port``). WebRTC's UDP is off (Chromium's
+``disable_non_proxied_udp``, :data:`rollouts.browser.CHROMIUM_ARGS`). A :class:`BrowserSlot`
+owns one Chromium and relaunches it when it crashed or has served ``contexts_per_browser``
+episodes, so a crash only takes down the episode running in it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from urllib.parse import urlsplit
 
 from rollouts.actions import Action, Answer, Click, Goto, Press, Select, Type
 from rollouts.browser import execute, launch
+from rollouts.proxy import AllowlistProxy, Gate, shared_proxy
 from warehouse.retry import aretrying
 
 
@@ -153,11 +159,21 @@ def origin_of(url: str) -> str:
 
 
 class BrowserEnv:
-    """A Gymnasium-shaped async environment over one :class:`BrowserSlot`."""
+    """A Gymnasium-shaped async environment over one :class:`BrowserSlot` (or any slot with an
+    async ``context(**kw)``: each episode's context gets ``proxy=`` from the env). ``proxy``: the
+    allowlisting proxy the episodes go through (default: the process's :func:`shared_proxy`)."""
 
-    def __init__(self, slot: BrowserSlot, config: EnvConfig | None = None) -> None:
+    def __init__(
+        self,
+        slot: BrowserSlot,
+        config: EnvConfig | None = None,
+        *,
+        proxy: AllowlistProxy | None = None,
+    ) -> None:
         self.slot = slot
         self.config = config or EnvConfig()
+        self.proxy = proxy
+        self.gate: Gate | None = None  # this episode's door through the proxy
         self.context: Any = None
         self.page: Any = None
         self.allowed: set[str] = set()
@@ -183,11 +199,14 @@ class BrowserEnv:
         self.allowed = {origin_of(start_url), *(origin_of(o) for o in allowed_origins or [])}
         self.blocked, self.step_idx, self.max_steps = [], 0, max_steps
         try:
+            # the proxy appends refusals from its own thread, straight into this episode's list
+            self.gate = await (self.proxy or shared_proxy()).open(self.allowed, self.blocked.append)
             self.context = await self.slot.context(
                 viewport={
                     "width": self.config.viewport_width,
                     "height": self.config.viewport_height,
-                }
+                },
+                proxy=self.gate.playwright_proxy(),
             )
             await self.context.route("**/*", self._route)
             await self.context.add_init_script(_REQUESTS_JS)
@@ -202,6 +221,10 @@ class BrowserEnv:
             raise BrowserCrashed(f"reset failed: {exc}") from exc
 
     async def _route(self, route: Any) -> None:
+        """The allowlist's first layer: aborts a request the page starts to another origin
+        before it reaches the network, recorded by its full URL (the proxy refuses it too, but
+        sees an https request only as ``CONNECT host:port``), and fails it as
+        ``net::ERR_BLOCKED_BY_CLIENT``. Redirect hops and sockets bypass routes: the proxy's."""
         url = route.request.url
         if url.startswith(("data:", "blob:", "about:")) or origin_of(url) in self.allowed:
             await route.continue_()
@@ -358,7 +381,11 @@ class BrowserEnv:
         return await self.context.cookies(url)
 
     async def close(self) -> None:
+        """End the episode: close its context, then its gate (port and connections)."""
         if self.context is not None:
             with contextlib.suppress(Exception):
                 await self.context.close()
-        self.context = self.page = None
+        if self.gate is not None:
+            with contextlib.suppress(Exception):  # (the proxy may be stopped: interpreter exit)
+                await self.gate.close()
+        self.context = self.page = self.gate = None
