@@ -18,6 +18,8 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts only this folder on the pa
 
 import streamlit as st  # noqa: E402
 
+from dashboards import access  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 PAGES = [
     ("overview", "Overview", ":material/dashboard:"),
@@ -33,6 +35,14 @@ PAGES = [
 
 def main() -> None:
     st.set_page_config(page_title="webloop review", layout="wide")
+    if not st.session_state.get("_access_granted"):
+        if not access.token_ok(access.expected_token(), st.query_params.get("token")):
+            st.error(
+                "This dashboard needs its access token: open the URL that `webloop dashboard` "
+                "printed (it ends in `?token=…`)."
+            )
+            st.stop()
+        st.session_state["_access_granted"] = True  # the session keeps it across pages
     pages = [
         st.Page(
             str(HERE / "views" / f"{name}.py"),

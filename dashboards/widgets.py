@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards import data, ui
+from dashboards import access, data, ui
 from warehouse.records import LABELS
 
 PAGES = Path(__file__).resolve().parent / "views"
@@ -32,7 +32,9 @@ def label_form(traj_id: str, n_steps: int, *, key: str) -> None:
         )
         note = st.text_area("Note", key=f"{key}_note", height=80)
         reviewer = st.text_input(
-            "Reviewer", value=st.session_state.get("reviewer", ""), key=f"{key}_reviewer"
+            "Reviewer",
+            value=st.session_state.get("reviewer") or access.default_reviewer(),
+            key=f"{key}_reviewer",
         )
         saved = st.form_submit_button("Save label", type="primary")
     if saved:

@@ -10,16 +10,16 @@ from enum import StrEnum
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flows.terminal import SafeConsole, cell
 from warehouse import Warehouse, WarehouseConfig
 
 # Lines are never wrapped at the console width: a message that names a file stays one line
 # (grep-able, and the same whatever the terminal or the COLUMNS it started with); tables still
 # fit the width.
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+console = SafeConsole(soft_wrap=True)
+err = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def fit_consoles() -> None:
@@ -95,7 +95,7 @@ def existing_run(value: str | None) -> str | None:
     with _open(read_only=True) as wh:
         found = wh.read(Run, "run_id = ?", [value]).height
     if not found:
-        raise typer.BadParameter(f"no run {value!r} in the warehouse (`webloop runs` lists them)")
+        raise UserError(f"--run: no run {value!r} in the warehouse (`webloop runs` lists them)")
     return value
 
 
@@ -110,5 +110,5 @@ def print_frame(df: Any, fmt: Format = Format.table, title: str | None = None) -
         for name in df.columns:
             table.add_column(name, overflow="fold")
         for row in df.iter_rows():
-            table.add_row(*("" if v is None else str(v) for v in row))
+            table.add_row(*(cell(v) for v in row))
         console.print(table)

@@ -8,6 +8,7 @@ The app reads the warehouse of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (and
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from dashboards import access
 from flows.children import run_child
 from flows.cli_common import UserError, console
 from warehouse import WarehouseConfig
@@ -25,14 +27,27 @@ PASSED = ("WEBLOOP_HOME", "WEBLOOP_WAREHOUSE", "WEBLOOP_DATA_PATH", "WEBLOOP_BLO
 
 
 def dashboard_command(
-    port: int, *, home: Path | None = None, address: str = "127.0.0.1", headless: bool = True
+    port: int,
+    *,
+    home: Path | None = None,
+    address: str = "127.0.0.1",
+    headless: bool = True,
+    auth: bool = True,
 ) -> tuple[list[str], dict[str, str]]:
-    """The ``streamlit run`` command line and environment that serve the app on ``port``."""
+    """The ``streamlit run`` command line and environment that serve the app on ``port``.
+
+    ``auth``: the app requires an access token (:mod:`dashboards.access`): the environment's
+    ``WEBLOOP_DASHBOARD_TOKEN``, else a new random one, in the returned environment."""
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: a TCP port is 1-65535")
     env = dict(os.environ)
     if home is not None:
         env["WEBLOOP_HOME"] = str(home.expanduser().absolute())
+    if auth:
+        env[access.TOKEN_ENV] = env.get(access.TOKEN_ENV) or secrets.token_urlsafe(24)
+    else:
+        env.pop(access.TOKEN_ENV, None)
+    env[access.REVIEWER_ENV] = access.default_reviewer()
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     argv = [
         sys.executable,
@@ -79,13 +94,25 @@ def register(app: typer.Typer) -> None:
         open_browser: Annotated[
             bool, typer.Option("--open/--no-open", help="Open a browser tab.")
         ] = False,
+        auth: Annotated[
+            bool,
+            typer.Option(
+                "--auth/--no-auth",
+                help="Require the access token printed in the URL (WEBLOOP_DASHBOARD_TOKEN "
+                "fixes it; default: a new one each start).",
+            ),
+        ] = True,
     ) -> None:
         """Start the review app: trajectories step by step, labels, groups, judges, datasets,
         training and evaluations, read-only SQL."""
-        argv, env = dashboard_command(port, home=home, address=address, headless=not open_browser)
+        argv, env = dashboard_command(
+            port, home=home, address=address, headless=not open_browser, auth=auth
+        )
         if not port_free(port, address):
             raise UserError(f"port {port} on {address} is in use: choose another with --port")
         shown = WarehouseConfig.from_env(home=env.get("WEBLOOP_HOME")).describe()  # no password
-        console.print(f"webloop dashboard on http://{address}:{port} (warehouse: {shown})")
+        token = env.get(access.TOKEN_ENV)
+        url = f"http://{address}:{port}/" + (f"?token={token}" if token else "")
+        console.print(f"webloop dashboard on {url} (warehouse: {shown})")
         code = run_child(argv, env=env)  # stops Streamlit on Ctrl-C, SIGTERM, SIGHUP, SIGKILL
         raise typer.Exit(0 if code == 128 + signal.SIGINT else code)

@@ -103,8 +103,6 @@ def rationales(
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:
         raise UserError("--concurrency must be at least 1")
-    if max_steps is not None and max_steps < 1:
-        raise UserError("--max-steps must be at least 1")
     from curation.rationales import RationalesConfig
     from flows.intervene import rationales as run_flow
 
@@ -117,12 +115,6 @@ def rationales(
         k_images=k_images,
         concurrency=concurrency,
     )
-    if run is not None:
-        from flows.cli_common import _open
-
-        with _open(read_only=True) as wh:
-            if wh.sql("SELECT 1 FROM runs WHERE run_id = ?", [run]).is_empty():
-                raise UserError(f"--run: no run {run!r} in the warehouse")
 
     def progress(summary: Any) -> None:
         console.print(f"  … {summary.written} written, {summary.errors} errors")

@@ -30,6 +30,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from flows.terminal import SafeConsole
+
 
 class LiveProgress:
     """A live bar for one command; use it as a context manager and pass it as the callback."""
@@ -45,7 +47,7 @@ class LiveProgress:
         log_every_s: float = 5.0,
     ) -> None:
         self.label = label
-        self.console = console or Console()
+        self.console = console or SafeConsole()
         self.clock = clock
         self.started = clock()
         self.total = total

@@ -130,19 +130,24 @@ def _kind_name(kind: str, text: str) -> str:
 
 
 def _refusal(kind: str, *, write: bool, schema: bool) -> str:
+    what = f"refusing to run {_article(kind)} {kind} statement"
     if kind in SCHEMA_STATEMENTS and write:
         return (
-            f"refusing to run a {kind} statement: schema changes need --schema as well as "
-            "--write (and `webloop warehouse rollback SNAPSHOT` undoes a mistake)"
+            f"{what}: schema changes need --schema as well as --write (and `webloop warehouse "
+            "rollback SNAPSHOT` undoes a mistake)"
         )
     if kind in DATA_STATEMENTS | SCHEMA_STATEMENTS:
-        return f"refusing to run a {kind} statement: this SQL is read-only (pass --write)"
-    allowed = "SELECT and EXPLAIN" + (", data changes" if write else "")
-    allowed += ", CREATE/DROP/ALTER" if schema else ""
+        return f"{what}: this SQL is read-only (pass --write)"
+    allowed = ["SELECT", "EXPLAIN"] + (["INSERT/UPDATE/DELETE/MERGE"] if write else [])
+    allowed += ["CREATE/DROP/ALTER"] if schema else []
     return (
-        f"refusing to run a {kind} statement: only {allowed} run here (no files, "
+        f"{what}: only {', '.join(allowed[:-1])} and {allowed[-1]} run here (no files, "
         "attachments, extensions, settings, PRAGMA or EXPLAIN ANALYZE)"
     )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].upper() in "AEIOU" else "a"
 
 
 def _parse(query: str) -> list[duckdb.Statement]:

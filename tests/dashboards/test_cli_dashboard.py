@@ -6,10 +6,12 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from flows import cli_dashboard
+from flows.cli_common import UserError
 from flows.cli_dashboard import APP, dashboard_command
 
 
@@ -45,10 +47,17 @@ def test_runs_streamlit_with_the_options(monkeypatch, tmp_path):
     monkeypatch.setattr(cli_dashboard, "port_free", lambda port, address: True)
     res = CliRunner().invoke(app(), ["dashboard", "--port", "8600", "--home", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert "http://127.0.0.1:8600" in res.output
     ((argv, env),) = calls
+    token = env["WEBLOOP_DASHBOARD_TOKEN"]
+    assert len(token) >= 24 and f"http://127.0.0.1:8600/?token={token}" in res.output
     assert argv[argv.index("--server.port") + 1] == "8600"
     assert env["WEBLOOP_HOME"] == str(tmp_path.absolute())
+    assert env["WEBLOOP_REVIEWER"]  # the OS user who started it
+    res = CliRunner().invoke(app(), ["dashboard", "--port", "8600", "--no-auth"])
+    assert "WEBLOOP_DASHBOARD_TOKEN" not in calls[1][1] and "token=" not in res.output
+    monkeypatch.setenv("WEBLOOP_DASHBOARD_TOKEN", "fixed-token-of-the-team")
+    CliRunner().invoke(app(), ["dashboard", "--port", "8600"])
+    assert calls[2][1]["WEBLOOP_DASHBOARD_TOKEN"] == "fixed-token-of-the-team"
 
 
 def test_a_busy_port_is_refused(monkeypatch):
@@ -65,5 +74,22 @@ def test_a_busy_port_is_refused(monkeypatch):
 
 def test_a_bad_port_is_refused():
     res = CliRunner().invoke(app(), ["dashboard", "--port", "70000"])
-    assert res.exit_code != 0
-    assert "a TCP port is 1-65535" in str(res.exception)
+    assert res.exit_code == 2 and "'--port'" in res.output
+    with pytest.raises(UserError, match="a TCP port is 1-65535"):
+        dashboard_command(70000)
+
+
+def test_the_app_refuses_a_session_without_the_token(open_page, monkeypatch):
+    """With a token required, a session without it (or with another) sees a refusal and no
+    data; with it, the page renders, and the label form names the reviewer."""
+    monkeypatch.setenv("WEBLOOP_DASHBOARD_TOKEN", "tok-3f9a1c")
+    monkeypatch.setenv("WEBLOOP_REVIEWER", "alice")
+    for query in ({}, {"token": "wrong"}):
+        at = open_page("overview", **query)
+        assert [e.value for e in at.error] and "needs its access token" in at.error[0].value
+        assert not at.metric and not at.dataframe
+    at = open_page("overview", token="tok-3f9a1c")
+    assert not at.error and {m.label for m in at.metric} >= {"Trajectories", "Success"}
+    at = open_page("label", token="tok-3f9a1c")
+    reviewers = [t.value for t in at.text_input if t.label == "Reviewer"]
+    assert reviewers and set(reviewers) == {"alice"}

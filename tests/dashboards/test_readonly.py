@@ -46,7 +46,7 @@ def test_rows_are_capped(ro):
         ("SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')", "outside the warehouse"),
         ("COPY (SELECT 1) TO '{base}/out.csv'", "COPY statement"),
         ("ATTACH '{base}/other.db' AS other", "ATTACH statement"),
-        ("INSTALL httpfs", "refusing to run a INSTALL statement"),
+        ("INSTALL httpfs", "refusing to run an INSTALL statement"),
         ("LOAD httpfs", "refusing to run a LOAD statement"),
         ("SET enable_external_access = true", "SET statement"),
         (

@@ -73,7 +73,10 @@ def test_numbers_out_of_range_exit_2_before_any_work(home: Path, args: tuple, sa
 def test_a_run_that_does_not_exist_is_a_usage_error(home: Path, command: tuple) -> None:
     """``judge --run nope`` said "judged 0" and exited 0."""
     res = webloop(home, *command, "--run", "nope", ok=False)
-    assert res.returncode == 2 and "no run 'nope' in the warehouse" in res.stderr, res.stderr
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "error: --run: no run 'nope' in the warehouse (`webloop runs` lists them)"
+    ]
 
 
 def test_a_url_with_credentials_is_refused_and_never_printed_or_logged(home: Path) -> None:
@@ -122,3 +125,19 @@ def test_a_collect_whose_every_episode_got_a_401_exits_1_and_stores_no_key(
     assert KEY not in dump
     log = home / "logs" / "webloop.log"
     assert KEY not in res.stdout + res.stderr + (log.read_text() if log.exists() else "")
+
+
+def test_control_characters_and_markup_in_data_do_not_reach_the_terminal(home: Path) -> None:
+    """A cell that retitles the terminal window and carries rich markup is printed as text."""
+    query = "SELECT chr(27) || ']0;pwned' || chr(7) || '[red]x[/red]' || chr(13) AS t"
+    res = webloop(home, "sql", query)
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "\r" not in res.stdout
+    assert "\\x1b]0;pwned\\x07[red]x[/red]\\r" in res.stdout
+
+
+def test_terminal_safe_keeps_text_and_escapes_controls() -> None:
+    from flows.terminal import cell, terminal_safe
+
+    assert terminal_safe("naïve — ok\tTab\nline") == "naïve — ok\tTab\nline"
+    assert terminal_safe("a\x1b[2Jb\x9bc\x00") == "a\\x1b[2Jb\\x9bc\\x00"
+    assert cell("[bold]x") == "\\[bold]x" and cell(None) == ""
