@@ -1058,8 +1058,8 @@ def main() -> None:
         _say_interrupted(exc)
         raise SystemExit(130) from None
     except SystemExit as exc:  # Typer turns a command's KeyboardInterrupt into exit 130
-        interrupt = _chained(exc, KeyboardInterrupt)
-        if exc.code == 130 and interrupt is not None:
+        interrupt = exc.__context__.__cause__ if exc.__context__ is not None else None
+        if exc.code == 130 and isinstance(interrupt, KeyboardInterrupt):
             _say_interrupted(interrupt)
         raise
     except Exception as exc:
@@ -1082,17 +1082,6 @@ def _say_interrupted(exc: BaseException) -> None:
     """One line for a Ctrl-C: a stage's own KeyboardInterrupt subclass says what it left
     behind (:class:`flows.collect.CollectInterrupted`), a plain one says "interrupted"."""
     err.print(escape(_one_line(exc)) if str(exc) else "interrupted", soft_wrap=True)
-
-
-def _chained(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first exception of type ``kind`` among ``exc``'s causes and contexts."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, kind):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return None
 
 
 def _refuse_url_credentials(argv: list[str]) -> None:

@@ -58,7 +58,7 @@ def served(dash_home: Path, tmp_path_factory) -> Iterator[str]:
                     log.seek(0)
                     raise AssertionError(f"streamlit did not start: {log.read()[-3000:]}")
                 time.sleep(0.3)
-            yield url
+            yield f"{url}?token={env['WEBLOOP_DASHBOARD_TOKEN']}"  # what the command prints
         finally:
             proc.terminate()
             proc.wait(30)
@@ -83,14 +83,18 @@ def test_trajectory_page_in_chromium(served: str, dash_home: Path, tmp_path: Pat
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
             page.set_default_timeout(180_000)  # a loaded machine renders slowly
-            page.goto(f"{served}/trajectories?traj=tx-html&step=0")
+            base, token = served.split("?")
+            page.goto(f"{base}/trajectories?traj=tx-html&step=0")  # no token: nothing shown
+            page.get_by_text("needs its access token").wait_for(timeout=180_000)
+            assert page.get_by_text("Drawn: click at").count() == 0
+            page.goto(f"{base}/trajectories?traj=tx-html&step=0&{token}")
             page.get_by_text("Drawn: click at (100, 60)").wait_for(timeout=180_000)
 
             # the screenshot, with the click marker drawn at (100, 60)
             img = page.locator("img[src*='/media/']").first
             img.wait_for(timeout=180_000)
             src = img.get_attribute("src")
-            png = page.request.get(src if src.startswith("http") else served + src).body()
+            png = page.request.get(src if src.startswith("http") else base + src).body()
             assert Image.open(io.BytesIO(png)).size == (320, 200)
             assert marker_pixels(png, 100, 60) > 20
             assert marker_pixels(png, 250, 150) == 0

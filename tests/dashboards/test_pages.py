@@ -111,7 +111,9 @@ def test_label_queue_order_and_save(open_page, dash_home, monkeypatch):
     top = at.selectbox(key="label_sel").options[:3]
     assert sorted(top[:2]) == ["t04 · disagreement", "t05 · disagreement"], top
     assert top[2].endswith("low confidence"), top
-    # no reviewer: refused with the field named
+    # the reviewer defaults to the OS user (WEBLOOP_REVIEWER); emptied: refused, field named
+    assert at.text_input(key="queue_reviewer").value
+    at.text_input(key="queue_reviewer").set_value("")
     at.button[-1].click().run()
     assert any("Not saved: reviewer" in e for e in texts(at, "error"))
     at.radio(key="queue_label").set_value("failure")
