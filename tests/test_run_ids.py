@@ -1,0 +1,83 @@
+"""Run ids are named by configurations, and users' warehouses resume by them: the ids of these
+configurations are pinned (computed before the stage configs moved and composed; a change here
+means an existing warehouse would redo its runs instead of resuming them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from warehouse.ids import run_id_for
+
+
+def _ids() -> dict[str, str]:
+    from flows.collect import CollectConfig
+    from flows.demo import demo_config
+    from flows.evaluate import EvalConfig, collect_config
+    from flows.intervene import InterveneConfig
+    from flows.judge import JudgeConfig
+    from flows.score_steps import ScoreStepsConfig
+    from flows.train import RLConfig, SFTConfig
+    from training import registry
+
+    openai = CollectConfig(
+        policy="openai",
+        base_url="http://127.0.0.1:8000/v1",
+        model="m",
+        n_tasks=20,
+        samples=4,
+        temperature=1.0,
+        prompt_mode="screenshot",
+    )
+    ranker = CollectConfig(
+        policy="ranker",
+        model="/ck",
+        split="test",
+        n_tasks=300,
+        engine={"max_repeats": 3},
+        action_timeout_s=3.0,
+    )
+    rubric = JudgeConfig(
+        judge="rubric_vlm",
+        options={"base_url": "http://h/v1", "model": "m", "k": 3, "selection": "last"},
+        run="r1",
+    )
+    scored = ScoreStepsConfig(k=3, max_states=4, select="uncertain", run="r1")
+    return {
+        "collect default": run_id_for("collect", CollectConfig().identity()),
+        "collect openai": run_id_for("collect", openai.identity()),
+        "collect ranker": run_id_for("collect", ranker.identity()),
+        "judge": run_id_for("judge", JudgeConfig().identity()),
+        "judge rubric": run_id_for("judge", rubric.identity()),
+        "score": run_id_for("score_steps", ScoreStepsConfig().identity()),
+        "score selected": run_id_for("score_steps", scored.identity()),
+        "intervene": run_id_for("intervene", InterveneConfig().identity()),
+        "sft": registry.training_run_id(
+            "sft", "ranker", "ds-1", SFTConfig(dataset="ds-1").identity()
+        ),
+        "rl": registry.training_run_id("rl", "ranker", None, RLConfig(policy="/ck").identity()),
+        "eval": run_id_for(
+            "collect", collect_config(EvalConfig(checkpoint="c"), "/ck", "a11y").identity()
+        ),
+        "flywheel": demo_config().flywheel_id,
+    }
+
+
+PINNED = {
+    "collect default": "collect-1906bec4ce61730469aa",
+    "collect openai": "collect-c84e9c759f08c1af5822",
+    "collect ranker": "collect-e686961153f20089a5f0",
+    "judge": "judge-9b0c2215787a4fe3326e",
+    "judge rubric": "judge-be9e078c86ea9caad356",
+    "score": "score_steps-b29b8b9b224d3519f737",
+    "score selected": "score_steps-521e642c898d9f2e2171",
+    "intervene": "intervene-1a77bb35a6b770c375b2",
+    "sft": "train-sft-926b0c66b14a5ccbd992",
+    "rl": "train-rl-49208f746e5a5785a758",
+    "eval": "collect-c0d2aa36888008322ac9",
+    "flywheel": "flywheel-1e5ee5f62215bd1a85d7",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_run_ids_of_existing_configurations_are_unchanged(name: str) -> None:
+    assert _ids()[name] == PINNED[name]
