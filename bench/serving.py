@@ -6,7 +6,7 @@ Chromium on the bundled sites. Arms:
 
 - ``hf``: :class:`rollouts.hf.HFPolicy` — the model in this process, batched across trajectories;
 - ``vllm``: :class:`rollouts.policies.OpenAIPolicy` against vLLM (``.venv-vllm``), started by
-  :class:`flows.serving.ModelServer` (its start-up time is printed, not counted);
+  :class:`serving.supervisor.ModelServer` (its start-up time is printed, not counted);
 - ``hf-http`` (``--arms``): the same policy against ``serve-model --engine hf``.
 
 Every arm runs each task once; the random tiny model's actions are mostly invalid, so each
@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 import httpx
 
 from flows.collect import bundled_grader
-from flows.serving import ModelServer, ServerSpec, free_port, vllm_python
 from rollouts.engine import Engine, EngineConfig, Finished, make_jobs
 from rollouts.env import EnvConfig, origin_of
 from rollouts.hf import HFGenerator, HFPolicy, load_model
 from rollouts.policies import OpenAIPolicy
+from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
 from sites.server import SiteServer
 from sites.tasks import generate, resolve_start_url
 

@@ -79,7 +79,7 @@ def _detached_server_class() -> type:
     import prefect.server.api.server as server_module
     from prefect.server.api.server import SubprocessASGIServer
 
-    from flows.children import die_with_parent
+    from serving.children import die_with_parent
 
     def popen(*args: object, **kwargs: object) -> subprocess.Popen:
         return subprocess.Popen(  # type: ignore[call-overload]

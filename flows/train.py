@@ -191,7 +191,7 @@ def _fit(
 
 
 def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
-    """The trainer's step counter: a live bar's ``steps`` (:class:`flows.progress.LiveProgress`)
+    """The trainer's step counter: a live bar's ``steps`` (:class:`cli.progress.LiveProgress`)
     when ``say`` has one, else a line per tenth of the run."""
     steps = getattr(say, "steps", None)
     if callable(steps):

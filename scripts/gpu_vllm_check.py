@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not has_cuda():
         print("skipped: no CUDA device")
         return 0
-    from flows.serving import ModelServer, ServerSpec, free_port, vllm_python
+    from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
     from sites.server import SiteServer
     from sites.tasks import generate
 

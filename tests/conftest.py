@@ -303,7 +303,7 @@ def served(tiny: Path, tmp_path_factory) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "flows.cli",
+            "cli.app",
             "serve-model",
             "--model",
             str(tiny),

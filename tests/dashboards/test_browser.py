@@ -18,8 +18,8 @@ import httpx
 import pytest
 from PIL import Image
 
+from cli.dashboard import dashboard_command
 from dashboards.marker import MARKER
-from flows.cli_dashboard import dashboard_command
 from tests.conftest import free_port
 from tests.dashboards.fixture import ANSWER, INSTRUCTION
 from warehouse import Warehouse, WarehouseConfig

@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows import cli_dashboard
-from flows.cli_common import UserError
-from flows.cli_dashboard import APP, dashboard_command
+from cli import dashboard as cli_dashboard
+from cli.common import UserError
+from cli.dashboard import APP, dashboard_command
 
 
 def test_command_line_and_environment(tmp_path: Path, monkeypatch):

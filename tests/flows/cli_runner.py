@@ -1,5 +1,5 @@
 """Running the ``webloop`` CLI in tests: in-process through its console entry point (the same
-``flows.cli.main``, so the same error handling and exit codes), or as a real subprocess."""
+``cli.app.main``, so the same error handling and exit codes), or as a real subprocess."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def webloop(home: Path, *args: str, ok: bool = True) -> Result:
     """``webloop ARGS`` with ``WEBLOOP_HOME=home``, in this process. Commands that run flows
     need the session's ``prefect_harness`` fixture. An unexpected exception propagates (a
     subprocess would print its traceback and exit 1)."""
-    from flows import cli
+    from cli import app as cli
 
     env = {"WEBLOOP_HOME": str(home), "WEBLOOP_WAREHOUSE": None, "COLUMNS": "200"}
     argv = sys.argv
@@ -47,12 +47,12 @@ def webloop(home: Path, *args: str, ok: bool = True) -> Result:
 def webloop_subprocess(
     home: Path, *args: str, ok: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m flows.cli ARGS`` as users run it. Pass ``env`` (e.g. the
+    """``python -m cli.app ARGS`` as users run it. Pass ``env`` (e.g. the
     ``prefect_subprocess_env`` fixture) when the command runs a flow."""
     env = {**(env or os.environ), "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
     env.pop("WEBLOOP_WAREHOUSE", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "cli.app", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ def _dashboard(home: Path, port: int) -> tuple[subprocess.Popen, psutil.Process]
     app answers its health check."""
     env = {**os.environ, "WEBLOOP_HOME": str(home), "WEBLOOP_WAREHOUSE": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
+        [sys.executable, "-m", "cli.app", "dashboard", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -182,7 +182,7 @@ def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
     h = tmp_path / "h"
     env = {**os.environ, "WEBLOOP_HOME": str(h), "COLUMNS": "200"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "sites", "serve"],
+        [sys.executable, "-m", "cli.app", "sites", "serve"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

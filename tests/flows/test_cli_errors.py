@@ -13,8 +13,8 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from flows import cli
-from flows.secret_files import SecretFileError
+from cli import app as cli
+from sites.secret_files import SecretFileError
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.blobs import BlobCorruptError, BlobError
 from warehouse.config import ConfigError
@@ -216,7 +216,7 @@ def test_a_failure_inside_a_prefect_flow_is_one_line_without_prefect_noise(
     env.pop("WEBLOOP_WAREHOUSE", None)
     env.pop("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "collect", "--suite", "nope", "--n-tasks", "1"],
+        [sys.executable, "-m", "cli.app", "collect", "--suite", "nope", "--n-tasks", "1"],
         env=env,
         capture_output=True,
         text=True,
@@ -241,7 +241,7 @@ def test_the_policy_check_does_not_import_torch():
 
     code = (
         "import sys\n"
-        "from flows.cli_common import _policies\n"
+        "from cli.common import _policies\n"
         "names = _policies()\n"
         "assert 'ranker' in names and 'expert' in names, names\n"
         "assert 'torch' not in sys.modules, 'listing the policies imported torch'\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from flows.cli import app
+from cli.app import app
 from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI
 from warehouse import Warehouse, WarehouseConfig, sample
@@ -136,7 +136,7 @@ def test_control_characters_and_markup_in_data_do_not_reach_the_terminal(home: P
 
 
 def test_terminal_safe_keeps_text_and_escapes_controls() -> None:
-    from flows.terminal import cell, terminal_safe
+    from cli.terminal import cell, terminal_safe
 
     assert terminal_safe("naïve — ok\tTab\nline") == "naïve — ok\tTab\nline"
     assert terminal_safe("a\x1b[2Jb\x9bc\x00") == "a\\x1b[2Jb\\x9bc\\x00"

@@ -89,7 +89,7 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
         env = {**prefect_subprocess_env, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
         env.pop("WEBLOOP_WAREHOUSE", None)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *cmd],
+            [sys.executable, "-m", "cli.app", *cmd],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -183,7 +183,7 @@ def test_ctrl_c_stops_collect_promptly_and_a_rerun_redoes_the_episodes_in_flight
         for name in ("WEBLOOP_WAREHOUSE", "PREFECT_API_URL"):  # the temporary server
             env.pop(name, None)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *cmd],
+            [sys.executable, "-m", "cli.app", *cmd],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

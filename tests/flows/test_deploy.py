@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows import cli_deploy
+from cli import deploy as cli_deploy
 from flows import deploy as dep
 
 pytestmark = pytest.mark.prefect
@@ -112,7 +112,7 @@ def test_dry_run_prints_and_bad_input_is_refused(tmp_path: Path, monkeypatch):
 
 SERVE = """
 import typer
-from flows import cli_deploy
+from cli import deploy as cli_deploy
 app = typer.Typer()
 @app.callback()
 def _root() -> None:

@@ -116,7 +116,7 @@ def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> 
     env["HF_HUB_OFFLINE"] = "1"
     env.pop("WEBLOOP_WAREHOUSE", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli_flywheel", "flywheel", *args],
+        [sys.executable, "-m", "cli.flywheel", "flywheel", *args],
         cwd=ROOT,
         env=env,
         start_new_session=True,  # its own process group: the sites server and Chromium too
@@ -302,11 +302,11 @@ def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeyp
     import typer
     from typer.testing import CliRunner
 
+    from cli.flywheel import register
     from flows import collect as collect_module
     from flows import demo as demo_module
     from flows import intervene as intervene_module
     from flows import score_steps as score_steps_module
-    from flows.cli_flywheel import register
 
     cfg, home = resumed["cfg"], resumed["home"]
     for module in (collect_module, intervene_module):

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from rich.console import Console
 
-from flows.progress import LiveProgress, describe
+from cli.progress import LiveProgress, describe
 from judging.base import JudgeSummary
 from judging.prm import ScoreSummary
 from rollouts.engine import Stats

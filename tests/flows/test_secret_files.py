@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.secret_files import SecretFileError, read_secret_file, write_secret_file
+from sites.secret_files import SecretFileError, read_secret_file, write_secret_file
 
 
 def _serve_until_ready(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "sites", "serve"],
+        [sys.executable, "-m", "cli.app", "sites", "serve"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

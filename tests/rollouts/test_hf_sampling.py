@@ -140,7 +140,7 @@ def test_hf_policy_group_samples_differ_and_a_run_reproduces(gen):
 def test_serve_model_passes_sampling_through(tiny):
     from starlette.testclient import TestClient
 
-    from flows.serve_model import build_app, sampling_of
+    from serving.server import build_app, sampling_of
 
     assert sampling_of({"temperature": 0.5, "top_p": 0.9, "seed": 4}) == {
         "temperature": 0.5,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.serving import ModelServer
+from serving.supervisor import ModelServer
 from tests.serving import vllm_tier
 from tests.serving.vllm_tier import HAVE_VLLM, NAME, SKIP_REASON, spec_of
 

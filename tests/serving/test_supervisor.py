@@ -16,13 +16,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows import serving
-from flows.cli_common import UserError
-from flows.cli_serving import register
-from flows.serving import ServerError, ServerSpec, command, free_port, group_members
+from cli.common import UserError
+from cli.serving import register
+from serving import supervisor as serving
+from serving.supervisor import ServerError, ServerSpec, command, free_port, group_members
 
 CLI = (
-    "import typer; from flows.cli_serving import register\n"
+    "import typer; from cli.serving import register\n"
     "app = typer.Typer()\n"
     "@app.callback()\n"
     "def main() -> None: ...\n"

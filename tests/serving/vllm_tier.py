@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.serving import ModelServer, ServerSpec, free_port, vllm_python
+from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
 
 HAVE_VLLM = vllm_python() is not None
 SKIP_REASON = "the vllm tier needs .venv-vllm: run `make vllm` (CI does) to run these tests"

@@ -23,7 +23,7 @@ def webloop(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
     env.pop("WEBLOOP_WAREHOUSE", None)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "cli.app", *args],
         env=env,
         capture_output=True,
         text=True,

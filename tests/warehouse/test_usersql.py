@@ -324,7 +324,7 @@ def test_generated_hostile_sql_runs_nothing_outside_the_allow_list(lake, outside
 def _webloop(home: Path, *args: str, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
     env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
     env.pop("WEBLOOP_WAREHOUSE", None)
-    cmd = [sys.executable, "-m", "flows.cli", *args]
+    cmd = [sys.executable, "-m", "cli.app", *args]
     if kw.get("background"):
         return subprocess.Popen(  # SIGINT as a terminal sends it (a test runner may ignore it)
             cmd,

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from flows.cli_common import (
+from cli.common import (
     Format,
     UserError,
     _judges,
@@ -332,7 +332,7 @@ def sites_serve(
     server = SiteServer(seed=seed, ports=ports).start()
     home = WarehouseConfig.from_env().home
     home.mkdir(parents=True, exist_ok=True)
-    from flows.secret_files import write_secret_file
+    from sites.secret_files import write_secret_file
 
     secret_file = write_secret_file(home / "sites.secret", server.secret)  # 0600 from the start
     for name, url in server.urls.items():
@@ -623,8 +623,8 @@ def collect(
         f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
         f"policy {policy}, concurrency {concurrency}"
     )
+    from cli.progress import LiveProgress
     from flows import prefect_env
-    from flows.progress import LiveProgress
 
     prefect_env.detach_temporary_server()  # a Ctrl-C leaves it to record the interruption
     with LiveProgress("collect", console=console) as bar:
@@ -740,7 +740,7 @@ def judge(
         dask_address=dask_address,
     )
 
-    from flows.progress import LiveProgress
+    from cli.progress import LiveProgress
 
     with LiveProgress("judge", console=console) as bar:
         out = judge_flow(cfg, None, bar)
@@ -910,7 +910,7 @@ def score_steps(
         dask_address=dask_address,
     )
 
-    from flows.progress import LiveProgress
+    from cli.progress import LiveProgress
 
     with LiveProgress("score-steps", console=console) as bar:
         out = run_flow(cfg, None, bar)
@@ -969,7 +969,7 @@ def exit_code(exc: BaseException) -> int:
     command needs), 1 for runtime failures (I/O, a crashed browser or server, a bug)."""
     import duckdb
 
-    from flows.secret_files import SecretFileError
+    from sites.secret_files import SecretFileError
     from warehouse.blobs import BlobCorruptError, BlobError, BlobNotFoundError
     from warehouse.connection import WarehouseError
 
@@ -1025,23 +1025,18 @@ def _one_line(exc: BaseException) -> str:
 
 
 # Commands defined in their own modules (they import the helpers above).
-from flows import (  # noqa: E402
-    cli_curation,
-    cli_dashboard,
-    cli_deploy,
-    cli_flywheel,
-    cli_interventions,
-    cli_serving,
-    cli_training,
+from cli import (  # noqa: E402
+    curation,
+    dashboard,
+    deploy,
+    flywheel,
+    interventions,
+    serving,
+    training,
 )
 
-cli_curation.register(app)
-cli_interventions.register(app)
-cli_training.register(app)
-cli_serving.register(app)
-cli_deploy.register(app)
-cli_flywheel.register(app)
-cli_dashboard.register(app)
+for _group in (curation, interventions, training, serving, deploy, flywheel, dashboard):
+    _group.register(app)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import Format, UserError, _open, console, print_frame
+from cli.common import Format, UserError, _open, console, print_frame
 
 ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
 
@@ -54,7 +54,7 @@ def _user_errors(fn: Any) -> Any:
 
 def _live(label: str) -> Any:
     """The live progress bar (counts and rates) of a long command."""
-    from flows.progress import LiveProgress
+    from cli.progress import LiveProgress
 
     return LiveProgress(label, console=console)
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import existing_run
+from cli.common import existing_run
 
 
 class TeacherName(StrEnum):
@@ -17,7 +17,7 @@ class TeacherName(StrEnum):
 
 
 def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None) -> None:
-    from flows.cli_common import UserError
+    from cli.common import UserError
 
     if teacher is TeacherName.openai and not (base_url and model):
         raise UserError("--teacher openai needs --base-url and --model")
@@ -43,7 +43,7 @@ def intervene(
 ) -> None:
     """Find the first error of failed trajectories, propose one correction with a teacher and
     verify it by replay in Chromium (the `intervene` Prefect flow); resumable."""
-    from flows.cli_common import UserError, console
+    from cli.common import UserError, console
 
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:
@@ -63,7 +63,7 @@ def intervene(
         run_name=name,
     )
 
-    from flows.progress import LiveProgress
+    from cli.progress import LiveProgress
 
     with LiveProgress("intervene", console=console) as bar:
         out = run_flow(cfg, None, bar)
@@ -98,7 +98,7 @@ def rationales(
 ) -> None:
     """Write a teacher's thought for each step of successful expert trajectories (stored apart
     from the trajectory; a recipe's include.rationales adds them); resumable."""
-    from flows.cli_common import UserError, console
+    from cli.common import UserError, console
 
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:

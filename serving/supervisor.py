@@ -1,5 +1,5 @@
 """Model servers as supervised subprocesses: vLLM (from ``.venv-vllm``) or webloop's own ``hf``
-engine (:mod:`flows.serve_model`), both speaking the OpenAI protocol at ``http://HOST:PORT/v1``.
+engine (:mod:`serving.server`), both speaking the OpenAI protocol at ``http://HOST:PORT/v1``.
 
 A :class:`ModelServer` starts the engine in its own process group, waits until ``/health``
 answers, and stops the whole group (SIGTERM, then SIGKILL after a grace period), so no engine
@@ -109,7 +109,7 @@ def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start ``spec``'s engine."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if spec.engine == "hf":
-        argv = [sys.executable, "-m", "flows.serve_model", "--model", spec.model]
+        argv = [sys.executable, "-m", "serving.server", "--model", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), "--name", spec.served_name]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         return argv + spec.extra, env

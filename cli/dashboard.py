@@ -17,9 +17,9 @@ from typing import Annotated
 
 import typer
 
+from cli.common import UserError, console
 from dashboards import access
-from flows.children import run_child
-from flows.cli_common import UserError, console
+from serving.children import run_child
 from warehouse import WarehouseConfig
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"

@@ -1,5 +1,5 @@
 """``webloop serve-model --engine vllm|hf --model PATH|tiny-idefics [--port N]``: start and
-supervise a model server (see :mod:`flows.serving`)."""
+supervise a model server (see :mod:`serving.supervisor`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import UserError, console
+from cli.common import UserError, console
 
 
 def _engine(value: str) -> str:
-    from flows.serving import ENGINES
+    from serving.supervisor import ENGINES
 
     if value not in ENGINES:
         raise typer.BadParameter(f"unknown engine {value!r}; choose from {', '.join(ENGINES)}")
@@ -48,7 +48,7 @@ def serve_model(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (``/v1``) until Ctrl-C / SIGTERM,
     which stop the engine and every process it started."""
-    from flows.serving import ServerError, ServerSpec, command, resolve_model, supervise
+    from serving.supervisor import ServerError, ServerSpec, command, resolve_model, supervise
 
     try:
         path = resolve_model(model)

@@ -1,7 +1,7 @@
 """CLI commands of the main job: ``webloop flywheel`` (N rounds of the whole loop, resumable)
 and ``webloop demo`` (the flywheel at CPU scale on the bundled sites; ``make demo`` runs it).
 
-``python -m flows.cli_flywheel flywheel …`` runs the same commands without the rest of the CLI.
+``python -m cli.flywheel flywheel …`` runs the same commands without the rest of the CLI.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import UserError, console
+from cli.common import UserError, console
 
 
 def _config(**kw: Any) -> Any:

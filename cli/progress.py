@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from flows.terminal import SafeConsole
+from cli.terminal import SafeConsole
 
 
 class LiveProgress:

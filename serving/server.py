@@ -1,6 +1,6 @@
 """The ``hf`` engine of ``webloop serve-model``: an OpenAI-compatible server over a transformers
 model, for machines without vLLM (``--engine vllm`` runs vLLM's own server instead, see
-:mod:`flows.serving`).
+:mod:`serving.supervisor`).
 
 It speaks the protocol the way stock clients (the ``openai`` package) use it:
 
@@ -19,7 +19,7 @@ It speaks the protocol the way stock clients (the ``openai`` package) use it:
   honour (tools, response formats, penalties, logit bias, top alternatives, echo, ...);
 - ``GET /v1/models``, ``GET /health``.
 
-``python -m flows.serve_model --model DIR --port N`` runs it (the supervisor starts it so).
+``python -m serving.server --model DIR --port N`` runs it (the supervisor starts it so).
 """
 
 from __future__ import annotations
@@ -411,8 +411,8 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m flows.serve_model --model DIR [--host H] [--port N] [--name NAME]``."""
-    ap = argparse.ArgumentParser(prog="python -m flows.serve_model", description=__doc__)
+    """``python -m serving.server --model DIR [--host H] [--port N] [--name NAME]``."""
+    ap = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__)
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)

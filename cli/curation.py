@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import Format, UserError, _open, console, print_frame
+from cli.common import Format, UserError, _open, console, print_frame
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """What every ``webloop`` command module shares: consoles, output formats, the input-error type,
 registry-name validation and opening the warehouse. (Command modules import this, never
-``flows.cli``, which imports them.)"""
+``cli.app``, which imports them.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from flows.terminal import SafeConsole, cell
+from cli.terminal import SafeConsole, cell
 from warehouse import Warehouse, WarehouseConfig
 
 # Lines are never wrapped at the console width: a message that names a file stays one line

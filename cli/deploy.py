@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import UserError, console
+from cli.common import UserError, console
 
 NO_SERVER = (
     "no Prefect server configured: start one (`prefect server start --host 127.0.0.1`) and "
