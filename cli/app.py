@@ -1042,9 +1042,9 @@ for _group in (curation, interventions, training, serving, deploy, flywheel, das
 def main() -> None:
     """Console entry point. A failure prints one line and exits 2 (usage, bad input) or 1
     (runtime failure); the full traceback goes to the log file the line names."""
-    from flows import prefect_env
+    from stages import logfile
 
-    prefect_env.quiet_console()
+    logfile.quiet_prefect_console()
     fit_consoles()
     try:
         _refuse_url_credentials(sys.argv[1:])
@@ -1059,7 +1059,7 @@ def main() -> None:
         raise
     except Exception as exc:
         code, command = exit_code(exc), _command()
-        log = prefect_env.log_exception(exc, command)
+        log = logfile.log_exception(exc, command)
         in_flow = any("prefect" in f.filename for f in traceback.extract_tb(exc.__traceback__))
         where = f"; full traceback in {log}" if log else ""
         if code == USAGE:

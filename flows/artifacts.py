@@ -6,8 +6,6 @@ a unit test without a server) it does nothing, so library code never needs a Pre
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 
 def artifact_key(*parts: object) -> str:
@@ -15,28 +13,6 @@ def artifact_key(*parts: object) -> str:
     text = "-".join(str(p) for p in parts if p is not None and str(p) != "")
     key = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
     return re.sub(r"-{2,}", "-", key)[:100] or "webloop"
-
-
-def cell(value: Any) -> str:
-    """One table cell: floats rounded, ``|`` and newlines escaped."""
-    if value is None:
-        return ""
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Iterable[str] | None = None) -> str:
-    """A markdown table of ``rows`` (the columns of the first row unless given)."""
-    cols = list(columns) if columns is not None else list(rows[0]) if rows else []
-    if not cols:
-        return "_(none)_"
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def percent(x: float | None) -> str:
-    return "" if x is None else f"{x:.1%}"
 
 
 def in_prefect_run() -> bool:

@@ -22,29 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows import prefect_env
+import httpx
+from prefect import flow, task
 
-prefect_env.configure()
-
-import httpx  # noqa: E402
-from prefect import flow, task  # noqa: E402
-
-from flows import dask_scale  # noqa: E402
-from flows.grading import engine_grader  # noqa: E402
-from flows.runs import recorded_run  # noqa: E402
-from rollouts.browser import SharedSlot  # noqa: E402
-from rollouts.engine import Engine, EngineConfig, Job, Stats, make_jobs  # noqa: E402
-from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
-from rollouts.policies import expert_action_space, make_policy  # noqa: E402
-from rollouts.prompts import PromptConfig  # noqa: E402
-from rollouts.writer import BatchWriter, WriterStats  # noqa: E402
-from sites.server import SiteServer  # noqa: E402
-from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
-from warehouse.ids import run_id_for, stable_hash, traj_id_for  # noqa: E402
-from warehouse.leases import Claim, hold  # noqa: E402
-from warehouse.records import INFRA_ERROR, Task  # noqa: E402
-from warehouse.tasks import latest_tasks  # noqa: E402
+from flows import dask_scale, prefect_env
+from flows.grading import engine_grader
+from rollouts.browser import SharedSlot
+from rollouts.engine import Engine, EngineConfig, Job, Stats, make_jobs
+from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.policies import expert_action_space, make_policy
+from rollouts.prompts import PromptConfig
+from rollouts.writer import BatchWriter, WriterStats
+from sites.server import SiteServer
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url
+from stages.runs import recorded_run
+from warehouse import Warehouse, WarehouseConfig, WarehouseError
+from warehouse.ids import run_id_for, stable_hash, traj_id_for
+from warehouse.leases import Claim, hold
+from warehouse.records import INFRA_ERROR, Task
+from warehouse.tasks import latest_tasks
 
 VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s")
 

@@ -11,17 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefect import flow, task
+
+from curation.build import build_dataset
+from curation.recipe import load_recipe
 from flows import prefect_env
-
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-
-from curation.build import build_dataset  # noqa: E402
-from curation.recipe import load_recipe  # noqa: E402
-from flows.artifacts import artifact_key, markdown_table, publish  # noqa: E402
-from flows.runs import code_version  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig  # noqa: E402
+from flows.artifacts import artifact_key, publish
+from stages.report import markdown_table
+from stages.runs import code_version
+from warehouse import Warehouse, WarehouseConfig
 
 
 def default_out(home: str | None = None) -> Path:

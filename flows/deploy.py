@@ -16,10 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows import prefect_env
-
-prefect_env.configure()
-
 
 @dataclass(frozen=True)
 class Schedule:

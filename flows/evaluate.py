@@ -16,17 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect import flow, task
+
 from flows import prefect_env
-
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-
-from flows.artifacts import artifact_key, flow_run_id, markdown_table, percent, publish  # noqa: E402
-from flows.collect import CollectConfig, run_collect  # noqa: E402
-from training.evaluate import compare, record  # noqa: E402
-from training.load import POLICY_OF, model_kind, resolve_policy  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig  # noqa: E402
+from flows.artifacts import artifact_key, flow_run_id, publish
+from flows.collect import CollectConfig, run_collect
+from stages.report import markdown_table, percent
+from training.evaluate import compare, record
+from training.load import POLICY_OF, model_kind, resolve_policy
+from warehouse import Warehouse, WarehouseConfig
 
 
 @dataclass(frozen=True)

@@ -37,30 +37,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows import prefect_env
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from curation.build import build_dataset  # noqa: E402
-from curation.interventions import RETRIED_OUTCOMES  # noqa: E402
-from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash  # noqa: E402
-from flows.collect import CollectConfig, run_collect  # noqa: E402
-from flows.evaluate import EvalConfig, run_evaluation  # noqa: E402
-from flows.intervene import InterveneConfig, run_intervene_async  # noqa: E402
-from flows.judge import JudgeConfig, run_judge  # noqa: E402
-from flows.runs import code_version  # noqa: E402
-from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
-from flows.train import SFTConfig, run_sft  # noqa: E402
-from sites.tasks import generate as generate_tasks  # noqa: E402
-from training.stats import diff_interval  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, migrations  # noqa: E402
-from warehouse.ids import make_id  # noqa: E402
-from warehouse.records import Run, utcnow  # noqa: E402
-from warehouse.tasks import put_tasks  # noqa: E402
+from curation.build import build_dataset
+from curation.interventions import RETRIED_OUTCOMES
+from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
+from flows.collect import CollectConfig, run_collect
+from flows.evaluate import EvalConfig, run_evaluation
+from flows.intervene import InterveneConfig, run_intervene_async
+from flows.judge import JudgeConfig, run_judge
+from flows.score_steps import ScoreStepsConfig, run_score_steps_async
+from flows.train import SFTConfig, run_sft
+from sites.tasks import generate as generate_tasks
+from stages.runs import code_version
+from training.stats import diff_interval
+from warehouse import Warehouse, WarehouseConfig, migrations
+from warehouse.ids import make_id
+from warehouse.records import Run, utcnow
+from warehouse.tasks import put_tasks
 
 # The flywheel's default recipe: filtered behaviour cloning over the flywheel's own runs (the
 # sources' runs are filled in per round), verified interventions as extra SFT rows, and a TTI

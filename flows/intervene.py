@@ -22,14 +22,10 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from flows import prefect_env
+import httpx
+from prefect import flow, task
 
-prefect_env.configure()
-
-import httpx  # noqa: E402
-from prefect import flow, task  # noqa: E402
-
-from curation.interventions import (  # noqa: E402
+from curation.interventions import (
     NO_ERROR_FOUND,
     RETRIED_OUTCOMES,
     TEACHER_ERROR,
@@ -44,24 +40,26 @@ from curation.interventions import (  # noqa: E402
     replay_traj_id,
     verify,
 )
-from curation.rationales import RationalesConfig, run_rationales_async  # noqa: E402
-from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
-from flows.collect import bundled_grader  # noqa: E402
-from flows.runs import recorded_run  # noqa: E402
-from flows.score_steps import bundled_probe  # noqa: E402
-from judging.alignment import page_state  # noqa: E402
-from judging.base import TrajectoryView, load_views  # noqa: E402
-from rollouts.browser import SharedSlot  # noqa: E402
-from rollouts.engine import Engine, EngineConfig, Finished, Job  # noqa: E402
-from rollouts.env import BrowserEnv, EnvConfig, origin_of  # noqa: E402
-from rollouts.policies import ExpertPolicy, expert_action_space  # noqa: E402
-from rollouts.prompts import PromptConfig  # noqa: E402
-from rollouts.writer import BatchWriter  # noqa: E402
-from sites.server import SiteServer  # noqa: E402
-from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
-from warehouse.ids import make_id, run_id_for  # noqa: E402
-from warehouse.records import Intervention  # noqa: E402
+from curation.rationales import RationalesConfig, run_rationales_async
+from flows import prefect_env
+from flows.artifacts import artifact_key, flow_run_id, publish
+from flows.collect import bundled_grader
+from flows.score_steps import bundled_probe
+from judging.alignment import page_state
+from judging.base import TrajectoryView, load_views
+from rollouts.browser import SharedSlot
+from rollouts.engine import Engine, EngineConfig, Finished, Job
+from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.policies import ExpertPolicy, expert_action_space
+from rollouts.prompts import PromptConfig
+from rollouts.writer import BatchWriter
+from sites.server import SiteServer
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url
+from stages.report import markdown_table
+from stages.runs import recorded_run
+from warehouse import Warehouse, WarehouseConfig, WarehouseError
+from warehouse.ids import make_id, run_id_for
+from warehouse.records import Intervention
 
 
 @dataclass(frozen=True)

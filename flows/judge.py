@@ -15,18 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows import prefect_env
+from prefect import flow, task
 
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-
-from flows import dask_scale  # noqa: E402
-from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input  # noqa: E402
-from flows.runs import recorded_run  # noqa: E402
-from judging.base import Judge, JudgeSummary, backlog, judge_all, make_judge  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
-from warehouse.ids import run_id_for  # noqa: E402
+from flows import dask_scale, prefect_env
+from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input
+from judging.base import Judge, JudgeSummary, backlog, judge_all, make_judge
+from stages.runs import recorded_run
+from warehouse import Warehouse, WarehouseConfig, WarehouseError
+from warehouse.ids import run_id_for
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,14 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from flows import prefect_env
+from prefect import flow, task
 
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-
-from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
-from flows.runs import recorded_run  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig  # noqa: E402
-from warehouse.ids import run_id_for  # noqa: E402
-from warehouse.versions import MaintenanceReport, maintain  # noqa: E402
+from flows.artifacts import artifact_key, flow_run_id, publish
+from stages.report import markdown_table
+from stages.runs import recorded_run
+from warehouse import Warehouse, WarehouseConfig
+from warehouse.ids import run_id_for
+from warehouse.versions import MaintenanceReport, maintain
 
 
 def report_markdown(rep: MaintenanceReport, keep_recent_minutes: float) -> str:

@@ -4,23 +4,21 @@
   client; unset means "start a temporary local server").
 - A longer start-up timeout for that temporary server: the first start with a fresh
   ``PREFECT_HOME`` takes 13-16 s on 2 cores.
-- Logs: Prefect's warnings and errors (and a failed command's traceback, written by the CLI)
-  go to ``$WEBLOOP_HOME/logs/webloop.log`` (``WEBLOOP_LOG`` overrides the path). The CLI also
-  quiets Prefect's console handler (:func:`quiet_console`): a failure reaches the user as one
-  line naming the log, not as Prefect's tracebacks.
+- Logs: Prefect's warnings and errors go to webloop's log file (:mod:`stages.logfile`).
+
+:func:`configure` runs once, when the ``flows`` package is first imported (that is, where a flow
+is about to run): the CLI imports ``flows`` only in the commands that run flows, so the others
+never import Prefect.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-from warehouse.secrets import redact
+from stages.logfile import LogFileHandler
 
 _DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -41,12 +39,6 @@ def configure() -> None:
     root = logging.getLogger()
     if not any(isinstance(h, LogFileHandler) for h in root.handlers):
         root.addHandler(LogFileHandler(logging.WARNING))
-
-
-def quiet_console() -> None:
-    """For the CLI, before prefect is imported: Prefect's console handler shows only CRITICAL
-    records (the rest goes to the log file); an explicit environment setting wins."""
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
 def detach_temporary_server() -> None:
@@ -99,48 +91,6 @@ def _detached_server_class() -> type:
                 server_module.subprocess = subprocess
 
     return DetachedServer
-
-
-def log_path() -> Path:
-    """``$WEBLOOP_LOG``, else ``$WEBLOOP_HOME/logs/webloop.log`` (home default ``./.webloop``),
-    resolved when a record is written (the CLI's ``--home`` sets ``WEBLOOP_HOME``)."""
-    if os.environ.get("WEBLOOP_LOG"):
-        return Path(os.environ["WEBLOOP_LOG"]).absolute()
-    return Path(os.environ.get("WEBLOOP_HOME") or ".webloop").absolute() / "logs" / "webloop.log"
-
-
-def _append(text: str) -> Path:
-    text = redact(text)  # no API key, password or URL credential reaches the log file
-    path = log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(text if text.endswith("\n") else text + "\n")
-    return path
-
-
-class LogFileHandler(logging.Handler):
-    """Appends records to :func:`log_path` (opened per record: only warnings and errors)."""
-
-    def __init__(self, level: int = logging.WARNING) -> None:
-        super().__init__(level)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            _append(self.format(record))
-        except Exception:
-            self.handleError(record)
-
-
-def log_exception(exc: BaseException, command: str) -> Path | None:
-    """Write ``exc``'s full traceback to the log file; its path, or None if it cannot be
-    written (a read-only home must not hide the original error)."""
-    stamp = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    tb = "".join(traceback.format_exception(exc))
-    try:
-        return _append(f"{stamp} ERROR {command}\n{tb}")
-    except OSError:
-        return None
 
 
 _PROGRESS: dict[str, Callable[..., None]] = {}

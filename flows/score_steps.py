@@ -20,20 +20,15 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from flows import prefect_env
+import httpx
+from prefect import flow, task
 
-prefect_env.configure()
-
-import httpx  # noqa: E402
-from prefect import flow, task  # noqa: E402
-
-from flows import dask_scale  # noqa: E402
-from flows.collect import checkpoint_policy  # noqa: E402
-from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input  # noqa: E402
-from flows.grading import criteria_grader  # noqa: E402
-from flows.runs import recorded_run  # noqa: E402
-from judging.base import load_views  # noqa: E402
-from judging.prm import (  # noqa: E402
+from flows import dask_scale, prefect_env
+from flows.collect import checkpoint_policy
+from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input
+from flows.grading import criteria_grader
+from judging.base import load_views
+from judging.prm import (
     ExactScorer,
     PrefixEnded,
     Proposal,
@@ -45,15 +40,16 @@ from judging.prm import (  # noqa: E402
     ranking_agreement,
     score_states,
 )
-from rollouts.browser import SharedSlot  # noqa: E402
-from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of  # noqa: E402
-from rollouts.policies import make_policy  # noqa: E402
-from rollouts.prompts import PromptConfig  # noqa: E402
-from sites.client import fetch_state, session_of  # noqa: E402
-from sites.server import SiteServer  # noqa: E402
-from sites.tasks import BUNDLED_SCHEME, resolve_start_url  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig, WarehouseError  # noqa: E402
-from warehouse.ids import run_id_for  # noqa: E402
+from rollouts.browser import SharedSlot
+from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of
+from rollouts.policies import make_policy
+from rollouts.prompts import PromptConfig
+from sites.client import fetch_state, session_of
+from sites.server import SiteServer
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url
+from stages.runs import recorded_run
+from warehouse import Warehouse, WarehouseConfig, WarehouseError
+from warehouse.ids import run_id_for
 
 
 @dataclass(frozen=True)

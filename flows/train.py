@@ -19,23 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect import flow, task
+
 from flows import prefect_env
-
-prefect_env.configure()
-
-from prefect import flow, task  # noqa: E402
-
-from flows.artifacts import artifact_key, flow_run_id, markdown_table, publish  # noqa: E402
-from flows.collect import CollectConfig, run_collect, select_tasks  # noqa: E402
-from flows.runs import code_version  # noqa: E402
-from flows.score_steps import ScoreStepsConfig, run_score_steps_async  # noqa: E402
-from training import registry  # noqa: E402
-from training.data import check_modality, find_dataset, sft_turns  # noqa: E402
-from training.interface import DataMismatch  # noqa: E402
-from training.load import load_trainable, model_kind, resolve_policy  # noqa: E402
-from training.rl import STEP_LEVEL, WEIGHTED, prepare  # noqa: E402
-from training.trainer import TrainConfig, fit  # noqa: E402
-from warehouse import Warehouse, WarehouseConfig  # noqa: E402
+from flows.artifacts import artifact_key, flow_run_id, publish
+from flows.collect import CollectConfig, run_collect, select_tasks
+from flows.score_steps import ScoreStepsConfig, run_score_steps_async
+from stages.report import markdown_table
+from stages.runs import code_version
+from training import registry
+from training.data import check_modality, find_dataset, sft_turns
+from training.interface import DataMismatch
+from training.load import load_trainable, model_kind, resolve_policy
+from training.rl import STEP_LEVEL, WEIGHTED, prepare
+from training.trainer import TrainConfig, fit
+from warehouse import Warehouse, WarehouseConfig
 
 Progress = Callable[[str], None]
 

@@ -19,13 +19,13 @@ import pytest
 
 from flows.collect import bundled_grader
 from flows.intervene import InterveneConfig, run_intervene_async
-from flows.runs import recorded_run
 from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Job
 from rollouts.env import BrowserEnv, origin_of
 from rollouts.policies import ExpertPolicy
 from rollouts.writer import BatchWriter
 from sites.tasks import generate, resolve_start_url
+from stages.runs import recorded_run
 from tests.curation.test_rationales import _warehouse
 from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI

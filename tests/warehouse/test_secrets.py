@@ -55,15 +55,15 @@ def test_no_written_row_holds_a_secret(wh: Warehouse) -> None:
 
 
 def test_the_log_file_holds_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows import prefect_env
+    from stages import logfile
 
     monkeypatch.setenv("WEBLOOP_LOG", str(tmp_path / "w.log"))
-    handler = prefect_env.LogFileHandler()
+    handler = logfile.LogFileHandler()
     logger = logging.getLogger("webloop.test.secrets")
     logger.addHandler(handler)
     try:
         logger.error("request with key %s failed", KEY)
-        prefect_env.log_exception(RuntimeError(f"echoed {KEY}"), "webloop collect")
+        logfile.log_exception(RuntimeError(f"echoed {KEY}"), "webloop collect")
     finally:
         logger.removeHandler(handler)
     text = (tmp_path / "w.log").read_text()
