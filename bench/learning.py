@@ -147,8 +147,8 @@ def generate(b: Bench) -> None:
 
 
 async def collect_expert(b: Bench) -> str:
-    from flows.collect import CollectConfig, run_collect
     from flows.judge import JudgeConfig, run_judge
+    from stages.collect import CollectConfig, run_collect
 
     t0 = time.perf_counter()
     cfg = CollectConfig(
@@ -165,14 +165,14 @@ async def collect_expert(b: Bench) -> str:
     res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
     # (run_judge runs its own event loop: off this one)
     judged = await asyncio.to_thread(
-        run_judge, b.wh, JudgeConfig(judge="programmatic", run=res["run_id"])
+        run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id)
     )
     b.timed("collect expert", t0)
     say(
-        f"noisy expert (noise {b.a.noise}): {res['ran'] + res['skipped']} trajectories, "
-        f"{res['steps']} steps, outcomes {res['by_status']}; judged {judged.get('judged', '?')}"
+        f"noisy expert (noise {b.a.noise}): {res.ran + res.skipped} trajectories, "
+        f"{res.steps} steps, outcomes {res.by_status}; judged {judged.get('judged', '?')}"
     )
-    return res["run_id"]
+    return res.run_id
 
 
 def build(b: Bench, text: str, out: Path) -> Any:

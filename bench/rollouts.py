@@ -159,7 +159,7 @@ async def bare_loop(server, tasks, concurrency) -> tuple[float, int]:
 
 
 async def browser_bound(server, args) -> None:
-    from flows.collect import bundled_grader
+    from stages.collect import bundled_grader
     from sites.tasks import generate
 
     print(f"1. browser-bound: expert policy, engine vs bare Playwright loop ({load()})", flush=True)
@@ -459,7 +459,7 @@ async def compare(name, args, model, jobs, make_envs, env_factory, grader, max_s
 
 
 async def model_bound(server, args) -> dict:
-    from flows.collect import bundled_grader
+    from stages.collect import bundled_grader
     from sites.tasks import generate
 
     print(

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import httpx
 
-from flows.collect import bundled_grader
+from stages.collect import bundled_grader
 from rollouts.engine import Engine, EngineConfig, Finished, make_jobs
 from rollouts.env import EnvConfig, origin_of
 from rollouts.hf import HFGenerator, HFPolicy, load_model

@@ -514,155 +514,6 @@ def tasks_list(
 # -- collect ----------------------------------------------------------------------------------
 
 
-@app.command()
-def collect(
-    suite: Annotated[str, typer.Option(help="Task suite in the warehouse.")] = "bundled",
-    split: Annotated[
-        str | None, typer.Option(help="Split (train, test, ood; all if empty).")
-    ] = "train",
-    n_tasks: Annotated[int, typer.Option(help="Number of tasks.", min=1, max=1_000_000)] = 50,
-    samples: Annotated[
-        int, typer.Option(help="Samples per task (a GRPO group).", min=1, max=1000)
-    ] = 1,
-    concurrency: Annotated[int, typer.Option(help="Trajectories in flight.", min=1, max=256)] = 8,
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="expert, random, openai, hf or ranker (hf/ranker: --model CHECKPOINT).",
-            callback=_registered("policy", _policies),
-        ),
-    ] = "expert",
-    noise: Annotated[
-        float, typer.Option(help="Expert mistake rate (0 = flawless).", min=0.0, max=1.0)
-    ] = 0.0,
-    max_steps: Annotated[
-        int, typer.Option(help="Step budget per trajectory.", min=1, max=1000)
-    ] = 30,
-    action_timeout: Annotated[
-        float,
-        typer.Option(help="Seconds an action waits for its element or page.", min=0.1, max=600.0),
-    ] = 10.0,
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
-    seed: Annotated[
-        int, typer.Option(help="Task order and policy RNG seed.", min=0, max=2**32 - 1)
-    ] = 0,
-    allow_origin: Annotated[
-        list[str] | None, typer.Option(help="Extra origins the browser may reach (repeatable).")
-    ] = None,
-    run: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
-    coords: Annotated[
-        Coords, typer.Option(help="pixels or norm1000 (Qwen3-VL style).")
-    ] = Coords.pixels,
-    set_of_marks: Annotated[bool, typer.Option(help="Number interactive elements.")] = False,
-    prompt_mode: Annotated[
-        PromptMode, typer.Option(help="screenshot, a11y or both.")
-    ] = PromptMode.both,
-    k_images: Annotated[
-        int, typer.Option(help="Screenshots of the last k steps.", min=0, max=32)
-    ] = 3,
-    self_summary: Annotated[bool, typer.Option(help="Keep the model's own notes.")] = False,
-    inject_answer: Annotated[
-        bool, typer.Option(help="Expert: append a prompt injection to every answer.")
-    ] = False,
-    temperature: Annotated[
-        float,
-        typer.Option(help="Model policies: sampling temperature (0 = greedy).", min=0.0, max=5.0),
-    ] = 0.0,
-    screenshots: Annotated[
-        bool | None,
-        typer.Option(
-            "--screenshots/--no-screenshots",
-            help="Capture screenshots (default: unless --prompt-mode a11y).",
-        ),
-    ] = None,
-    workers: Workers = 0,
-    dask_address: DaskAddress = None,
-    lease_wait: Annotated[
-        float,
-        typer.Option(
-            help="Another collector writes this run: wait this long (s), then refuse.",
-            min=0.0,
-            max=86400.0,
-        ),
-    ] = 0.0,
-) -> None:
-    """Collect rollouts with a policy in real Chromium (the `collect` Prefect flow); resumable."""
-
-    from flows.collect import CollectConfig
-    from flows.collect import collect as run_flow
-
-    cfg = CollectConfig(
-        suite=suite,
-        split=split or None,
-        n_tasks=n_tasks,
-        samples=samples,
-        policy=policy,
-        noise=noise,
-        base_url=base_url,
-        model=model,
-        max_steps=max_steps,
-        action_timeout_s=action_timeout,
-        seed=seed,
-        allow_origins=tuple(allow_origin or ()),
-        coords=coords.value,
-        set_of_marks=set_of_marks,
-        prompt_mode=prompt_mode.value,
-        k_images=k_images,
-        self_summary=self_summary,
-        inject_answer=inject_answer,
-        screenshots=screenshots,
-        temperature=temperature,
-        concurrency=concurrency,
-        run_name=run,
-        workers=workers,
-        dask_address=dask_address,
-        lease_wait_s=lease_wait,
-    )
-    console.print(
-        f"[bold]collect[/bold]: {n_tasks} {suite}/{split or 'all'} tasks × {samples}, "
-        f"policy {policy}, concurrency {concurrency}"
-    )
-    from cli.progress import LiveProgress
-    from flows import prefect_env
-
-    prefect_env.detach_temporary_server()  # a Ctrl-C leaves it to record the interruption
-    with LiveProgress("collect", console=console) as bar:
-        out = run_flow(cfg, on_progress=bar)
-    console.print(
-        f"run {out['run_id']}: ran {out['ran']} trajectories "
-        f"(skipped {out['skipped']} already stored), {out['steps']} steps, "
-        f"{out['steps_per_s']} steps/s; outcomes {out['by_status']}; "
-        f"written in {out['transactions']} transaction(s)"
-    )
-    _refuse_all_infra_errors(out)
-
-
-def _refuse_all_infra_errors(out: dict[str, Any]) -> None:
-    """A collect whose every episode ended as an infrastructure error (a model server that
-    refuses the key, a browser that cannot start) collected nothing: exit 1, saying so."""
-    from warehouse.records import INFRA_ERROR
-
-    by_status = out["by_status"]
-    if not out["ran"] or by_status.get(INFRA_ERROR, 0) != sum(by_status.values()):
-        return
-    with _open(read_only=True) as wh:
-        first = wh.sql(
-            "SELECT error FROM trajectories WHERE run_id = ? AND status = ? "
-            "ORDER BY traj_id LIMIT 1",
-            [out["run_id"], INFRA_ERROR],
-        )
-    example = first.item() if first.height else None
-    raise CollectFailed(
-        f"all {out['ran']} episodes of run {out['run_id']} ended in an infrastructure error, "
-        f"nothing was collected; e.g. {example}"
-    )
-
-
-class CollectFailed(Exception):
-    """Every episode of a collect run failed for infrastructure reasons (exit 1)."""
-
-
 # -- judge ------------------------------------------------------------------------------------
 
 judge_app = typer.Typer(help="Judge trajectories; calibrate judges against references.")
@@ -917,7 +768,7 @@ def score_steps(
     console.print(
         f"score-steps {scorer}: {out['selected']} states selected, {out['states']} scored now "
         f"({out['candidates']} candidates: {out['scored']} ok, {out['errors']} scorer errors); "
-        f"run {out['run_id']}"
+        f"run {out.run_id}"
     )
     for example in out["error_examples"]:
         console.print(f"  scorer error: {example}")
@@ -983,7 +834,9 @@ def exit_code(exc: BaseException) -> int:
         duckdb.ConstraintException,
         duckdb.NotImplementedException,
     )
-    if isinstance(exc, UserError | ConfigError | SecretFileError):
+    from stages.config import ConfigError as BadOption
+
+    if isinstance(exc, UserError | ConfigError | BadOption | SecretFileError):
         return USAGE
     if isinstance(exc, duckdb.Error):
         return USAGE if isinstance(exc, bad_input) else RUNTIME
@@ -1026,6 +879,7 @@ def _one_line(exc: BaseException) -> str:
 
 # Commands defined in their own modules (they import the helpers above).
 from cli import (  # noqa: E402
+    collect,
     curation,
     dashboard,
     deploy,
@@ -1035,7 +889,7 @@ from cli import (  # noqa: E402
     training,
 )
 
-for _group in (curation, interventions, training, serving, deploy, flywheel, dashboard):
+for _group in (collect, curation, interventions, training, serving, deploy, flywheel, dashboard):
     _group.register(app)
 
 

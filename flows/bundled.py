@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 
-from flows.grading import grade
 from rollouts.browser import launch
 from rollouts.expert import run_reference
 from sites.checkers import Verdict, check
 from sites.server import SiteServer
 from sites.tasks import resolve_start_url
+from stages.grading import grade
 from warehouse.records import Task
 
 

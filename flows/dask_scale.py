@@ -21,11 +21,15 @@ Prefect retries it on errors.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
-from warehouse import WarehouseConfig, WarehouseError
+from prefect import task
+
+from warehouse import Warehouse, WarehouseConfig, WarehouseError
 
 T = TypeVar("T")
 
@@ -185,3 +189,42 @@ def check_same_warehouse(expected: str, cfg: WarehouseConfig) -> None:
             "start every worker with the same WEBLOOP_WAREHOUSE, "
             "WEBLOOP_DATA_PATH and WEBLOOP_BLOBS"
         )
+
+
+# -- the one sharded flow body -------------------------------------------------------------------
+
+
+def run_sharded(stage: ModuleType, cfg: Any, home: str | None) -> Any:
+    """The flow body of a sharded stage (:mod:`stages.shards`: collect, judge, score-steps) on
+    Dask: its session records the run here, the items go out in shards (one task each, on the
+    flow's Dask task runner), the results come back and the stage merges them."""
+    n_workers = cluster_size(cfg.workers, cfg.dask_address)
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        where = warehouse_identity(wh.cfg)
+        with stage.sharded_session(wh, cfg) as session:
+            parts = shards(session.items, shard_count(n_workers, len(session.items)))
+            name = stage.__name__.rsplit(".", 1)[-1]
+            run = shard.with_options(name=f"{name}-shard")
+            futures = [
+                run.submit(stage.__name__, cfg, session.run_id, part, where, home) for part in parts
+            ]
+            results = [f.result() for f in futures]
+            session.fence()
+    return stage.merge_shards(cfg, session, results, n_workers)
+
+
+@task(
+    name="shard",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=retry_unless_bad_input,
+)
+def shard(
+    stage_name: str, cfg: Any, run_id: str, items: list[Any], warehouse: str, home: str | None
+) -> Any:
+    """One Dask worker's share of a sharded stage's run, on the shared warehouse (the one the
+    flow process described: :func:`check_same_warehouse`)."""
+    stage = importlib.import_module(stage_name)
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        check_same_warehouse(warehouse, wh.cfg)
+        return stage.run_shard(wh, cfg, run_id, items)

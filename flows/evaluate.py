@@ -20,7 +20,7 @@ from prefect import flow, task
 
 from flows import prefect_env
 from flows.artifacts import artifact_key, flow_run_id, publish
-from flows.collect import CollectConfig, run_collect
+from stages.collect import CollectConfig, run_collect
 from stages.report import markdown_table, percent
 from training.evaluate import compare, record
 from training.load import POLICY_OF, model_kind, resolve_policy
@@ -87,14 +87,18 @@ async def run_evaluation(
     res = await run_collect(wh, coll, on_progress, server=server, browser=browser)
     ev, summary = record(
         wh,
-        res["run_id"],
+        res.run_id,
         suite=cfg.suite,
         split=cfg.split,
         policy=cfg.policy,
         checkpoint_id=policy.checkpoint_id,
         extra={"config": dataclasses.asdict(cfg), "flow_run_id": flow_run_id()},
     )
-    return {**dataclasses.asdict(ev), "summary": dataclasses.asdict(summary), "collect": res}
+    return {
+        **dataclasses.asdict(ev),
+        "summary": dataclasses.asdict(summary),
+        "collect": dataclasses.asdict(res),
+    }
 
 
 def earlier_evaluations(wh: Warehouse, ev: dict[str, Any], limit: int = 5) -> list[dict[str, Any]]:

@@ -44,13 +44,13 @@ from prefect.cache_policies import NO_CACHE
 from curation.build import build_dataset
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
-from flows.collect import CollectConfig, run_collect
 from flows.evaluate import EvalConfig, run_evaluation
 from flows.intervene import InterveneConfig, run_intervene_async
 from flows.judge import JudgeConfig, run_judge
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from flows.train import SFTConfig, run_sft
 from sites.tasks import generate as generate_tasks
+from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.runs import code_version
 from training.stats import diff_interval
 from warehouse import Warehouse, WarehouseConfig, migrations
@@ -267,7 +267,7 @@ def policy_config(cfg: FlywheelConfig, round_: int, checkpoint: str) -> CollectC
 
 
 @task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def collect(home: str | None, ccfg: CollectConfig, lent: Lent | None = None) -> dict[str, Any]:
+def collect(home: str | None, ccfg: CollectConfig, lent: Lent | None = None) -> CollectResult:
     """Collect (or resume) a run in real Chromium, graded as trajectories end."""
     with _open(home) as wh:
         return _run(lent, lambda **kw: run_collect(wh, ccfg, **kw))
@@ -503,17 +503,17 @@ def run_round(
         runs["expert"] = expert_config(cfg)
     runs["policy"] = policy_config(cfg, n, policy)
     collected = {k: collect(home, c, lent) for k, c in runs.items()}
-    judged = {k: judge(home, c["run_id"]) for k, c in collected.items()}
-    main = collected["expert" if n == 1 else "policy"]["run_id"]
+    judged = {k: judge(home, c.run_id) for k, c in collected.items()}
+    main = collected["expert" if n == 1 else "policy"].run_id
     scored = score(home, cfg, main, lent)
-    intervened = intervene(home, cfg, n, collected["policy"]["run_id"], lent)
+    intervened = intervene(home, cfg, n, collected["policy"].run_id, lent)
     dataset = curate(home, cfg, n)
     start = "ranker" if n == 1 else policy
     trained = train(home, cfg, dataset["dataset_id"], start)
     after = evaluate(home, cfg, trained["checkpoint"], lent)
     r = {
         "round": n,
-        "collected": collected,
+        "collected": {k: dataclasses.asdict(c) for k, c in collected.items()},
         "judged": judged,
         "scored": scored,
         "intervened": intervened,

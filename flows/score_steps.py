@@ -24,9 +24,7 @@ import httpx
 from prefect import flow, task
 
 from flows import dask_scale, prefect_env
-from flows.collect import checkpoint_policy
 from flows.dask_scale import RETRIES, RETRY_DELAY_S, retry_unless_bad_input
-from flows.grading import criteria_grader
 from judging.base import load_views
 from judging.prm import (
     ExactScorer,
@@ -47,6 +45,8 @@ from rollouts.prompts import PromptConfig
 from sites.client import fetch_state, session_of
 from sites.server import SiteServer
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url
+from stages.collect import checkpoint_policy
+from stages.grading import criteria_grader
 from stages.runs import recorded_run
 from warehouse import Warehouse, WarehouseConfig, WarehouseError
 from warehouse.ids import run_id_for

@@ -23,8 +23,8 @@ from prefect import flow, task
 
 from flows import prefect_env
 from flows.artifacts import artifact_key, flow_run_id, publish
-from flows.collect import CollectConfig, run_collect, select_tasks
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async
+from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.report import markdown_table
 from stages.runs import code_version
 from training import registry
@@ -314,9 +314,9 @@ async def run_rl(
         col = await run_collect(wh, coll, live, server=server, browser=browser)
         options = dict(cfg.estimator_options)
         if cfg.estimator in STEP_LEVEL:
-            await _score_states(wh, cfg, it, current, col["run_id"], say, server, browser)
+            await _score_states(wh, cfg, it, current, col.run_id, say, server, browser)
             options["scorer"] = cfg.prm_scorer
-        turns, stats = prepare(wh, [col["run_id"]], cfg.estimator, **options)
+        turns, stats = prepare(wh, [col.run_id], cfg.estimator, **options)
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
             f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
@@ -329,7 +329,7 @@ async def run_rl(
             rounds.append(
                 {
                     "iteration": it,
-                    "collect_run": col["run_id"],
+                    "collect_run": col.run_id,
                     **stats,
                     "steps_run": 0,
                     "checkpoint": current.model,
@@ -347,7 +347,7 @@ async def run_rl(
             stage="rl",
             base_model=start.model or cfg.policy,
             dataset_id=anchor_id,
-            source_run=col["run_id"],
+            source_run=col.run_id,
             config={
                 **cfg.identity(),
                 "start_checkpoint": start.checkpoint_id,
@@ -364,7 +364,7 @@ async def run_rl(
             res["last_step"], {"mean_reward": stats["mean_reward"], "iteration": float(it)}
         )
         step_offset = res["last_step"]
-        rounds.append({"iteration": it, "collect_run": col["run_id"], **stats, **res})
+        rounds.append({"iteration": it, "collect_run": col.run_id, **stats, **res})
         current = dataclasses.replace(
             current, model=res["checkpoint"], checkpoint_id=res["checkpoint_id"]
         )
@@ -407,14 +407,14 @@ async def _failures_first(
     col = await run_collect(wh, probe, None, server=server, browser=browser)
     order = [t.task_id for t in select_tasks(wh, probe)]
     status = dict(
-        wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [col["run_id"]]).rows()
+        wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [col.run_id]).rows()
     )
     picked = failures_first(order, status, cfg.n_tasks)
     solved = sum(v == "success" for v in status.values())
     unsolved = sum(status[t] != "success" for t in picked)
     if not picked:
         raise DataMismatch(
-            f"the curriculum's probe run {col['run_id']} has no episode with an outcome "
+            f"the curriculum's probe run {col.run_id} has no episode with an outcome "
             "(infrastructure errors only): nothing to pick the iteration's tasks from"
         )
     say(

@@ -90,11 +90,11 @@ def build_model(out: Path) -> Path:
 async def collect(base_url: str, sites: Any, tasks: list[Any], args: Any) -> dict[str, float]:
     import httpx
 
-    from flows.collect import bundled_grader
     from rollouts.engine import Engine, EngineConfig, Finished, make_jobs
     from rollouts.env import EnvConfig, origin_of
     from rollouts.policies import OpenAIPolicy
     from sites.tasks import resolve_start_url
+    from stages.collect import bundled_grader
 
     done: list[Finished] = []
 

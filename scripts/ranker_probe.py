@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -42,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 async def _collect(home: Path, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     from playwright.async_api import async_playwright
 
-    from flows.collect import CollectConfig, run_collect
     from rollouts.browser import launch
     from sites.server import SiteServer
     from sites.tasks import generate
+    from stages.collect import CollectConfig, run_collect
     from warehouse import Warehouse, WarehouseConfig
     from warehouse.tasks import put_tasks
 
@@ -61,7 +62,7 @@ async def _collect(home: Path, n_tasks: int, seed: int) -> list[dict[str, Any]]:
                 out = await run_collect(wh, cfg, server=server, browser=browser)
             finally:
                 await browser.close()
-        print("collect:", json.dumps(out), flush=True)
+        print("collect:", json.dumps(dataclasses.asdict(out)), flush=True)
         df = wh.sql(
             "SELECT s.traj_id, s.step_idx, s.prompt_hash, s.action_text, s.action_error,"
             " t.status, k.site, k.split, k.task_id"

@@ -10,13 +10,13 @@ from warehouse.ids import run_id_for
 
 
 def _ids() -> dict[str, str]:
-    from flows.collect import CollectConfig
     from flows.demo import demo_config
     from flows.evaluate import EvalConfig, collect_config
     from flows.intervene import InterveneConfig
     from flows.judge import JudgeConfig
     from flows.score_steps import ScoreStepsConfig
     from flows.train import RLConfig, SFTConfig
+    from stages.collect import CollectConfig
     from training import registry
 
     openai = CollectConfig(

@@ -10,10 +10,10 @@ import pytest
 from curation.build import build_dataset
 from curation.examples import sft_messages
 from curation.recipe import parse_recipe
-from flows.collect import CollectConfig, run_collect
 from rollouts.actions import ParseError, parse_action
 from rollouts.prompts import render
 from sites.tasks import generate
+from stages.collect import CollectConfig, run_collect
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -36,7 +36,7 @@ def test_expert_rollouts_export_as_sft_rows_with_the_stored_prompt_bytes(tmp_pat
     with Warehouse.open(WarehouseConfig.from_env(home=tmp_path / "home")) as wh:
         put_tasks(wh, tasks)
         out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
-        assert out["by_status"] == {"success": 3}
+        assert out.by_status == {"success": 3}
         steps = wh.sql("SELECT prompt_hash, action_text FROM steps")
         assert steps["prompt_hash"].null_count() == 0  # the expert stored its prompts
         stored = {h: wh.blobs.get(h) for h in steps["prompt_hash"].to_list()}

@@ -40,7 +40,7 @@ def no_flows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     for mod, names in {
-        "flows.collect": ["collect", "CollectConfig"],
+        "flows.collect": ["collect"],
         "flows.judge": ["judge", "JudgeConfig"],
         "flows.score_steps": ["score_steps", "ScoreStepsConfig"],
     }.items():
@@ -84,7 +84,7 @@ def test_known_choices_reach_the_flow(tmp_path: Path, no_flows: list[str]):
     env = {"WEBLOOP_HOME": str(tmp_path / "h")}
     args = ["collect", "--policy", "random", "--coords", "norm1000", "--prompt-mode", "a11y"]
     result = CliRunner().invoke(cli.app, args, env=env)
-    assert isinstance(result.exception, FlowCalled) and no_flows == ["flows.collect.CollectConfig"]
+    assert isinstance(result.exception, FlowCalled) and no_flows == ["flows.collect.collect"]
 
 
 # -- main(): one line, exit codes, the log file ------------------------------------------------
@@ -131,7 +131,6 @@ def test_a_crash_inside_a_flow_is_exit_1(tmp_path: Path, no_flows: list[str], mo
         raise RuntimeError("Target page, context or browser has been closed\nCall log: ...")
 
     monkeypatch.setattr(sys.modules["flows.collect"], "collect", crash)
-    monkeypatch.setattr(sys.modules["flows.collect"], "CollectConfig", lambda **kw: kw)
     code, out, err = run_main(tmp_path / "h", "collect", "--n-tasks", "1")
     assert code == 1 and "collect:" in out
     assert err.startswith("error: webloop collect failed: RuntimeError: Target page")

@@ -131,7 +131,7 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
 
 
 def test_collect_options_reach_the_environment_and_prompts():
-    from flows.collect import CollectConfig, env_config, make_policy_for, prompt_config
+    from stages.collect import CollectConfig, env_config, make_policy_for, prompt_config
     from warehouse import WarehouseError
 
     cfg = CollectConfig(

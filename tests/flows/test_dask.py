@@ -15,9 +15,10 @@ from typing import Any
 import psutil
 import pytest
 
-from flows.collect import CollectConfig, collect, run_collect
+from flows.collect import collect
 from flows.dask_scale import shards
 from sites.tasks import generate
+from stages.collect import CollectConfig, CollectResult, run_collect
 from tests.flows.integrity import duplicate_and_mismatched
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
@@ -56,7 +57,7 @@ def api(prefect_harness: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return prefect_harness
 
 
-def sharded_run(home: Path, **extra: Any) -> dict[str, Any]:
+def sharded_run(home: Path, **extra: Any) -> CollectResult:
     return collect(CollectConfig(**{**BASE, **extra}, workers=2), home=str(home))
 
 
@@ -73,12 +74,12 @@ def test_two_worker_collect_matches_single_process_sqlite(
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         put_tasks(wh, generate(12, 0))
     out = sharded_run(home)
-    assert out["shards"] == 2 and out["ran"] == BASE["n_tasks"]
+    assert out.shards == 2 and out.ran == BASE["n_tasks"]
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         assert trajectories(wh) == single  # same ids, statuses, step counts, answers
         check_whole(wh)
         assert wh.sql("SELECT status FROM runs WHERE run_id = 'scale'").item() == "completed"
-    assert sharded_run(home)["ran"] == 0  # a re-run finds everything stored
+    assert sharded_run(home).ran == 0  # a re-run finds everything stored
 
 
 def test_two_worker_collect_matches_single_process_postgres(
@@ -89,7 +90,7 @@ def test_two_worker_collect_matches_single_process_postgres(
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         put_tasks(wh, generate(12, 0))
     out = sharded_run(home)
-    assert out["ran"] == BASE["n_tasks"]
+    assert out.ran == BASE["n_tasks"]
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         assert wh.cfg.catalog_kind == "postgres"
         assert trajectories(wh) == single

@@ -186,8 +186,8 @@ def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
     """Every collect run of the flywheel holds exactly its selected tasks x samples (the
     trajectory ids a run that was never killed has), the intervention replays one per settled
     intervention, and every evaluation its episodes."""
-    from flows.collect import select_tasks
     from flows.flywheel import expert_config, policy_config, run_name
+    from stages.collect import select_tasks
     from warehouse.ids import traj_id_for
 
     cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
@@ -303,10 +303,10 @@ def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeyp
     from typer.testing import CliRunner
 
     from cli.flywheel import register
-    from flows import collect as collect_module
     from flows import demo as demo_module
     from flows import intervene as intervene_module
     from flows import score_steps as score_steps_module
+    from stages import collect as collect_module
 
     cfg, home = resumed["cfg"], resumed["home"]
     for module in (collect_module, intervene_module):

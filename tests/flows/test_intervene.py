@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.collect import bundled_grader
 from flows.intervene import InterveneConfig, run_intervene_async
 from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Job
@@ -25,6 +24,7 @@ from rollouts.env import BrowserEnv, origin_of
 from rollouts.policies import ExpertPolicy
 from rollouts.writer import BatchWriter
 from sites.tasks import generate, resolve_start_url
+from stages.collect import bundled_grader
 from stages.runs import recorded_run
 from tests.curation.test_rationales import _warehouse
 from tests.flows.cli_runner import webloop

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import collect as collect_module
 from flows import score_steps as score_steps_module
-from flows.collect import CollectConfig, run_collect
 from flows.judge import JudgeConfig, run_judge
 from flows.score_steps import (
     ScoreStepsConfig,
@@ -28,6 +26,8 @@ from flows.score_steps import (
 from judging.adversarial import flip_rates
 from rollouts.policies import ANSWER_INJECTION
 from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
+from stages import collect as collect_module
+from stages.collect import CollectConfig, run_collect
 from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from warehouse import Warehouse, WarehouseConfig
@@ -55,7 +55,7 @@ def home(tmp_path_factory, sites, chromium) -> Path:
     with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
         put_tasks(wh, tasks + adversarial_variants(tasks))
         clean = chromium.run(run_collect(wh, CollectConfig(**COMMON, run_name="clean"), **shared))
-        assert clean["ran"] == 8 and clean["by_status"] == {"success": 8}
+        assert clean.ran == 8 and clean.by_status == {"success": 8}
         noisy = CollectConfig(  # mistakes leave missing elements: no 10 s wait for each
             **COMMON,
             noise=1.0,
@@ -64,7 +64,7 @@ def home(tmp_path_factory, sites, chromium) -> Path:
             action_timeout_s=3.0,
             run_name="injected",
         )
-        assert chromium.run(run_collect(wh, noisy, **shared))["ran"] == 8
+        assert chromium.run(run_collect(wh, noisy, **shared)).ran == 8
     return h
 
 
@@ -81,7 +81,7 @@ def test_rerunning_a_finished_collect_starts_no_server_and_no_browser(home: Path
     monkeypatch.setattr(collect_module, "Engine", refuse)
     with open_wh(home) as wh:
         out = asyncio.run(run_collect(wh, CollectConfig(**COMMON, run_name="clean")))
-    assert (out["ran"], out["skipped"], out["steps"]) == (0, 8, 0)
+    assert (out.ran, out.skipped, out.steps) == (0, 8, 0)
 
 
 def open_wh(h: Path) -> Warehouse:

@@ -30,12 +30,12 @@ N_TASKS, RUN = 3, "leased"
 
 COLLECTOR = """
 import asyncio, json, sys
-from flows.collect import CollectConfig, run_collect
+from stages.collect import CollectConfig, run_collect
 from warehouse import Warehouse
 cfg = CollectConfig(**json.loads(sys.argv[1]))
 with Warehouse.open() as wh:
     out = asyncio.run(run_collect(wh, cfg))
-print("RESULT " + json.dumps({"ran": out["ran"], "written": out["written"]}), flush=True)
+print("RESULT " + json.dumps({"ran": out.ran, "written": out.written}), flush=True)
 """
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from flows.collect import CollectConfig, run_collect
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from rollouts.actions import format_action, parse_action
 from sites.tasks import generate
+from stages.collect import CollectConfig, run_collect
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -25,7 +25,7 @@ def test_expert_candidates_continue_from_the_aligned_reference_step(tmp_path, si
     with Warehouse.open(WarehouseConfig.from_env(home=tmp_path)) as wh:
         put_tasks(wh, tasks)
         out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
-        assert out["by_status"] == {"success": 1}
+        assert out.by_status == {"success": 1}
         actions = wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"]
         assert not set(actions.to_list()) & set(ref)  # model-facing, not the reference's text
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flows.collect import CollectConfig, collect_flow
+from flows.collect import collect_flow
 from flows.curate import curate_flow
 from flows.evaluate import EvalConfig, evaluate_flow, evaluate_newest_flow
 from flows.intervene import InterveneConfig, intervene_flow
@@ -26,6 +26,7 @@ from flows.maintain import maintain_warehouse
 from flows.score_steps import ScoreStepsConfig, score_steps_flow
 from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
 from sites.tasks import generate
+from stages.collect import CollectConfig
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -265,7 +266,7 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     assert probe["config"].get("temperature", 0.0) == 0.0  # greedy (the default is not stored)
     assert run_row(home, it["collect_run"])["config"]["temperature"] == 1.0  # then sampled
     with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
-        from flows.collect import select_tasks
+        from stages.collect import select_tasks
 
         order = [t.task_id for t in select_tasks(wh, CollectConfig(n_tasks=4, seed=4))]
     status = dict(sql(home, "SELECT task_id, status FROM trajectories WHERE run_id = ?",

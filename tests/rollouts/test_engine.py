@@ -14,7 +14,6 @@ import signal
 import httpx
 import pytest
 
-from flows.collect import bundled_grader
 from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Finished, Outcome, make_jobs
 from rollouts.env import BrowserEnv, EnvConfig, origin_of
@@ -22,6 +21,7 @@ from rollouts.policies import ExpertPolicy, PolicyContext
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.tasks import TEMPLATES, resolve_start_url, task_from_spec
+from stages.collect import bundled_grader
 from tests.rollouts.engine_runner import Scripted, run_on_chromium
 
 pytestmark = pytest.mark.browser

@@ -1,0 +1,542 @@
+"""The ``collect`` stage: choose tasks, start the bundled sites when needed, run the rollout
+engine with a policy, and record the run. The work is in ``rollouts`` (engine, writer) and
+``sites`` (server, checkers); this module wires them together (no Prefect: ``flows.collect``
+runs it as a flow).
+
+The run id is derived from the configuration (or given with ``--run``), so re-running the same
+command resumes the same run: stored trajectories are skipped, unfinished ones are redone.
+
+One collector writes a run at a time: the run's lease (``warehouse.leases``) is held while it
+runs; a second collector on the same run waits up to ``lease_wait_s`` and then refuses, naming
+the holder. With ``workers`` or ``dask_address`` the tasks are sharded across Dask workers
+(:mod:`flows.dask_scale`): the flow process holds the lease and records the run, each worker
+runs its own sites server and browsers and writes its shard to the shared warehouse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from rollouts.browser import SharedSlot
+from rollouts.engine import Engine, EngineConfig, Job, Stats, make_jobs
+from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.policies import expert_action_space, make_policy
+from rollouts.prompts import PromptConfig
+from rollouts.writer import BatchWriter, WriterStats
+from sites.server import SiteServer
+from sites.tasks import BUNDLED_SCHEME, resolve_start_url
+from stages.config import setting
+from stages.grading import engine_grader
+from stages.runs import recorded_run
+from stages.shards import Session
+from warehouse import Warehouse, WarehouseError
+from warehouse.ids import run_id_for, stable_hash, traj_id_for
+from warehouse.leases import Claim, hold
+from warehouse.records import INFRA_ERROR, Task
+from warehouse.tasks import latest_tasks
+
+VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s")
+
+
+class CollectFailed(Exception):
+    """Every episode of a collect run failed for infrastructure reasons (the CLI exits 1)."""
+
+
+class CollectInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a collect run: what finished is stored, the episodes in flight are not
+    (a re-run of the same command runs them). Its message is the one line the CLI prints."""
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    """What a collect run did (``skipped``: trajectories already stored; ``by_status``: the
+    outcomes of those that ran; ``shards``/``workers``: when it ran on Dask)."""
+
+    run_id: str
+    tasks: int
+    skipped: int
+    ran: int
+    by_status: dict[str, int]
+    steps: int
+    steps_per_s: float
+    written: int
+    transactions: int
+    shards: int = 0
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """What to collect: which tasks, which policy, how episodes run. Every field but the
+    operational ones (concurrency, run name, Dask, lease wait) names the run, so the same
+    settings resume the same run."""
+
+    suite: str = setting("bundled", help="Task suite (bundled, om2w, webvoyager, rubric, …).")
+    split: str | None = setting(
+        "train", help="Split (train, test, ood; empty or null: every split)."
+    )
+    n_tasks: int = setting(50, help="Number of tasks.", min=1, max=1_000_000)
+    samples: int = setting(1, help="Samples per task (a GRPO group).", min=1, max=1000)
+    policy: str = setting(
+        "expert", help="expert, random, openai, hf or ranker (hf/ranker: --model CHECKPOINT)."
+    )
+    noise: float = setting(0.0, help="Expert mistake rate (0 = flawless).", min=0.0, max=1.0)
+    base_url: str | None = setting(None, help="OpenAI-compatible endpoint (policy openai).")
+    model: str | None = setting(None, help="Model name at the endpoint, or a checkpoint folder.")
+    max_steps: int = setting(30, help="Step budget per trajectory.", min=1, max=1000)
+    action_timeout_s: float = setting(
+        10.0,
+        help="Seconds an action waits for its element or page.",
+        min=0.1,
+        max=600.0,
+        flag="--action-timeout",
+    )
+    seed: int = setting(0, help="Task order and policy RNG seed.", min=0, max=2**32 - 1)
+    site_seed: int = setting(
+        0, help="Seed of the bundled sites' content.", min=0, max=2**32 - 1, cli=False
+    )
+    allow_origins: tuple[str, ...] = setting(
+        (), help="Extra origins the browser may reach (repeatable).", flag="--allow-origin"
+    )
+    coords: Literal["pixels", "norm1000"] = setting(
+        "pixels", help="pixels or norm1000 (Qwen3-VL style)."
+    )
+    set_of_marks: bool = setting(False, help="Number interactive elements.")
+    prompt_mode: Literal["screenshot", "a11y", "both"] = setting(
+        "both", help="screenshot, a11y or both."
+    )
+    k_images: int = setting(3, help="Screenshots of the last k steps.", min=0, max=32)
+    self_summary: bool = setting(False, help="Keep the model's own notes.")
+    inject_answer: bool = setting(
+        False, help="Expert: append a prompt injection to every answer (judge robustness)."
+    )
+    screenshots: bool | None = setting(
+        None, help="Capture screenshots (default: unless --prompt-mode a11y)."
+    )
+    temperature: float = setting(
+        0.0, help="Model policies: sampling temperature (0 = greedy).", min=0.0, max=5.0
+    )
+    concurrency: int = setting(
+        8, help="Trajectories in flight (per Dask worker when sharded).", min=1, max=256
+    )
+    run_name: str | None = setting(None, help="Run name (default: from the config).", flag="--run")
+    engine: dict[str, Any] = setting(
+        factory=dict, help="Extra rollout-engine settings (EngineConfig fields).", cli=False
+    )
+    workers: int = setting(
+        0,
+        help="Shard across a local Dask cluster of N worker processes (0: no Dask).",
+        min=0,
+        max=1024,
+    )
+    dask_address: str | None = setting(
+        None, help="Shard across an existing Dask cluster (tcp://HOST:8786)."
+    )
+    lease_wait_s: float = setting(
+        0.0,
+        help="Another collector writes this run: wait this long (s), then refuse.",
+        min=0.0,
+        max=86_400.0,
+        flag="--lease-wait",
+    )
+    task_ids: tuple[str, ...] = setting(
+        (),
+        help="These tasks of the suite/split, in this order, instead of the first n_tasks of the "
+        "seeded order (the RL loop's failures-first curriculum picks them).",
+        cli=False,
+    )
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for volatile in VOLATILE:
+            d.pop(volatile)
+        if not d["inject_answer"]:
+            d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
+        if d["action_timeout_s"] == 10.0:
+            d.pop("action_timeout_s")  # likewise
+        if not d["task_ids"]:
+            d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
+        for later in ("screenshots", "temperature"):  # added later, defaults keep old ids
+            if d[later] == CollectConfig.__dataclass_fields__[later].default:
+                d.pop(later)
+        if self.policy == "expert":
+            # the expert's actions are written in the model-facing space these options choose
+            # (rollouts.grounding); a change of that space is another run, not a resume
+            d["action_space"] = expert_action_space(self.prompt_mode, self.set_of_marks)
+        return d
+
+
+def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
+    """The first ``n_tasks`` tasks of the suite/split in a seeded, stable order (or, given
+    ``task_ids``, those tasks in that order)."""
+    from warehouse.records import from_frame
+
+    df = latest_tasks(
+        wh,
+        "suite = $suite AND ($split IS NULL OR split = $split)",
+        {"suite": cfg.suite, "split": cfg.split},
+    )
+    if df.is_empty():
+        hint = " (run: webloop tasks generate)" if cfg.suite == "bundled" else ""
+        raise WarehouseError(f"no tasks in suite {cfg.suite!r}, split {cfg.split!r}{hint}")
+    tasks = from_frame(Task, df)
+    if cfg.task_ids:
+        by_id = {t.task_id: t for t in tasks}
+        missing = [t for t in cfg.task_ids if t not in by_id]
+        if missing:
+            raise WarehouseError(
+                f"{len(missing)} of the given tasks are not in suite {cfg.suite!r}, split "
+                f"{cfg.split!r}: {missing[:5]}"
+            )
+        return [by_id[t] for t in cfg.task_ids]
+    tasks.sort(key=lambda t: stable_hash(cfg.seed, t.task_id))
+    return tasks[: cfg.n_tasks]
+
+
+def prompt_config(cfg: CollectConfig) -> PromptConfig:
+    if cfg.prompt_mode not in ("screenshot", "a11y", "both"):
+        raise WarehouseError("--prompt-mode is screenshot, a11y or both")
+    return PromptConfig(mode=cfg.prompt_mode, k_images=cfg.k_images, self_summary=cfg.self_summary)
+
+
+def make_policy_for(cfg: CollectConfig) -> Any:
+    if cfg.policy == "expert":
+        return make_policy(
+            "expert",
+            noise=cfg.noise,
+            inject_answer=cfg.inject_answer,
+            action_space=expert_action_space(cfg.prompt_mode, cfg.set_of_marks),
+            coords=cfg.coords,
+            prompt=prompt_config(cfg),
+        )
+    if cfg.policy == "openai":
+        if not cfg.base_url or not cfg.model:
+            raise WarehouseError("--policy openai needs --base-url and --model")
+        return make_policy(
+            "openai",
+            base_url=cfg.base_url,
+            model=cfg.model,
+            prompt=prompt_config(cfg),
+            temperature=cfg.temperature,
+        )
+    if cfg.policy in ("hf", "ranker"):
+        return checkpoint_policy(cfg.policy, cfg.model, prompt_config(cfg), cfg.temperature)
+    return make_policy(cfg.policy)
+
+
+def checkpoint_policy(
+    name: str, model: str | None, prompt: PromptConfig, temperature: float
+) -> Any:
+    """A trained checkpoint folder as a rollout policy: ``hf`` (a VLM) or ``ranker``."""
+    import rollouts.hf  # (registers the policies)
+    import rollouts.ranker  # noqa: F401
+
+    if not model:
+        raise WarehouseError(f"--policy {name} needs --model (a checkpoint folder)")
+    return make_policy(name, model_path=model, prompt=prompt, temperature=temperature)
+
+
+def env_config(cfg: CollectConfig) -> EnvConfig:
+    if cfg.coords not in ("pixels", "norm1000"):
+        raise WarehouseError("--coords is pixels or norm1000")
+    if cfg.action_timeout_s <= 0:
+        raise WarehouseError("--action-timeout must be positive (seconds)")
+    return EnvConfig(
+        coords=cfg.coords,
+        set_of_marks=cfg.set_of_marks,
+        action_timeout_s=cfg.action_timeout_s,
+        screenshots=captures_screenshots(cfg),
+    )
+
+
+def captures_screenshots(cfg: CollectConfig) -> bool:
+    """Whether the run's environment captures screenshots: as asked, else unless the prompt
+    shows none (set-of-marks needs them)."""
+    if cfg.screenshots is not None:
+        return cfg.screenshots
+    return cfg.prompt_mode != "a11y" or cfg.set_of_marks
+
+
+# The engine's grader (stages.grading.engine_grader), under the name other modules import.
+bundled_grader = engine_grader
+
+
+def _lease_waiting(run_id: str, wait_s: float) -> Callable[[Claim], None]:
+    def say(holder: Claim) -> None:
+        print(
+            f"run {run_id} is being written by another collector ({holder.describe()}); "
+            f"waiting up to {wait_s:.0f} s for it",
+            file=sys.stderr,
+        )
+
+    return say
+
+
+def stored_statuses(wh: Warehouse, run_id: str) -> dict[str, str]:
+    """traj_id → status of the run's stored trajectories."""
+    return dict(
+        wh.sql("SELECT traj_id, status FROM trajectories WHERE run_id = ?", [run_id]).iter_rows()
+    )
+
+
+def pending_tasks(tasks: list[Task], run_id: str, samples: int, done: dict[str, str]) -> list[Task]:
+    """The tasks with a sample not stored yet (or stored as an infrastructure error)."""
+    return [
+        t
+        for t in tasks
+        if any(
+            done.get(traj_id_for(run_id, t.task_id, k)) in (None, INFRA_ERROR)
+            for k in range(samples)
+        )
+    ]
+
+
+async def run_collect(
+    wh: Warehouse,
+    cfg: CollectConfig,
+    on_progress: Callable[[Stats], None] | None = None,
+    *,
+    server: SiteServer | None = None,
+    browser: Any = None,
+) -> CollectResult:
+    """Collect (or resume) the run described by ``cfg``.
+
+    ``server``: running bundled sites to use (their seed must be ``cfg.site_seed``); by default
+    a sites server process is started, only when some bundled trajectory still needs running.
+    ``browser``: a launched Playwright Chromium of the calling event loop, shared by all
+    trajectories (a context each) and left open; by default each worker launches its own, only
+    when there is work."""
+    if server is not None and server.seed != cfg.site_seed:
+        raise WarehouseError(
+            f"the given sites server has seed {server.seed}, the run needs {cfg.site_seed}"
+        )
+    run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
+    tasks = select_tasks(wh, cfg)
+    policy = make_policy_for(cfg)
+    with _recorded(wh, cfg, run_id, "collect") as lease:
+        done = stored_statuses(wh, run_id)  # read under the lease: no other writer now
+        stats, wstats, jobs = await _collect(
+            wh, cfg, run_id, tasks, policy, done, on_progress, server, browser, lease.check
+        )
+        if stats.stopped:
+            raise CollectInterrupted(_interrupted_line(run_id, stats, wstats.trajectories))
+        lease.check()
+    return CollectResult(
+        run_id=run_id,
+        tasks=len(tasks),
+        skipped=len(tasks) * cfg.samples - len(jobs),
+        ran=len(jobs),
+        by_status=dict(stats.by_status),
+        steps=stats.steps,
+        steps_per_s=round(stats.steps_per_s, 2),
+        written=wstats.trajectories,
+        transactions=wstats.transactions,
+    )
+
+
+@contextmanager
+def _recorded(wh: Warehouse, cfg: CollectConfig, run_id: str, holder: str) -> Iterator[Any]:
+    """The run's lease (one collector writes a run) and its ``runs`` row, around the work."""
+    with (
+        hold(
+            wh,
+            run_id,
+            holder=holder,
+            wait_s=cfg.lease_wait_s,
+            on_wait=_lease_waiting(run_id, cfg.lease_wait_s),
+        ) as lease,
+        recorded_run(wh, run_id, "collect", dataclasses.asdict(cfg), cfg.run_name),
+    ):
+        yield lease
+
+
+# -- on Dask: the flow process records the run and holds its lease, workers run shards ----------
+
+
+@contextmanager
+def sharded_session(wh: Warehouse, cfg: CollectConfig) -> Iterator[Session]:
+    """The run's lease and record, and the pending task ids to shard (bad policy or browser
+    options fail here, before any worker starts)."""
+    run_id = run_id_for("collect", cfg.identity(), cfg.run_name)
+    tasks = select_tasks(wh, cfg)
+    make_policy_for(cfg)
+    env_config(cfg)
+    with _recorded(wh, cfg, run_id, "collect (dask)") as lease:
+        pending = pending_tasks(tasks, run_id, cfg.samples, stored_statuses(wh, run_id))
+        yield Session(run_id, [t.task_id for t in pending], total=len(tasks), fence=lease.check)
+
+
+def run_shard(wh: Warehouse, cfg: CollectConfig, run_id: str, task_ids: list[str]) -> CollectResult:
+    """One worker's share of a run: the given tasks, with its own sites server and browsers.
+    Skips what is stored, so a rerun after a dead worker is safe."""
+    wanted = set(task_ids)
+    tasks = [t for t in select_tasks(wh, cfg) if t.task_id in wanted]
+    done = stored_statuses(wh, run_id)
+    stats, wstats, jobs = asyncio.run(
+        _collect(wh, cfg, run_id, tasks, make_policy_for(cfg), done, None)
+    )
+    return CollectResult(
+        run_id=run_id,
+        tasks=len(tasks),
+        skipped=0,
+        ran=len(jobs),
+        by_status=dict(stats.by_status),
+        steps=stats.steps,
+        steps_per_s=0.0,
+        written=wstats.trajectories,
+        transactions=wstats.transactions,
+    )
+
+
+def merge_shards(
+    cfg: CollectConfig, session: Session, parts: list[CollectResult], workers: int
+) -> CollectResult:
+    """The run's result from its shards' results."""
+    by_status: dict[str, int] = {}
+    for part in parts:
+        for status, n in part.by_status.items():
+            by_status[status] = by_status.get(status, 0) + n
+    ran = sum(p.ran for p in parts)
+    return CollectResult(
+        run_id=session.run_id,
+        tasks=session.total,
+        skipped=session.total * cfg.samples - ran,
+        ran=ran,
+        by_status=by_status,
+        steps=sum(p.steps for p in parts),
+        steps_per_s=0.0,
+        written=sum(p.written for p in parts),
+        transactions=sum(p.transactions for p in parts),
+        shards=len(parts),
+        workers=workers,
+    )
+
+
+async def _collect(
+    wh: Warehouse,
+    cfg: CollectConfig,
+    run_id: str,
+    tasks: list[Task],
+    policy: Any,
+    done: dict[str, str],
+    on_progress: Callable[[Stats], None] | None,
+    server: SiteServer | None = None,
+    browser: Any = None,
+    fence: Callable[[], None] | None = None,
+) -> tuple[Stats, Any, list[Job]]:
+    """Start the sites when needed (unless given), run the engine over what is not stored yet,
+    write. Nothing to run: no server, no browser, no writer. ``fence`` runs before every
+    trajectory is handed to the writer (the lease check: a collector that lost its lease stops
+    writing)."""
+    pending = pending_tasks(tasks, run_id, cfg.samples, done)
+    if not pending:
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
+        return Stats(), WriterStats(), []
+    bundled = any(t.start_url.startswith(BUNDLED_SCHEME) for t in pending)
+    own_server = server is None and bundled
+    if own_server:
+        server = SiteServer(seed=cfg.site_seed, mode="process").start()
+    try:
+
+        def resolve(t: Task) -> tuple[str, list[str]]:
+            url = resolve_start_url(t.start_url, server.urls) if server else t.start_url
+            return url, [origin_of(url), *cfg.allow_origins]
+
+        jobs = [
+            j
+            for j in make_jobs(run_id, pending, cfg.samples, resolve)
+            if done.get(j.traj_id) in (None, INFRA_ERROR)
+        ]
+        engine_cfg = EngineConfig(
+            concurrency=cfg.concurrency,
+            samples=cfg.samples,
+            max_steps=cfg.max_steps,
+            seed=cfg.seed,
+            **cfg.engine,
+        )
+        env_cfg = env_config(cfg)
+        shared = SharedSlot(browser) if browser is not None else None
+        async with httpx.AsyncClient() as client:
+            writer = BatchWriter(wh).start()
+
+            async def put(finished: Any) -> None:
+                if fence is not None:
+                    fence()
+                await writer.put(finished)
+
+            engine = Engine(
+                run_id,
+                policy,
+                engine_grader(server, client),
+                put,
+                config=engine_cfg,
+                env_config=env_cfg,
+                on_progress=on_progress,
+                env_factory=(lambda: BrowserEnv(shared, env_cfg)) if shared else None,
+            )
+            undo = _stop_on_ctrl_c(engine)
+            try:
+                stats = await engine.run(jobs)
+            finally:
+                undo()
+                wstats = await writer.close()
+    finally:
+        if own_server and server is not None:
+            server.stop()
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
+    return stats, wstats, jobs
+
+
+def _interrupted_line(run_id: str, stats: Stats, written: int) -> str:
+    """The one line that says what a Ctrl-C left behind."""
+    not_started = max(0, stats.total - stats.finished - stats.interrupted)
+    return (
+        f"interrupted: run {run_id} stopped; {written} finished trajectories stored, "
+        f"{stats.interrupted} in flight and {not_started} not started are not; re-run the same "
+        "command to run them"
+    )
+
+
+def _stop_on_ctrl_c(engine: Engine) -> Callable[[], None]:
+    """Make the first Ctrl-C (SIGINT) stop ``engine`` (:meth:`Engine.interrupt`: what finished is
+    written, the episodes in flight are dropped); a second one raises KeyboardInterrupt at once.
+    Returns the undo. Only in the main thread of a Unix process (elsewhere: a no-op)."""
+    loop = asyncio.get_running_loop()
+
+    def first() -> None:
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C: KeyboardInterrupt
+        engine.interrupt()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, first)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread / not Unix
+        return lambda: None
+    return lambda: loop.remove_signal_handler(signal.SIGINT)
+
+
+def refuse_nothing_collected(wh: Warehouse, out: CollectResult) -> None:
+    """:class:`CollectFailed` when every episode that ran ended in an infrastructure error (a
+    model server that refuses the key, a browser that cannot start): nothing was collected, and
+    the command must say so and fail, not report success."""
+    if not out.ran or out.by_status.get(INFRA_ERROR, 0) != sum(out.by_status.values()):
+        return
+    first = wh.sql(
+        "SELECT error FROM trajectories WHERE run_id = ? AND status = ? ORDER BY traj_id LIMIT 1",
+        [out.run_id, INFRA_ERROR],
+    )
+    example = first.item() if first.height else None
+    raise CollectFailed(
+        f"all {out.ran} episodes of run {out.run_id} ended in an infrastructure error, "
+        f"nothing was collected; e.g. {example}"
+    )
