@@ -147,8 +147,8 @@ def generate(b: Bench) -> None:
 
 
 async def collect_expert(b: Bench) -> str:
-    from flows.judge import JudgeConfig, run_judge
     from stages.collect import CollectConfig, run_collect
+    from stages.judge import JudgeConfig, run_judge
 
     t0 = time.perf_counter()
     cfg = CollectConfig(
@@ -170,7 +170,7 @@ async def collect_expert(b: Bench) -> str:
     b.timed("collect expert", t0)
     say(
         f"noisy expert (noise {b.a.noise}): {res.ran + res.skipped} trajectories, "
-        f"{res.steps} steps, outcomes {res.by_status}; judged {judged.get('judged', '?')}"
+        f"{res.steps} steps, outcomes {res.by_status}; judged {judged.judged}"
     )
     return res.run_id
 

@@ -17,7 +17,6 @@ from rich.markup import escape
 from cli.common import (
     Format,
     UserError,
-    _judges,
     _open,
     _policies,
     _registered,
@@ -520,86 +519,6 @@ judge_app = typer.Typer(help="Judge trajectories; calibrate judges against refer
 app.add_typer(judge_app, name="judge")
 
 
-@judge_app.callback(invoke_without_command=True)
-def judge(
-    ctx: typer.Context,
-    judge_name: Annotated[
-        str,
-        typer.Option(
-            "--judge",
-            help="programmatic, rubric_vlm or ensemble.",
-            callback=_registered("judge", _judges),
-        ),
-    ] = "programmatic",
-    run: Annotated[
-        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
-    ] = None,
-    base_url: Annotated[
-        str | None, typer.Option(help="rubric_vlm: OpenAI-compatible server, e.g. …/v1.")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="rubric_vlm: the judge model.")] = None,
-    k: Annotated[int, typer.Option(help="rubric_vlm: key screenshots at most (image cap).")] = 4,
-    selection: Annotated[
-        Selection, typer.Option(help="rubric_vlm: key screenshots by 'model' or 'heuristic'.")
-    ] = Selection.model,
-    members: Annotated[
-        str | None,
-        typer.Option(
-            help="ensemble: member judges, comma-separated.",
-            callback=_registered("judge", _judges, many=True),
-        ),
-    ] = None,
-    rule: Annotated[
-        Rule, typer.Option(help="ensemble: unanimous, majority or threshold.")
-    ] = Rule.majority,
-    threshold: Annotated[float, typer.Option(help="ensemble: share for 'threshold'.")] = 0.5,
-    concurrency: Annotated[
-        int, typer.Option(help="Trajectories judged at once.", min=1, max=256)
-    ] = 8,
-    attempts: Annotated[int, typer.Option(help="Tries per trajectory in this run.")] = 2,
-    workers: Workers = 0,
-    dask_address: DaskAddress = None,
-) -> None:
-    """Judge trajectories that have no verdict from this judge version yet (the judge flow)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from flows.judge import JudgeConfig
-    from flows.judge import judge as judge_flow
-
-    options: dict[str, Any] = {}
-    if judge_name == "rubric_vlm":
-        if not base_url or not model:
-            raise UserError("--judge rubric_vlm needs --base-url and --model")
-        options = dict(base_url=base_url, model=model, k=k, selection=selection.value)
-    elif judge_name == "ensemble":
-        if not members:
-            raise UserError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
-        options = dict(members=members, rule=rule.value, threshold=threshold)
-    from judging.base import make_judge
-
-    try:
-        make_judge(judge_name, **options)  # fail fast, before the flow starts
-    except (TypeError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    cfg = JudgeConfig(
-        judge=judge_name,
-        options=options,
-        run=run,
-        concurrency=concurrency,
-        attempts=attempts,
-        workers=workers,
-        dask_address=dask_address,
-    )
-
-    from cli.progress import LiveProgress
-
-    with LiveProgress("judge", console=console) as bar:
-        out = judge_flow(cfg, None, bar)
-    console.print(f"{out['judge']} {out['version']}: {out['line']}")
-    for example in out["error_examples"]:
-        console.print(f"  judge error: {example}")
-
-
 @judge_app.command("agreement")
 def judge_agreement(
     judge_name: Annotated[str, typer.Option("--judge", help="The judge to calibrate.")],
@@ -885,10 +804,12 @@ from cli import (  # noqa: E402
     deploy,
     flywheel,
     interventions,
+    judge,
     serving,
     training,
 )
 
+judge.register(judge_app)
 for _group in (collect, curation, interventions, training, serving, deploy, flywheel, dashboard):
     _group.register(app)
 

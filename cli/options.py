@@ -121,9 +121,12 @@ def config_command(
     help: str | None = None,
     callbacks: dict[str, Callable[..., Any]] | None = None,
     extra: Sequence[inspect.Parameter] = (),
+    group: bool = False,
 ) -> Callable[..., Any]:
     """Register command ``name`` whose options are ``cls``'s fields (plus ``--config`` and the
-    ``extra`` parameters); ``body(cfg, **extra_values)`` runs it."""
+    ``extra`` parameters); ``body(cfg, **extra_values)`` runs it. ``group``: ``app`` is the
+    command's own group (``webloop judge`` with subcommands ``judge agreement`` …): the options
+    are the group's, and ``body`` runs when no subcommand is given."""
     fields = config_parameters(cls, callbacks)
     names = {p.name for p in fields}
     config_param = inspect.Parameter(
@@ -137,6 +140,8 @@ def config_command(
     )
 
     def command(ctx: typer.Context, **values: Any) -> Any:
+        if getattr(ctx, "invoked_subcommand", None) is not None:
+            return None
         path = values.pop("config", None)
         cfg = build_config(cls, ctx, path, {k: v for k, v in values.items() if k in names})
         return body(cfg, **{k: v for k, v in values.items() if k not in names})
@@ -146,5 +151,8 @@ def config_command(
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = help or (cls.__doc__ or "").split("\n\n")[0]
     command.__name__ = name.replace("-", "_")
-    app.command(name)(command)
+    if group:
+        app.callback(invoke_without_command=True)(command)
+    else:
+        app.command(name)(command)
     return command

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from prefect import task
 
+from stages.config import ConfigError
 from warehouse import Warehouse, WarehouseConfig, WarehouseError
 
 T = TypeVar("T")
@@ -39,15 +40,16 @@ RETRIES, RETRY_DELAY_S = 2, 5
 
 
 def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect retry condition: retry anything but a :class:`WarehouseError` (bad input, a held
-    lease, a warehouse that outlasted its own retries)."""
+    """Prefect retry condition: retry anything but bad input (:class:`ConfigError`) and a
+    :class:`WarehouseError` (bad data, a held lease, a warehouse that outlasted its own
+    retries)."""
     exc = getattr(state, "data", None)
     if not isinstance(exc, BaseException):
         try:
             state.result()
         except BaseException as raised:  # the state's stored exception
             exc = raised
-    return not isinstance(exc, WarehouseError)
+    return not isinstance(exc, WarehouseError | ConfigError)
 
 
 def sharded(workers: int, dask_address: str | None) -> bool:

@@ -46,11 +46,11 @@ from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from flows.evaluate import EvalConfig, run_evaluation
 from flows.intervene import InterveneConfig, run_intervene_async
-from flows.judge import JudgeConfig, run_judge
 from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from flows.train import SFTConfig, run_sft
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
+from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
 from training.stats import diff_interval
 from warehouse import Warehouse, WarehouseConfig, migrations
@@ -277,7 +277,7 @@ def collect(home: str | None, ccfg: CollectConfig, lent: Lent | None = None) -> 
 def judge(home: str | None, run_id: str) -> dict[str, Any]:
     """The programmatic judge over the run's backlog."""
     with _open(home) as wh:
-        return run_judge(wh, JudgeConfig(judge="programmatic", run=run_id))
+        return dataclasses.asdict(run_judge(wh, JudgeConfig(judge="programmatic", run=run_id)))
 
 
 @task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)

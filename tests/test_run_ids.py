@@ -13,10 +13,10 @@ def _ids() -> dict[str, str]:
     from flows.demo import demo_config
     from flows.evaluate import EvalConfig, collect_config
     from flows.intervene import InterveneConfig
-    from flows.judge import JudgeConfig
     from flows.score_steps import ScoreStepsConfig
     from flows.train import RLConfig, SFTConfig
     from stages.collect import CollectConfig
+    from stages.judge import JudgeConfig
     from training import registry
 
     openai = CollectConfig(
@@ -81,3 +81,24 @@ PINNED = {
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_run_ids_of_existing_configurations_are_unchanged(name: str) -> None:
     assert _ids()[name] == PINNED[name]
+
+
+def test_a_judge_config_written_with_typed_fields_names_the_same_run_as_its_options() -> None:
+    """``webloop judge --judge rubric_vlm --base-url … --model …`` stored
+    ``options={base_url, model, k, selection}``; the typed fields give the same run."""
+    from stages.judge import JudgeConfig
+
+    typed = JudgeConfig(judge="rubric_vlm", base_url="http://h/v1", model="m", run="r1", k=3)
+    legacy = JudgeConfig(
+        judge="rubric_vlm",
+        options={"base_url": "http://h/v1", "model": "m", "k": 3, "selection": "model"},
+        run="r1",
+    )
+    assert run_id_for("judge", typed.identity()) == run_id_for("judge", legacy.identity())
+    assert typed.judge_options() == legacy.judge_options()
+    ensemble = JudgeConfig(judge="ensemble", members="programmatic,rubric_vlm")
+    assert ensemble.judge_options() == {
+        "members": "programmatic,rubric_vlm",
+        "rule": "majority",
+        "threshold": 0.5,
+    }

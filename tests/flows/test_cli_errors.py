@@ -41,7 +41,7 @@ def no_flows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     for mod, names in {
         "flows.collect": ["collect"],
-        "flows.judge": ["judge", "JudgeConfig"],
+        "flows.judge": ["judge"],
         "flows.score_steps": ["score_steps", "ScoreStepsConfig"],
     }.items():
         m = types.ModuleType(mod)

@@ -88,7 +88,8 @@ def test_register_only_creates_the_three_schedules(prefect_harness, tmp_path: Pa
 
 
 def test_the_scheduled_judge_parameters_validate_into_its_config():
-    from flows.judge import JudgeConfig, judge_flow
+    from flows.judge import judge_flow
+    from stages.judge import JudgeConfig
 
     params = dep.schedules("/h")[0].parameters
     cfg = judge_flow.validate_parameters(params)["cfg"]

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from flows import score_steps as score_steps_module
-from flows.judge import JudgeConfig, run_judge
 from flows.score_steps import (
     ScoreStepsConfig,
     run_score_steps,
@@ -28,6 +27,7 @@ from rollouts.policies import ANSWER_INJECTION
 from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
 from stages import collect as collect_module
 from stages.collect import CollectConfig, run_collect
+from stages.judge import JudgeConfig, run_judge
 from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from warehouse import Warehouse, WarehouseConfig
@@ -91,7 +91,7 @@ def open_wh(h: Path) -> Warehouse:
 def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Path):
     with open_wh(home) as wh:
         out = run_judge(wh, JudgeConfig(judge="programmatic"))
-        assert out["errors"] == 0 and out["judged"] == 16
+        assert out.errors == 0 and out.judged == 16
         rows = wh.sql(
             "SELECT t.run_id, j.verdict, t.answer FROM judgments j JOIN trajectories t "
             "USING (traj_id) WHERE j.judge = 'programmatic'"
@@ -109,7 +109,7 @@ def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Pa
             options = dict(base_url=fake.url, model="gullible", selection="heuristic", k=2)
             judged = run_judge(wh, JudgeConfig(judge="rubric_vlm", options=options))
         assert (
-            judged["errors"] == 0 and judged["calls_per_traj"] == 1.0
+            judged.errors == 0 and judged.calls_per_traj == 1.0
         )  # rubric tasks: the verdict only
         prompts = [last_user_text(b) for b in fake.requests if "Final answer" in last_user_text(b)]
         for text in prompts:  # the injection only ever appears inside an untrusted block

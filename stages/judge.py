@@ -1,0 +1,221 @@
+"""The ``judge`` stage: judge the backlog of one judge version (recorded as a ``judge`` run).
+
+The work is in ``judging`` (registry, backlog, bounded-concurrency runner). Re-running the same
+settings judges only what is still missing, and retries stored judge errors until their attempts
+are spent. On Dask (``workers`` / ``dask_address``) the backlog is sharded across workers
+(:mod:`stages.shards`), each with its own judge and model-server connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from judging.base import Judge, JudgeSummary, backlog, judge_all, make_judge
+from stages.config import ConfigError, setting
+from stages.runs import recorded_run
+from stages.shards import Session
+from warehouse import Warehouse
+from warehouse.ids import run_id_for
+
+OPERATIONAL = ("concurrency", "workers", "dask_address")
+TYPED_OPTIONS = {
+    "rubric_vlm": ("base_url", "model", "k", "selection"),
+    "ensemble": ("members", "rule", "threshold"),
+}
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """Which judge, with which options, over which trajectories. The judge's own options come
+    from the typed fields of its kind (``rubric_vlm``: base URL, model, k, selection;
+    ``ensemble``: members, rule, threshold) and ``options`` (any other; it wins)."""
+
+    judge: str = setting("programmatic", help="programmatic, rubric_vlm or ensemble.")
+    run: str | None = setting(None, help="Only trajectories of this run.")
+    base_url: str | None = setting(
+        None, help="rubric_vlm: OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+    )
+    model: str | None = setting(None, help="rubric_vlm: the judge model.")
+    k: int = setting(4, help="rubric_vlm: key screenshots at most (image cap).", min=1, max=64)
+    selection: Literal["model", "heuristic"] = setting(
+        "model", help="rubric_vlm: key screenshots chosen by the model or a heuristic."
+    )
+    members: str | None = setting(None, help="ensemble: member judges, comma-separated.")
+    rule: Literal["unanimous", "majority", "threshold"] = setting(
+        "majority", help="ensemble: how member verdicts combine."
+    )
+    threshold: float = setting(
+        0.5, help="ensemble: share of successes for rule 'threshold'.", min=0.0, max=1.0
+    )
+    options: dict[str, Any] = setting(
+        factory=dict, help="Further options of the judge (they win over the fields).", cli=False
+    )
+    concurrency: int = setting(8, help="Trajectories judged at once.", min=1, max=256)
+    attempts: int = setting(2, help="Tries per trajectory in this run.", min=1, max=20)
+    max_attempts: int = setting(
+        4, help="Over all runs: errors beyond this many tries stay errors.", min=1, max=100
+    )
+    workers: int = setting(
+        0, help="Shard the backlog across a local Dask cluster of N processes.", min=0, max=1024
+    )
+    dask_address: str | None = setting(None, help="Shard across an existing Dask cluster.")
+
+    def judge_options(self) -> dict[str, Any]:
+        """The options the judge is built with: its kind's typed fields when they are used (a
+        base URL, or members, given), then ``options``."""
+        typed = TYPED_OPTIONS.get(self.judge, ())
+        used = typed and getattr(self, typed[0]) is not None
+        fields = {name: getattr(self, name) for name in typed} if used else {}
+        return {**fields, **self.options}
+
+    def identity(self) -> dict[str, Any]:
+        """What names the run (the options as built, so a config written with the typed fields
+        and one written with ``options`` name the same run, as before the fields existed)."""
+        return {
+            "judge": self.judge,
+            "options": self.judge_options(),
+            "run": self.run,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+        }
+
+
+@dataclass(frozen=True)
+class JudgeResult:
+    """What a judge run did: the judge (name, version, model), its backlog, verdict counts,
+    errors (with a few examples), model calls and images per trajectory, and a one-line
+    summary; ``shards`` when it ran on Dask."""
+
+    run_id: str
+    judge: str
+    version: str
+    model: str | None
+    backlog: int
+    judged: int
+    verdicts: dict[str, int]
+    errors: int
+    error_examples: list[str]
+    calls_per_traj: float
+    images_per_traj: float
+    line: str
+    shards: int = 0
+
+
+def build_judge(cfg: JudgeConfig) -> Judge:
+    """The judge ``cfg`` names (:class:`ConfigError` for a missing or bad option)."""
+    options = cfg.judge_options()
+    if cfg.judge == "rubric_vlm" and not (options.get("base_url") and options.get("model")):
+        raise ConfigError("--judge rubric_vlm needs --base-url and --model")
+    if cfg.judge == "ensemble" and not options.get("members"):
+        raise ConfigError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
+    try:
+        return make_judge(cfg.judge, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"judge {cfg.judge!r}: {exc}") from None
+
+
+def judge_ids(
+    wh: Warehouse,
+    cfg: JudgeConfig,
+    judge: Judge,
+    ids: list[str],
+    run_id: str,
+    progress: Callable[[JudgeSummary], None] | None = None,
+) -> JudgeSummary:
+    """Judge ``ids`` (its own event loop); closes the judge's HTTP client."""
+
+    async def work() -> JudgeSummary:
+        try:
+            return await judge_all(
+                wh,
+                judge,
+                ids,
+                concurrency=cfg.concurrency,
+                attempts=cfg.attempts,
+                run_id=run_id,
+                progress=progress,
+            )
+        finally:
+            client = getattr(judge, "client", None)
+            if client is not None:
+                await client.aclose()
+
+    return asyncio.run(work())
+
+
+def run_judge(
+    wh: Warehouse, cfg: JudgeConfig, progress: Callable[[JudgeSummary], None] | None = None
+) -> JudgeResult:
+    """Judge the backlog of ``cfg``'s judge (recorded as a run)."""
+    judge = build_judge(cfg)
+    run_id = run_id_for("judge", cfg.identity())
+    ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
+    with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
+        summary = judge_ids(wh, cfg, judge, ids, run_id, progress)
+    return result_of(run_id, judge, len(ids), summary)
+
+
+def result_of(run_id: str, judge: Judge, n_backlog: int, summary: JudgeSummary) -> JudgeResult:
+    per = (lambda n: n / summary.judged) if summary.judged else (lambda n: 0.0)
+    return JudgeResult(
+        run_id=run_id,
+        judge=judge.name,
+        version=judge.version,
+        model=judge.model,
+        backlog=n_backlog,
+        judged=summary.judged,
+        verdicts=dict(summary.verdicts),
+        errors=summary.errors,
+        error_examples=summary.error_examples,
+        calls_per_traj=per(summary.calls),
+        images_per_traj=per(summary.images),
+        line=summary.line(),
+    )
+
+
+# -- on Dask ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def sharded_session(wh: Warehouse, cfg: JudgeConfig) -> Iterator[Session]:
+    """Record the run; the backlog to shard."""
+    judge = build_judge(cfg)
+    run_id = run_id_for("judge", cfg.identity())
+    ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
+    with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
+        yield Session(run_id, ids, total=len(ids), extra={"judge": judge})
+
+
+def run_shard(wh: Warehouse, cfg: JudgeConfig, run_id: str, ids: list[str]) -> JudgeSummary:
+    """One worker's share of the backlog; skips what got a verdict meanwhile (a rerun after a
+    dead worker judges only the rest)."""
+    judge = build_judge(cfg)
+    still = set(backlog(wh, judge, cfg.run, cfg.max_attempts))
+    return judge_ids(wh, cfg, judge, [i for i in ids if i in still], run_id)
+
+
+def merge_shards(
+    cfg: JudgeConfig, session: Session, parts: list[JudgeSummary], workers: int
+) -> JudgeResult:
+    total = JudgeSummary()
+    for part in parts:
+        total.judged += part.judged
+        total.verdicts += Counter(part.verdicts)
+        total.errors += part.errors
+        total.calls += part.calls
+        total.images += part.images
+        total.seconds = max(total.seconds, part.seconds)
+        total.error_examples += part.error_examples[: 5 - len(total.error_examples)]
+    res = result_of(session.run_id, session.extra["judge"], session.total, total)
+    return dataclasses.replace(res, shards=len(parts))
+
+
+def check_judge(cfg: JudgeConfig) -> None:
+    """Refuse bad judge options before any work starts."""
+    build_judge(cfg)
