@@ -18,9 +18,6 @@ from cli.common import (
     Format,
     UserError,
     _open,
-    _policies,
-    _registered,
-    _scorers,
     console,
     err,
     existing_run,
@@ -595,104 +592,6 @@ score_app = typer.Typer(help="Process rewards: candidate actions at visited stat
 app.add_typer(score_app, name="score-steps")
 
 
-@score_app.callback(invoke_without_command=True)
-def score_steps(
-    ctx: typer.Context,
-    scorer: Annotated[
-        str,
-        typer.Option(
-            help="exact (bundled replay) or vlm.", callback=_registered("PRM scorer", _scorers)
-        ),
-    ] = "exact",
-    k: Annotated[int, typer.Option(help="Candidate actions per state.")] = 4,
-    run: Annotated[
-        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
-    ] = None,
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="Candidates from: expert (with --noise), random, openai, or samples of a "
-            "checkpoint folder (--model) with ranker or hf.",
-            callback=_registered("policy", _policies),
-        ),
-    ] = "expert",
-    noise: Annotated[
-        float, typer.Option(help="Expert mistake rate for candidates.", min=0.0, max=1.0)
-    ] = 0.5,
-    base_url: Annotated[str | None, typer.Option(help="openai candidate policy URL.")] = None,
-    model: Annotated[
-        str | None, typer.Option(help="openai: the model name; ranker / hf: the checkpoint.")
-    ] = None,
-    temperature: Annotated[
-        float, typer.Option(help="Sampling temperature.", min=0.0, max=5.0)
-    ] = 1.0,
-    candidates: Annotated[
-        str,
-        typer.Option(help="sample (K samples) or top_k (the K likeliest distinct: ranker)."),
-    ] = "sample",
-    scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer server URL.")] = None,
-    scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
-    every: Annotated[int, typer.Option(help="Score every n-th step.")] = 1,
-    max_states: Annotated[int | None, typer.Option(help="At most this many states.")] = None,
-    select: Annotated[
-        str,
-        typer.Option(
-            help="Which states --max-states keeps: failures_first (unsuccessful trajectories' "
-            "states first, seeded shuffle) or first (trajectory-id order)."
-        ),
-    ] = "failures_first",
-    concurrency: Annotated[
-        int, typer.Option(help="States (browsers) at once.", min=1, max=256)
-    ] = 4,
-    workers: Workers = 0,
-    dask_address: DaskAddress = None,
-) -> None:
-    """Sample K candidates per visited state, score them, store scores and advantages."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from flows.score_steps import ScoreStepsConfig
-    from flows.score_steps import score_steps as run_flow
-
-    if scorer not in ("exact", "vlm"):
-        raise UserError(f"unknown PRM scorer {scorer!r}; known: exact, vlm")
-    if scorer == "vlm" and not (scorer_base_url and scorer_model):
-        raise UserError("--scorer vlm needs --scorer-base-url and --scorer-model")
-    if k < 2:
-        raise UserError("--k must be at least 2 (advantages compare candidates)")
-
-    cfg = ScoreStepsConfig(
-        scorer=scorer,
-        k=k,
-        run=run,
-        policy=policy,
-        noise=noise,
-        base_url=base_url,
-        model=model,
-        temperature=temperature,
-        candidates=candidates,
-        scorer_base_url=scorer_base_url,
-        scorer_model=scorer_model,
-        every=every,
-        max_states=max_states,
-        select=select,
-        concurrency=concurrency,
-        workers=workers,
-        dask_address=dask_address,
-    )
-
-    from cli.progress import LiveProgress
-
-    with LiveProgress("score-steps", console=console) as bar:
-        out = run_flow(cfg, None, bar)
-    console.print(
-        f"score-steps {scorer}: {out['selected']} states selected, {out['states']} scored now "
-        f"({out['candidates']} candidates: {out['scored']} ok, {out['errors']} scorer errors); "
-        f"run {out.run_id}"
-    )
-    for example in out["error_examples"]:
-        console.print(f"  scorer error: {example}")
-
-
 @score_app.command("agreement")
 def score_agreement(
     scorer: Annotated[str, typer.Option(help="The scorer to calibrate (e.g. vlm).")] = "vlm",
@@ -705,7 +604,7 @@ def score_agreement(
     """Pairwise ranking accuracy and top-1 agreement of a PRM with the exact scorer."""
     import polars as pl
 
-    from flows.score_steps import scorer_agreement
+    from stages.score_steps import scorer_agreement
 
     with _open(read_only=True) as wh:
         out = scorer_agreement(wh, scorer, reference, run)
@@ -805,11 +704,13 @@ from cli import (  # noqa: E402
     flywheel,
     interventions,
     judge,
+    score_steps,
     serving,
     training,
 )
 
 judge.register(judge_app)
+score_steps.register(score_app)
 for _group in (collect, curation, interventions, training, serving, deploy, flywheel, dashboard):
     _group.register(app)
 

@@ -46,12 +46,12 @@ from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from flows.evaluate import EvalConfig, run_evaluation
 from flows.intervene import InterveneConfig, run_intervene_async
-from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from flows.train import SFTConfig, run_sft
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
+from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from training.stats import diff_interval
 from warehouse import Warehouse, WarehouseConfig, migrations
 from warehouse.ids import make_id
@@ -300,7 +300,8 @@ def score(
         if wh.sql(
             "SELECT count(*) FROM trajectories WHERE run_id = ? AND n_steps > 0", [run_id]
         ).item():
-            return _run(lent, lambda **kw: run_score_steps_async(wh, prm, **kw))
+            res = _run(lent, lambda **kw: run_score_steps_async(wh, prm, **kw))
+            return dataclasses.asdict(res)
     return None
 
 

@@ -43,7 +43,6 @@ from curation.interventions import (
 from curation.rationales import RationalesConfig, run_rationales_async
 from flows import prefect_env
 from flows.artifacts import artifact_key, flow_run_id, publish
-from flows.score_steps import bundled_probe
 from judging.alignment import page_state
 from judging.base import TrajectoryView, load_views
 from rollouts.browser import SharedSlot
@@ -57,6 +56,7 @@ from sites.tasks import BUNDLED_SCHEME, resolve_start_url
 from stages.collect import bundled_grader
 from stages.report import markdown_table
 from stages.runs import recorded_run
+from stages.score_steps import bundled_probe
 from warehouse import Warehouse, WarehouseConfig, WarehouseError
 from warehouse.ids import make_id, run_id_for
 from warehouse.records import Intervention

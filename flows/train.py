@@ -23,10 +23,10 @@ from prefect import flow, task
 
 from flows import prefect_env
 from flows.artifacts import artifact_key, flow_run_id, publish
-from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.report import markdown_table
 from stages.runs import code_version
+from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from training import registry
 from training.data import check_modality, find_dataset, sft_turns
 from training.interface import DataMismatch
@@ -455,8 +455,8 @@ async def _score_states(
     )
     res = await run_score_steps_async(wh, sc, server=server, browser=browser)
     say(
-        f"  rl iteration {it + 1}: {res['selected']} states, {res['scored']} candidates scored "
-        f"by {cfg.prm_scorer} ({res['errors']} errors)"
+        f"  rl iteration {it + 1}: {res.selected} states, {res.scored} candidates scored "
+        f"by {cfg.prm_scorer} ({res.errors} errors)"
     )
 
 

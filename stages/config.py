@@ -83,17 +83,34 @@ def is_config(tp: Any) -> bool:
 
 
 def check_config(cfg: Any, prefix: str = "") -> None:
-    """Refuse a field outside its bounds (:class:`ConfigError` naming the field); nested
-    configs are checked too."""
+    """Refuse a field outside its bounds or its ``Literal`` choices (:class:`ConfigError`
+    naming the field); nested configs are checked too. Stages call it on the configs they
+    are given, so a library caller's mistake is refused as a command line's would be."""
+    hints = type_hints(type(cfg))
     for f in fields_of(type(cfg)):
         value = getattr(cfg, f.name)
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             check_config(value, f"{name}.")
             continue
-        problem = bound_problem(f, value)
+        problem = bound_problem(f, value) or choice_problem(hints[f.name], value)
         if problem:
             raise ConfigError(f"{name}: {problem}")
+
+
+def choice_problem(tp: Any, value: Any) -> str | None:
+    """Why ``value`` is not one of a ``Literal`` type's choices (None when it is, or when the
+    type is no ``Literal``; ``None`` passes an optional one)."""
+    args = typing.get_args(tp)
+    literal = next((a for a in args if typing.get_origin(a) is typing.Literal), None)
+    if typing.get_origin(tp) is typing.Literal:
+        literal = tp
+    if literal is None or (value is None and type(None) in args):
+        return None
+    choices = typing.get_args(literal)
+    if value in choices:
+        return None
+    return f"{value!r} is not one of {', '.join(repr(c) for c in choices)}"
 
 
 def bound_problem(f: dataclasses.Field, value: Any) -> str | None:

@@ -13,10 +13,10 @@ def _ids() -> dict[str, str]:
     from flows.demo import demo_config
     from flows.evaluate import EvalConfig, collect_config
     from flows.intervene import InterveneConfig
-    from flows.score_steps import ScoreStepsConfig
     from flows.train import RLConfig, SFTConfig
     from stages.collect import CollectConfig
     from stages.judge import JudgeConfig
+    from stages.score_steps import ScoreStepsConfig
     from training import registry
 
     openai = CollectConfig(

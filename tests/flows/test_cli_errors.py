@@ -42,7 +42,7 @@ def no_flows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for mod, names in {
         "flows.collect": ["collect"],
         "flows.judge": ["judge"],
-        "flows.score_steps": ["score_steps", "ScoreStepsConfig"],
+        "flows.score_steps": ["score_steps"],
     }.items():
         m = types.ModuleType(mod)
         for n in names:

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from flows import score_steps as score_steps_module
-from flows.score_steps import (
+from judging.adversarial import flip_rates
+from rollouts.policies import ANSWER_INJECTION
+from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
+from stages import collect as collect_module
+from stages import score_steps as score_steps_module
+from stages.collect import CollectConfig, run_collect
+from stages.judge import JudgeConfig, run_judge
+from stages.score_steps import (
     ScoreStepsConfig,
     run_score_steps,
     run_score_steps_async,
     scorer_agreement,
 )
-from judging.adversarial import flip_rates
-from rollouts.policies import ANSWER_INJECTION
-from sites.tasks import ADVERSARIAL_SUITE, adversarial_variants, generate
-from stages import collect as collect_module
-from stages.collect import CollectConfig, run_collect
-from stages.judge import JudgeConfig, run_judge
 from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from warehouse import Warehouse, WarehouseConfig
@@ -108,9 +108,7 @@ def test_injection_does_not_move_the_checker_and_flips_a_gullible_judge(home: Pa
         with FakeOpenAI([], default=("fn", gullible)) as fake:
             options = dict(base_url=fake.url, model="gullible", selection="heuristic", k=2)
             judged = run_judge(wh, JudgeConfig(judge="rubric_vlm", options=options))
-        assert (
-            judged.errors == 0 and judged.calls_per_traj == 1.0
-        )  # rubric tasks: the verdict only
+        assert judged.errors == 0 and judged.calls_per_traj == 1.0  # rubric tasks: the verdict only
         prompts = [last_user_text(b) for b in fake.requests if "Final answer" in last_user_text(b)]
         for text in prompts:  # the injection only ever appears inside an untrusted block
             outside = re.sub(r"<untrusted>.*?</untrusted>", "", text, flags=re.S)
@@ -160,11 +158,11 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
     cfg = ScoreStepsConfig(run="clean", k=3, max_states=4, every=2, concurrency=4)
     with open_wh(home) as wh:
         first = chromium.run(run_score_steps_async(wh, cfg, server=sites, browser=chromium.browser))
-        assert first["states"] == 4 and first["candidates"] == 12 and first["errors"] == 0
+        assert first.states == 4 and first.candidates == 12 and first.errors == 0
         with monkeypatch.context() as m:  # nothing left to do: no sites server, no browser
             m.setattr(score_steps_module, "_exact_scorer", refuse)
             again = run_score_steps(wh, cfg)  # no new candidates, no rescoring
-        assert (again["states"], again["candidates"]) == (0, 0)
+        assert (again.states, again.candidates) == (0, 0)
         n_cands = wh.sql("SELECT count(*) FROM candidates").item()
         assert n_cands == 12
         adv = wh.sql(
@@ -193,7 +191,7 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
                 scorer_model="prm",
             )
             out = run_score_steps(wh, vcfg)
-        assert out["candidates"] == 12 and out["errors"] == 0
+        assert out.candidates == 12 and out.errors == 0
         assert len(fake.requests) == 12
         # every stored VLM score is the fake PRM's rule applied to that candidate's action
         rows = wh.sql(

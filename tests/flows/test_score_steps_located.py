@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from flows.score_steps import ScoreStepsConfig, run_score_steps_async
 from rollouts.actions import format_action, parse_action
 from sites.tasks import generate
 from stages.collect import CollectConfig, run_collect
+from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -31,7 +31,7 @@ def test_expert_candidates_continue_from_the_aligned_reference_step(tmp_path, si
 
         score = ScoreStepsConfig(run="refs", k=2, noise=0.0, concurrency=4)
         res = chromium.run(run_score_steps_async(wh, score, server=sites, browser=chromium.browser))
-        assert res["errors"] == 0
+        assert res.errors == 0
         rows = wh.sql(
             "SELECT c.step_idx, c.action_text, s.score FROM candidates c JOIN step_scores s "
             "USING (traj_id, step_idx, cand_idx) WHERE c.cand_idx = 0 ORDER BY c.step_idx"

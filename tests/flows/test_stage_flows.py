@@ -23,11 +23,12 @@ from flows.evaluate import EvalConfig, evaluate_flow, evaluate_newest_flow
 from flows.intervene import InterveneConfig, intervene_flow
 from flows.judge import judge_flow
 from flows.maintain import maintain_warehouse
-from flows.score_steps import ScoreStepsConfig, score_steps_flow
+from flows.score_steps import score_steps_flow
 from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
 from stages.judge import JudgeConfig
+from stages.score_steps import ScoreStepsConfig
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 

@@ -79,7 +79,7 @@ def _view(task, texts: list[str]) -> TrajectoryView:
 
 
 def _scorer(browser, server, client) -> ExactScorer:
-    from flows.score_steps import bundled_grade
+    from stages.score_steps import bundled_grade
 
     async def probe(env: BrowserEnv, task: Any) -> Any:
         origin = server.url(task.site)

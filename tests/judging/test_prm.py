@@ -29,8 +29,9 @@ from warehouse.records import Step, Trajectory
 
 def test_group_relative_advantages():
     adv = advantages([1.0, 0.0, 0.5, None])
-    # mean .5, population std sqrt(1/6)
-    assert adv[0] == pytest.approx(0.5 / (1 / 6) ** 0.5) and adv[1] == pytest.approx(-adv[0])
+    # mean .5, population std sqrt(1/6), plus eps 1e-6 (warehouse.advantage, as training's)
+    assert adv[0] == pytest.approx(0.5 / ((1 / 6) ** 0.5 + 1e-6), rel=1e-12)
+    assert adv[1] == pytest.approx(-adv[0])
     assert adv[2] == 0.0 and adv[3] is None
     assert advantages([0.3, 0.3]) == [0.0, 0.0]
     assert advantages([None, None]) == [None, None]
@@ -80,8 +81,9 @@ def test_vlm_scorer_over_http_scores_errors_and_advantages(wh):
     assert "Task: Do the thing for t1" in text and "Previous actions:\n1. click(100, 200)" in text
     imgs = [c for c in req["messages"][1]["content"] if c.get("type") == "image_url"]
     assert len(imgs) == 1  # the current screenshot (k_images=1)
-    adv = advantages([r.score for r in results])
-    assert adv[0] == pytest.approx(1.0) and adv[1] == pytest.approx(-1.0) and adv[2] is None
+    adv = advantages([r.score for r in results])  # mean .55, std .25: +-.25 / (.25 + 1e-6)
+    assert adv[0] == pytest.approx(0.25 / (0.25 + 1e-6), rel=1e-12)
+    assert adv[1] == pytest.approx(-adv[0]) and adv[2] is None
 
 
 # -- exact replay on real pages -----------------------------------------------------------------
@@ -105,10 +107,10 @@ async def _score_exact(server, browser, jobs: list[tuple[State, list[str | None]
     environments on ``browser`` (contexts of the shared Chromium): each state's candidates, all
     states at once. Candidates that leave the reference's page make its next action wait for
     an element that is not there: a 5 s action timeout (not 10) bounds that wait."""
-    from flows.score_steps import bundled_grade
     from rollouts.browser import SharedSlot
     from rollouts.env import BrowserEnv, EnvConfig, origin_of
     from sites.tasks import resolve_start_url
+    from stages.score_steps import bundled_grade
 
     async with httpx.AsyncClient() as client:
         slot = SharedSlot(browser)

@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from flows.score_steps import ScoreStepsConfig, check_config, select_states
-from warehouse import Warehouse, WarehouseError
+from stages.config import ConfigError
+from stages.score_steps import ScoreStepsConfig, check_config, select_states
+from warehouse import Warehouse
 from warehouse.records import Step, Task, Trajectory
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"k": 1}, "--k must be at least 2"),
-        ({"candidates": "best"}, "candidates are 'sample' or 'top_k', not 'best'"),
-        ({"select": "last"}, "--select is one of failures_first, first, not 'last'"),
+        ({"k": 1}, "k: 1 is below the minimum 2"),
+        ({"candidates": "best"}, "candidates: 'best' is not one of 'sample', 'top_k'"),
+        ({"select": "last"}, "select: 'last' is not one of 'failures_first', 'first'"),
+        ({"scorer": "vlm"}, "--scorer vlm needs --scorer-base-url and --scorer-model"),
     ],
 )
 def test_bad_settings_are_refused(options: dict, message: str) -> None:
-    with pytest.raises(WarehouseError, match=message):
+    with pytest.raises(ConfigError, match=message):
         check_config(ScoreStepsConfig(**options))
     check_config(ScoreStepsConfig(k=2, candidates="top_k"))  # the edges themselves are fine
 
