@@ -159,8 +159,8 @@ async def bare_loop(server, tasks, concurrency) -> tuple[float, int]:
 
 
 async def browser_bound(server, args) -> None:
-    from stages.collect import bundled_grader
     from sites.tasks import generate
+    from stages.collect import bundled_grader
 
     print(f"1. browser-bound: expert policy, engine vs bare Playwright loop ({load()})", flush=True)
     tasks = generate(args.tasks, seed=11)
@@ -459,8 +459,8 @@ async def compare(name, args, model, jobs, make_envs, env_factory, grader, max_s
 
 
 async def model_bound(server, args) -> dict:
-    from stages.collect import bundled_grader
     from sites.tasks import generate
+    from stages.collect import bundled_grader
 
     print(
         f"2. model-bound, browser arm: log-normal model latency (child process), "

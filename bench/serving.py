@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import httpx
 
-from stages.collect import bundled_grader
 from rollouts.engine import Engine, EngineConfig, Finished, make_jobs
 from rollouts.env import EnvConfig, origin_of
 from rollouts.hf import HFGenerator, HFPolicy, load_model
@@ -43,6 +42,7 @@ from rollouts.policies import OpenAIPolicy
 from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
 from sites.server import SiteServer
 from sites.tasks import generate, resolve_start_url
+from stages.collect import bundled_grader
 
 NAME = "tiny-idefics"
 
