@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from cli.common import existing_run
+from cli.options import config_command
+from stages.intervene import InterveneConfig
 
 
 class TeacherName(StrEnum):
@@ -23,59 +25,25 @@ def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None
         raise UserError("--teacher openai needs --base-url and --model")
 
 
-def intervene(
-    teacher: Annotated[
-        TeacherName, typer.Option(help="expert (bundled sites) or openai (any compatible model).")
-    ] = TeacherName.expert,
-    run: Annotated[
-        str | None,
-        typer.Option(help="Only failed trajectories of this run.", callback=existing_run),
-    ] = None,
-    base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
-    model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
-    max_trajectories: Annotated[
-        int | None, typer.Option(help="At most this many trajectories now.", min=1)
-    ] = None,
-    concurrency: Annotated[
-        int, typer.Option(help="Replays (browser contexts) at once.", min=1, max=256)
-    ] = 2,
-    name: Annotated[str | None, typer.Option(help="Run name (default: from the config).")] = None,
-) -> None:
+def intervene(cfg: InterveneConfig) -> None:
     """Find the first error of failed trajectories, propose one correction with a teacher and
     verify it by replay in Chromium (the `intervene` Prefect flow); resumable."""
-    from cli.common import UserError, console
-
-    _check_teacher(teacher, base_url, model)
-    if concurrency < 1:
-        raise UserError("--concurrency must be at least 1")
-    if max_trajectories is not None and max_trajectories < 1:
-        raise UserError("--max-trajectories must be at least 1")
-    from flows.intervene import InterveneConfig
+    from cli.common import console
+    from cli.progress import LiveProgress
     from flows.intervene import intervene as run_flow
 
-    cfg = InterveneConfig(
-        teacher=teacher.value,
-        run=run,
-        base_url=base_url,
-        model=model,
-        max_trajectories=max_trajectories,
-        concurrency=concurrency,
-        run_name=name,
-    )
-
-    from cli.progress import LiveProgress
-
+    _check_teacher(TeacherName(cfg.teacher), cfg.base_url, cfg.model)
     with LiveProgress("intervene", console=console) as bar:
         out = run_flow(cfg, None, bar)
     console.print(
-        f"intervene ({cfg.teacher_name}): {out['selected']} failed trajectories selected; "
-        f"{out['verified']} corrections verified, {out['not_verified']} not verified, "
-        f"{out['no_error_found']} without an error against the reference, "
-        f"{out['errors']} errors (re-run to retry); run {out['run_id']}"
+        f"intervene ({cfg.teacher_name}): {out.selected} failed trajectories selected; "
+        f"{out.verified} corrections verified, {out.not_verified} not verified, "
+        f"{out.no_error_found} without an error against the reference, "
+        f"{out.errors} errors (re-run to retry); run {out.run_id}"
     )
-    for line in out["skipped"][:5]:
+    for line in out.skipped[:5]:
         console.print(f"  skipped {line}")
-    for example in out["error_examples"]:
+    for example in out.error_examples:
         console.print(f"  error: {example}")
 
 
@@ -130,5 +98,5 @@ def rationales(
 
 def register(app: typer.Typer) -> None:
     """Add the intervention and rationale commands to the ``webloop`` app."""
-    app.command("intervene")(intervene)
+    config_command(app, "intervene", InterveneConfig, intervene, callbacks={"run": existing_run})
     app.command("rationales")(rationales)

@@ -45,10 +45,10 @@ from curation.build import build_dataset
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from flows.evaluate import EvalConfig, run_evaluation
-from flows.intervene import InterveneConfig, run_intervene_async
 from flows.train import SFTConfig, run_sft
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
+from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
@@ -333,7 +333,7 @@ def intervene(
             action_timeout_s=cfg.action_timeout_s,
         )
         res = _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
-    return {**res, "settled": settled}
+    return {**dataclasses.asdict(res), "settled": settled}
 
 
 @task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)

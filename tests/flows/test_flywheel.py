@@ -304,8 +304,8 @@ def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeyp
 
     from cli.flywheel import register
     from flows import demo as demo_module
-    from flows import intervene as intervene_module
     from stages import collect as collect_module
+    from stages import intervene as intervene_module
     from stages import score_steps as score_steps_module
 
     cfg, home = resumed["cfg"], resumed["home"]

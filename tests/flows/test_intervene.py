@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.intervene import InterveneConfig, run_intervene_async
 from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Job
 from rollouts.env import BrowserEnv, origin_of
@@ -25,6 +24,7 @@ from rollouts.policies import ExpertPolicy
 from rollouts.writer import BatchWriter
 from sites.tasks import generate, resolve_start_url
 from stages.collect import bundled_grader
+from stages.intervene import InterveneConfig, run_intervene_async
 from stages.runs import recorded_run
 from tests.curation.test_rationales import _warehouse
 from tests.flows.cli_runner import webloop
@@ -115,7 +115,7 @@ def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chr
         cfg = InterveneConfig(teacher="expert", run=f"constructed-{site}", concurrency=3)
         shared = dict(server=sites, browser=chromium.browser)
         out = chromium.run(run_intervene_async(wh, cfg, **shared))
-        assert (out["selected"], out["verified"], out["errors"]) == (3, 3, 0), out["error_examples"]
+        assert (out.selected, out.verified, out.errors) == (3, 3, 0), out.error_examples
         rows = {
             i.traj_id: i for i in from_frame(Intervention, wh.sql("SELECT * FROM interventions"))
         }
@@ -144,7 +144,7 @@ def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chr
             assert replayed[:m] == original[:m]
             assert replayed[m] == rec.proposed_action["text"]
         again = chromium.run(run_intervene_async(wh, cfg, **shared))
-        assert again["selected"] == 0  # resumable: nothing left for this teacher
+        assert again.selected == 0  # resumable: nothing left for this teacher
         if site == OPENAI_SITE:
             openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium)
 
@@ -161,7 +161,7 @@ def openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium) 
     with FakeOpenAI([("reply", r) for r in replies]) as fake:
         ocfg = dataclasses.replace(cfg, teacher="openai", base_url=fake.url, model="bad")
         bad = chromium.run(run_intervene_async(wh, ocfg, **shared))
-    assert (bad["verified"], bad["not_verified"], bad["errors"]) == (0, 2, 1), bad
+    assert (bad.verified, bad.not_verified, bad.errors) == (0, 2, 1), bad
     assert len(fake.requests) == 3
     rows = from_frame(
         Intervention, wh.sql("SELECT * FROM interventions WHERE proposer = 'openai:bad'")
@@ -183,12 +183,12 @@ def openai_teacher_corrections_are_not_verified(wh, cfg, made, sites, chromium) 
     with FakeOpenAI([("reply", replies[0])]) as fake:
         ocfg = dataclasses.replace(ocfg, base_url=fake.url)
         retry = chromium.run(run_intervene_async(wh, ocfg, **shared))
-    assert retry["selected"] == 1 and len(fake.requests) == 1, retry
+    assert retry.selected == 1 and len(fake.requests) == 1, retry
 
 
 def test_a_replay_waits_for_elements_as_long_as_its_source_run_did(tmp_path):
-    from flows.intervene import plan_items
     from judging.base import TrajectoryView
+    from stages.intervene import plan_items
     from warehouse.records import Run
 
     task = task_for("mail_compose")

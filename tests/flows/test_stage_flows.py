@@ -20,13 +20,14 @@ import pytest
 from flows.collect import collect_flow
 from flows.curate import curate_flow
 from flows.evaluate import EvalConfig, evaluate_flow, evaluate_newest_flow
-from flows.intervene import InterveneConfig, intervene_flow
+from flows.intervene import intervene_flow
 from flows.judge import judge_flow
 from flows.maintain import maintain_warehouse
 from flows.score_steps import score_steps_flow
 from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
+from stages.intervene import InterveneConfig
 from stages.judge import JudgeConfig
 from stages.score_steps import ScoreStepsConfig
 from warehouse import Warehouse, WarehouseConfig
