@@ -14,9 +14,15 @@ Weights:
   learning signal): ``max(FLOOR, 4·p·(1−p))``, which is 1.0 at p = 0.5 and falls to ``FLOOR``
   (0.1) for tasks always or never solved, so they are down-weighted, not dropped. A task
   never attempted weighs 1.0 (nothing known; treated as maximally informative).
+
+Horizon (TTI): a recipe's ``curriculum.horizon`` lists the step budget of each RL iteration (a
+flywheel round, an on-policy RL iteration), short first so an untrained policy's rollouts stay
+cheap; :func:`horizon_at` reads it (the last budget repeats).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -72,3 +78,16 @@ def weights(history: pl.DataFrame, mode: str) -> pl.DataFrame:
     else:
         raise ValueError(f"unknown curriculum weights {mode!r} (none | intermediate)")
     return history.with_columns(w.cast(pl.Float64).alias("weight")).select(list(CURRICULUM_SCHEMA))
+
+
+def horizon_at(schedule: Sequence[int], iteration: int, default: int) -> int:
+    """The step budget of RL iteration ``iteration`` (0-based: 0 is the first round) under the
+    horizon ``schedule``: ``schedule[min(iteration, len(schedule) − 1)]``, the last budget
+    repeating once the schedule runs out; ``default`` when the schedule is empty.
+
+    ``horizon_at([5, 10, 20], i, d)`` for i = 0, 1, 2, 3, 4 → 5, 10, 20, 20, 20."""
+    if iteration < 0:
+        raise ValueError(f"horizon_at: iteration must be >= 0 (0 is the first), got {iteration}")
+    if not schedule:
+        return default
+    return schedule[min(iteration, len(schedule) - 1)]

@@ -31,6 +31,7 @@ from curation.embed import DEFAULT_THRESHOLD, distinct_instances, near_duplicate
 from rollouts.registry import Registry
 from warehouse.connection import LAKE
 from warehouse.records import INFRA_ERROR, RUNNING, TIMEOUT, VERDICTS
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 EXCLUDED_STATUSES = (INFRA_ERROR, TIMEOUT, RUNNING)
@@ -41,7 +42,10 @@ EXCLUDED_STATUSES = (INFRA_ERROR, TIMEOUT, RUNNING)
 
 
 class Lake:
-    """Reads of one warehouse at one pinned snapshot (``AT (VERSION => n)`` on every table)."""
+    """Reads of one warehouse at one pinned snapshot (``AT (VERSION => n)`` on every table).
+
+    A query may name the shared relations of :mod:`warehouse.relations` (``trajectory_tasks``,
+    ``latest_judgments``, …): they are read at the snapshot too."""
 
     def __init__(self, wh: Warehouse, snapshot_id: int) -> None:
         self.wh = wh
@@ -56,6 +60,7 @@ class Lake:
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pl.DataFrame:
         """Run ``query`` (tables via :meth:`table`, values as ``$name`` parameters)."""
+        query = with_relations(query, at="$snap")
         values = {**(params or {}), "snap": self.snapshot_id}
         used = {k: v for k, v in values.items() if f"${k}" in query}
         return self.wh.sql(query, used or None)
@@ -175,26 +180,21 @@ class VerdictParams(FilterParams):
 def verdict(frames: Frames, p: VerdictParams) -> Frames:
     """Keep trajectories on which enough of the named judges give ``verdict``.
 
-    Per (trajectory, judge) the latest judgment counts (by created_at, then judge_version).
-    A trajectory passes when (number of named judges whose latest judgment has ``verdict`` and
-    no error) / (number of named judges) ≥ ``min_agreement``. A judge that errored on the
-    trajectory, or never judged it, counts as NOT agreeing (it is in the denominator).
+    Per (trajectory, judge) the latest judgment counts (``latest_judgments`` of
+    :mod:`warehouse.relations`: by created_at, then judge_version, then judgment_id; the same
+    judgment judge calibration and the dashboard read). A trajectory passes when (number of
+    named judges whose latest judgment has ``verdict`` and no error) / (number of named judges)
+    ≥ ``min_agreement``. A judge whose latest judgment on the trajectory is an error, or that
+    never judged it, counts as NOT agreeing (it is in the denominator).
     """
     judges = sorted(set(p.judges))
-    t = Lake.table("judgments", "j")
     agree = frames.lake.with_ids(
         "__cur_trajs",
         frames.trajectories.get_column("traj_id"),
-        f"""
-        WITH latest AS (
-            SELECT j.traj_id, j.judge, j.verdict, j.error
-            FROM {t} SEMI JOIN __cur_trajs c ON j.traj_id = c.traj_id
-            WHERE list_contains($judges, j.judge)
-            QUALIFY row_number() OVER (PARTITION BY j.traj_id, j.judge
-                                       ORDER BY j.created_at DESC, j.judge_version DESC) = 1
-        )
-        SELECT traj_id, count(*) AS n_agree FROM latest
-        WHERE error IS NULL AND verdict = $verdict
+        """
+        SELECT traj_id, count(*) AS n_agree FROM latest_judgments
+        WHERE traj_id IN (SELECT traj_id FROM __cur_trajs) AND list_contains($judges, judge)
+          AND error IS NULL AND verdict = $verdict
         GROUP BY traj_id
         """,
         {"judges": judges, "verdict": p.verdict},

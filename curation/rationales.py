@@ -26,6 +26,7 @@ from rollouts.actions import Answer, Click, ParseError, Select, Type, format_act
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages, prompt_hash
 from warehouse.records import Rationale, Step, Task, from_frame
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 
@@ -184,7 +185,9 @@ class RationaleSummary:
 
 
 def select_work(wh: Warehouse, cfg: RationalesConfig) -> list[Work]:
-    """Steps of successful expert trajectories without a rationale from the teacher."""
+    """Steps of successful expert trajectories without a rationale from the teacher, with the
+    task version each trajectory ran (``trajectory_tasks`` of :mod:`warehouse.relations`; a
+    trajectory whose version is not stored is left out)."""
     pending = wh.sql(
         "SELECT s.traj_id, s.step_idx FROM steps s JOIN trajectories t USING (traj_id) "
         "WHERE t.status = 'success' AND t.policy = 'expert' AND ($run IS NULL OR t.run_id = $run) "
@@ -198,21 +201,11 @@ def select_work(wh: Warehouse, cfg: RationalesConfig) -> list[Work]:
     ids = sorted({t for t, _ in pending})
     if not ids:
         return []
-    trajs = wh.sql(
-        "SELECT traj_id, task_id, task_version FROM trajectories "
-        "WHERE list_contains($ids, traj_id)",
+    ran = wh.sql(
+        with_relations("SELECT * FROM trajectory_tasks WHERE list_contains($ids, traj_id)"),
         {"ids": ids},
-    ).rows()
-    tasks = {
-        (t.task_id, t.version): t
-        for t in from_frame(
-            Task,
-            wh.sql(
-                "SELECT * FROM tasks WHERE list_contains($ids, task_id)",
-                {"ids": sorted({r[1] for r in trajs})},
-            ),
-        )
-    }
+    )
+    tasks = dict(zip(ran["traj_id"], from_frame(Task, ran), strict=True))
     steps: dict[str, list[Step]] = {}
     for s in from_frame(
         Step,
@@ -225,15 +218,7 @@ def select_work(wh: Warehouse, cfg: RationalesConfig) -> list[Work]:
     todo: dict[str, list[int]] = {}
     for t, i in pending:
         todo.setdefault(t, []).append(i)
-    out = []
-    for traj_id, task_id, version in trajs:
-        task = tasks.get((task_id, version)) or max(
-            (t for (tid, _), t in tasks.items() if tid == task_id),
-            key=lambda t: t.version,
-            default=None,
-        )
-        if task is not None:
-            out.append(Work(traj_id, task, steps.get(traj_id, []), todo[traj_id]))
+    out = [Work(tid, task, steps.get(tid, []), todo[tid]) for tid, task in tasks.items()]
     return sorted(out, key=lambda w: w.traj_id)
 
 

@@ -144,7 +144,8 @@ def select(wh: Warehouse, recipe: Recipe, *, snapshot_id: int) -> Selection:
 
 def scoped_trajectories(lake: Lake, src: Sources) -> pl.DataFrame:
     """The trajectories of ``src`` with their task's columns (the task version the trajectory
-    ran, else the task's latest version), plus ``_order`` (md5 of traj_id, for balance)."""
+    ran: ``trajectory_tasks`` of :mod:`warehouse.relations`; null when that version is not
+    stored), plus ``_order`` (md5 of traj_id, for balance)."""
     conds, params = ["TRUE"], {}
     if src.suites:
         conds.append("list_contains($suites, k.suite)")
@@ -164,27 +165,11 @@ def scoped_trajectories(lake: Lake, src: Sources) -> pl.DataFrame:
     if src.until is not None:
         conds.append("t.created_at < $until")
         params["until"] = src.until
-    tasks, trajs = Lake.table("tasks"), Lake.table("trajectories", "t")
     query = f"""
-        WITH v AS (
-            SELECT task_id, version, suite, site, split, difficulty, instruction FROM {tasks}
-        ),
-        k AS (
-            SELECT t.traj_id, coalesce(exact.suite, latest.suite) AS suite,
-                   coalesce(exact.site, latest.site) AS site,
-                   coalesce(exact.split, latest.split) AS split,
-                   coalesce(exact.difficulty, latest.difficulty) AS difficulty,
-                   coalesce(exact.instruction, latest.instruction) AS instruction
-            FROM {trajs}
-            LEFT JOIN v exact ON exact.task_id = t.task_id AND exact.version = t.task_version
-            LEFT JOIN (SELECT * FROM v QUALIFY row_number() OVER
-                         (PARTITION BY task_id ORDER BY version DESC) = 1) latest
-                   ON latest.task_id = t.task_id
-        )
         SELECT t.traj_id, t.run_id, t.task_id, t.policy, t.status, t.group_id, t.n_steps,
                t.answer, k.suite, k.site, k.split, k.difficulty, k.instruction,
                md5(t.traj_id) AS _order
-        FROM {trajs} JOIN k USING (traj_id)
+        FROM {Lake.table("trajectories", "t")} LEFT JOIN trajectory_tasks k USING (traj_id)
         WHERE {" AND ".join(conds)}
         ORDER BY t.traj_id
     """

@@ -2,8 +2,11 @@
 
 Pages never query the warehouse themselves; they call these through the cached wrappers of
 :mod:`dashboards.data`. Analytic queries live in ``dashboards/sql/<name>.sql`` (named ``$param``
-parameters; a parameter left out is NULL, which means "no filter"); short lookups are inline
-with parameters. Values never go into SQL text.
+parameters; a parameter left out is NULL, which means "no filter"), run by the warehouse's one
+query-file runner (:func:`warehouse.store.run_sql_file`), which also defines the shared
+relations they name (``trajectory_tasks``, ``latest_judgments``, …:
+:mod:`warehouse.relations`); short lookups are inline with parameters. Values never go into SQL
+text.
 
 Frames come back as polars frames; a trajectory's whole view as :class:`TrajectoryView`.
 """
@@ -19,11 +22,14 @@ from typing import Any
 
 import polars as pl
 
+from warehouse.advantage import group_relative
 from warehouse.blobs import BlobError
-from warehouse.connection import WarehouseError
+from warehouse.datasets import COMPOSITION_SCHEMA
+from warehouse.datasets import dataset_composition as composition_rows
 from warehouse.ids import make_id
 from warehouse.records import LABELS, HumanLabel, utcnow
-from warehouse.store import Warehouse
+from warehouse.relations import with_relations
+from warehouse.store import Warehouse, run_sql_file
 
 SQL_DIR = Path(__file__).parent / "sql"
 TABLES = (
@@ -41,37 +47,22 @@ TABLES = (
 )
 
 
-def run_sql(wh: Warehouse, name: str, **params: Any) -> pl.DataFrame:
-    """Run ``dashboards/sql/<name>.sql``; parameters it declares but the caller left out are
-    NULL. Unknown parameter names are an error (a typo would silently mean "no filter")."""
-    path = SQL_DIR / f"{name}.sql"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in SQL_DIR.glob("*.sql")))
-        raise WarehouseError(f"no dashboard query {name!r} in {SQL_DIR} (known: {known})")
-    text = path.read_text(encoding="utf-8")
-    declared = set(re.findall(r"\$([A-Za-z_]\w*)", text))
-    unknown = set(params) - declared
-    if unknown:
-        raise WarehouseError(f"dashboard query {name!r} takes no parameter(s) {sorted(unknown)}")
-    return wh.sql(text, {k: params.get(k) for k in declared} or None)
-
-
 # -- overview ------------------------------------------------------------------------------------
 
 
 def overview_counts(wh: Warehouse) -> dict[str, int]:
     """Counts for the overview: trajectories by status, steps, judgments, labels, backlogs."""
-    row = run_sql(wh, "overview_counts").row(0, named=True)
+    row = run_sql_file(wh, SQL_DIR, "overview_counts").row(0, named=True)
     return {k: int(v or 0) for k, v in row.items()}
 
 
 def success_over_time(wh: Warehouse) -> pl.DataFrame:
     """Per day, suite, split, site and policy: trajectories, successes, rate (see the .sql)."""
-    return run_sql(wh, "success_over_time")
+    return run_sql_file(wh, SQL_DIR, "success_over_time")
 
 
 def infra_errors(wh: Warehouse) -> pl.DataFrame:
-    return run_sql(wh, "infra_errors")
+    return run_sql_file(wh, SQL_DIR, "infra_errors")
 
 
 # -- trajectories ----------------------------------------------------------------------------
@@ -99,8 +90,9 @@ class TrajectoryFilter:
 
 def trajectory_list(wh: Warehouse, f: TrajectoryFilter = TrajectoryFilter()) -> pl.DataFrame:
     """The trajectories matching ``f``, newest first (at most ``f.limit``)."""
-    return run_sql(
+    return run_sql_file(
         wh,
+        SQL_DIR,
         "trajectory_list",
         run=f.run or None,
         task=f.task or None,
@@ -164,13 +156,14 @@ class TrajectoryView:
 def trajectory_view(wh: Warehouse, traj_id: str) -> TrajectoryView | None:
     """The whole view of ``traj_id``; None when there is no such trajectory."""
     head = wh.sql(
-        "SELECT t.*, k.instruction, k.site, k.split, k.suite, k.start_url, "
-        "coalesce(json_extract_string(r.config, '$.coords'), "
-        "json_extract_string(r.config, '$.env.coords'), 'pixels') AS coords, "
-        "r.status AS run_status "
-        "FROM trajectories t LEFT JOIN tasks k ON k.task_id = t.task_id "
-        "AND k.version = coalesce(t.task_version, 1) LEFT JOIN runs r ON r.run_id = t.run_id "
-        "WHERE t.traj_id = ?",
+        with_relations(
+            "SELECT t.*, k.instruction, k.site, k.split, k.suite, k.start_url, "
+            "coalesce(json_extract_string(r.config, '$.coords'), "
+            "json_extract_string(r.config, '$.env.coords'), 'pixels') AS coords, "
+            "r.status AS run_status FROM trajectories t "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) LEFT JOIN runs r ON r.run_id = t.run_id "
+            "WHERE t.traj_id = ?"
+        ),
         [traj_id],
     )
     if head.is_empty():
@@ -240,7 +233,7 @@ def element_box(wh: Warehouse, a11y_hash: str | None, ref: str | None) -> tuple[
 
 def label_queue(wh: Warehouse, limit: int = 200) -> pl.DataFrame:
     """Unlabelled ended trajectories: disagreements, then low confidence, then the rest."""
-    return run_sql(wh, "label_queue", limit=limit)
+    return run_sql_file(wh, SQL_DIR, "label_queue", limit=limit)
 
 
 def save_label(
@@ -303,12 +296,18 @@ def save_label(
 
 
 def group_list(wh: Warehouse, run: str | None = None, limit: int = 500) -> pl.DataFrame:
-    return run_sql(wh, "group_list", run=run, limit=limit)
+    return run_sql_file(wh, SQL_DIR, "group_list", run=run, limit=limit)
 
 
 def group_members(wh: Warehouse, group_id: str) -> pl.DataFrame:
-    """The samples of one group, best reward first, with advantage and final screenshot."""
-    return run_sql(wh, "group_members", group=group_id)
+    """The samples of one group, best reward first, with their GRPO advantage
+    (:func:`warehouse.advantage.group_relative` over the rewarded samples, rounded to 4
+    places) and final screenshot."""
+    df = run_sql_file(wh, SQL_DIR, "group_members", group=group_id)
+    advantage = df.select(group_relative(pl.col("reward").cast(pl.Float64)).round(4))
+    return df.insert_column(
+        df.columns.index("reward") + 1, advantage.to_series().alias("advantage")
+    )
 
 
 # -- judges ----------------------------------------------------------------------------------
@@ -326,11 +325,11 @@ def agreements(wh: Warehouse) -> pl.DataFrame:
 
 
 def judge_flips(wh: Warehouse) -> pl.DataFrame:
-    return run_sql(wh, "judge_flips")
+    return run_sql_file(wh, SQL_DIR, "judge_flips")
 
 
 def judge_disagreements(wh: Warehouse, limit: int = 500) -> pl.DataFrame:
-    return run_sql(wh, "judge_disagreements", limit=limit)
+    return run_sql_file(wh, SQL_DIR, "judge_disagreements", limit=limit)
 
 
 def judge_errors(wh: Warehouse) -> pl.DataFrame:
@@ -351,11 +350,13 @@ def datasets(wh: Warehouse) -> pl.DataFrame:
 
 
 def dataset_composition(wh: Warehouse, dataset_id: str) -> pl.DataFrame:
-    return run_sql(wh, "dataset_composition", dataset=dataset_id)
+    """:func:`warehouse.datasets.dataset_composition` (what the curate flow's artifact shows)
+    as a frame."""
+    return pl.DataFrame(composition_rows(wh, dataset_id), schema=COMPOSITION_SCHEMA, orient="row")
 
 
 def lineage(wh: Warehouse) -> pl.DataFrame:
-    return run_sql(wh, "lineage")
+    return run_sql_file(wh, SQL_DIR, "lineage")
 
 
 def training_runs(wh: Warehouse) -> pl.DataFrame:

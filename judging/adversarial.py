@@ -14,16 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from judging.agreement import judge_outcomes, reference_outcomes
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 
 def injection_kinds(wh: Warehouse) -> dict[str, str]:
-    """traj_id → clean | page | answer | page+answer."""
+    """traj_id → clean | page | answer | page+answer (page: the task version the trajectory ran
+    is an injection variant)."""
     df = wh.sql(
-        "SELECT t.traj_id, json_extract_string(k.meta, '$.adversarial.of') IS NOT NULL AS page, "
-        "coalesce(TRY_CAST(json_extract_string(r.config, '$.inject_answer') AS BOOLEAN), false) "
-        "AS answer FROM trajectories t LEFT JOIN tasks k ON k.task_id = t.task_id "
-        "AND k.version = coalesce(t.task_version, 1) LEFT JOIN runs r ON r.run_id = t.run_id"
+        with_relations(
+            "SELECT t.traj_id, json_extract_string(k.meta, '$.adversarial.of') IS NOT NULL "
+            "AS page, coalesce(TRY_CAST(json_extract_string(r.config, '$.inject_answer') "
+            "AS BOOLEAN), false) AS answer FROM trajectories t "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) LEFT JOIN runs r ON r.run_id = t.run_id"
+        )
     )
     names = {(False, False): "clean", (True, False): "page", (False, True): "answer"}
     return {t: names.get((bool(p), bool(a)), "page+answer") for t, p, a in df.iter_rows()}

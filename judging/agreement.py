@@ -2,14 +2,19 @@
 
 Pure functions over paired binary outcomes (success = True), plus the warehouse query that
 pairs a judge's latest verdicts with a reference (human labels, the programmatic checker, or
-another judge) per site. Judge errors, abstentions and "not executable" labels are left out of
-the pairs, never counted as failures.
+another judge) per site. A judge's verdict on a trajectory is its latest judgment
+(``latest_judgments`` of :mod:`warehouse.relations`, the judgment curation's ``verdict`` filter
+reads too); when that is a judge error or an abstention, like a "not executable" label, the
+trajectory is left out of the pairs, never counted as a failure. Sites are those of the task
+version each trajectory ran (``trajectory_tasks``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from warehouse.relations import with_relations
 
 
 @dataclass(frozen=True)
@@ -74,10 +79,15 @@ def reference_outcomes(wh, reference: str) -> dict[str, bool]:
 
 
 def judge_outcomes(wh, judge: str, version: str | None = None) -> dict[str, bool]:
+    """traj_id → success for the trajectories whose latest judgment by ``judge`` (of
+    ``version``, when given: the latest judgment of that version) is a success or a failure."""
+    latest = "latest_judgments" if version is None else "latest_judgments_per_version"
     df = wh.sql(
-        "SELECT traj_id, verdict FROM judgments WHERE judge = $j AND error IS NULL "
-        "AND verdict IN ('success', 'failure') AND ($v IS NULL OR judge_version = $v) "
-        "QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1",
+        with_relations(
+            f"SELECT traj_id, verdict FROM {latest} WHERE judge = $j "
+            "AND ($v IS NULL OR judge_version = $v) AND error IS NULL "
+            "AND verdict IN ('success', 'failure')"
+        ),
         {"j": judge, "v": version},
     )
     return {t: v == "success" for t, v in df.iter_rows()}
@@ -90,12 +100,7 @@ def compute_agreements(wh, judge: str, reference: str, version: str | None = Non
 
     pred, ref = judge_outcomes(wh, judge, version), reference_outcomes(wh, reference)
     common = sorted(set(pred) & set(ref))
-    sites = dict(
-        wh.sql(
-            "SELECT t.traj_id, k.site FROM trajectories t LEFT JOIN tasks k ON k.task_id = "
-            "t.task_id AND k.version = coalesce(t.task_version, 1)"
-        ).iter_rows()
-    )
+    sites = dict(wh.sql(with_relations("SELECT traj_id, site FROM trajectory_tasks")).iter_rows())
     groups: dict[str | None, list[str]] = {None: common}  # None: all sites together
     for tid in common:
         if sites.get(tid) is not None:  # live-web tasks without a site count in "all" only

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from rollouts.registry import Registry
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
+from warehouse.relations import with_relations
 from warehouse.retry import aretrying
 from warehouse.store import Warehouse
 
@@ -43,8 +44,9 @@ def untrusted(text: str | None, limit: int = 4000) -> str:
 
 @dataclass
 class TrajectoryView:
-    """What a judge or scorer sees: the stored trajectory with its task (at the trajectory's
-    version) and its steps in order, plus the other judges' latest verdicts. The records are the
+    """What a judge or scorer sees: the stored trajectory with its task (the version it ran:
+    ``trajectory_tasks`` of :mod:`warehouse.relations`) and its steps in order, plus the other
+    judges' verdicts (each judge's latest judgment, when it is a verdict). The records are the
     warehouse's own; screenshots and accessibility trees are fetched from the blob store on
     demand."""
 
@@ -52,7 +54,7 @@ class TrajectoryView:
     task: Task
     steps: list[Step]
     wh: Warehouse | None = None
-    verdicts: dict[str, str] = field(default_factory=dict)  # judge name → latest verdict
+    verdicts: dict[str, str] = field(default_factory=dict)  # judge name → its current verdict
 
     @property
     def traj_id(self) -> str:
@@ -135,26 +137,19 @@ def backlog(
 
 
 def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> list[TrajectoryView]:
-    """Trajectory views (task at the trajectory's version, steps in order) for ``traj_ids``."""
+    """Trajectory views (the task version each ran, steps in order) for ``traj_ids``; a
+    trajectory whose task version is not stored has none."""
     if not traj_ids:
         return []
     trajs = from_frame(
         Trajectory,
         wh.sql("SELECT * FROM trajectories WHERE list_contains($ids, traj_id)", {"ids": traj_ids}),
     )
-    tasks = from_frame(
-        Task,
-        wh.sql(
-            "SELECT * FROM tasks WHERE list_contains($ids, task_id)",
-            {"ids": sorted({t.task_id for t in trajs})},
-        ),
+    tasks = wh.sql(
+        with_relations("SELECT * FROM trajectory_tasks WHERE list_contains($ids, traj_id)"),
+        {"ids": traj_ids},
     )
-    latest: dict[str, Task] = {}
-    by_version: dict[tuple[str, int], Task] = {}
-    for t in tasks:
-        by_version[(t.task_id, t.version)] = t
-        if t.task_id not in latest or t.version > latest[t.task_id].version:
-            latest[t.task_id] = t
+    ran = dict(zip(tasks["traj_id"], from_frame(Task, tasks), strict=True))
     steps: dict[str, list[Step]] = {}
     rows = wh.sql(
         "SELECT * FROM steps WHERE list_contains($ids, traj_id) ORDER BY traj_id, step_idx",
@@ -165,7 +160,7 @@ def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> li
     judged = _latest_verdicts(wh, traj_ids) if verdicts else {}
     out = []
     for traj in trajs:
-        task = by_version.get((traj.task_id, traj.task_version)) or latest.get(traj.task_id)
+        task = ran.get(traj.traj_id)
         if task is None:
             continue  # a trajectory of an unknown task cannot be judged against it
         tid = traj.traj_id
@@ -175,10 +170,12 @@ def load_views(wh: Warehouse, traj_ids: list[str], verdicts: bool = False) -> li
 
 
 def _latest_verdicts(wh: Warehouse, traj_ids: list[str]) -> dict[str, dict[str, str]]:
+    """traj_id → judge → verdict of its latest judgment (none where that is an error)."""
     df = wh.sql(
-        "SELECT traj_id, judge, verdict FROM judgments WHERE list_contains($ids, traj_id) "
-        "AND error IS NULL AND verdict IS NOT NULL QUALIFY row_number() OVER "
-        "(PARTITION BY traj_id, judge ORDER BY created_at DESC) = 1",
+        with_relations(
+            "SELECT traj_id, judge, verdict FROM latest_judgments "
+            "WHERE list_contains($ids, traj_id) AND error IS NULL AND verdict IS NOT NULL"
+        ),
         {"ids": traj_ids},
     )
     out: dict[str, dict[str, str]] = {}

@@ -1,8 +1,9 @@
 """Process rewards (PRO-CUA): candidate actions at visited states, PRM scores, advantages.
 
 At a state (trajectory, step i) a policy proposes K candidate actions; a scorer rates each, and
-the group-relative advantage of a candidate is ``(score − mean) / std`` over the state's scored
-candidates (0 when they all score the same). Scorers, registered by name:
+the group-relative advantage of a candidate is ``(score − mean) / (std + eps)`` over the state's
+scored candidates (0 when they all score the same: :func:`warehouse.advantage.group_relative`).
+Scorers, registered by name:
 
 * ``vlm``: a vision-language model sees the state exactly as the policy saw it (same prompt
   builder) and rates how much the candidate advances the task, 0–10 (``Score: N``); a reply
@@ -19,7 +20,6 @@ candidates (0 when they all score the same). Scorers, registered by name:
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages
 from rollouts.registry import Registry
+from warehouse.advantage import group_relative_values
 from warehouse.records import Candidate, Step, StepScore
 
 
@@ -176,14 +177,10 @@ def candidate_rows(state: State, cands: Sequence[Proposal], policy: str, run_id:
 
 
 def advantages(scores: Sequence[float | None]) -> list[float | None]:
-    """Group-relative advantages ``(s − mean) / std`` (population std) over scored candidates;
-    all equal → 0; unscored → None."""
-    vals = [s for s in scores if s is not None]
-    if not vals:
-        return [None] * len(scores)
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
-    return [None if s is None else (0.0 if std < 1e-12 else (s - mean) / std) for s in scores]
+    """Group-relative advantages over a state's candidates,
+    ``(s − mean) / (std + eps)`` (population std over the scored ones,
+    :func:`warehouse.advantage.group_relative`); all equal → 0; unscored → None."""
+    return group_relative_values(scores)
 
 
 def score_rows(

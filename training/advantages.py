@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from rollouts.registry import Registry
+from warehouse.advantage import EPS, group_relative, varies
 from warehouse.records import INFRA_ERROR, TIMEOUT
 
 Estimator = Callable[[pl.DataFrame], pl.DataFrame]
@@ -133,14 +134,6 @@ def _unique_steps(kept: pl.DataFrame, name: str) -> None:
         )
 
 
-def _normalised(col: pl.Expr, over: list[str] | None, eps: float) -> pl.Expr:
-    """(x − mean) / (population std + eps), 0 where the std is 0 (a constant or single group)."""
-    mean, std = col.mean(), col.std(ddof=0)
-    if over:
-        mean, std = mean.over(over), std.over(over)
-    return pl.when(std > 0).then((col - mean) / (std + eps)).otherwise(0.0)
-
-
 def _finish(out: pl.DataFrame, values: pl.DataFrame, cols: list[str], fill: dict) -> pl.DataFrame:
     """Join computed ``values`` (keyed by the row index) back in order; excluded rows get
     ``fill``."""
@@ -158,7 +151,7 @@ def _drop_produced(frame: pl.DataFrame, produced: list[str]) -> pl.DataFrame:
 
 
 @register("grpo")
-def grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
+def grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     """Trajectory-level group-relative advantage (GRPO, as in OpenWebRL / WebGym).
 
     Columns: ``traj_id``, ``group_id`` (trajectories sampled for the same task form a group),
@@ -166,14 +159,15 @@ def grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
 
     ``A(τ) = (R(τ) − mean_{τ'∈g} R(τ')) / (std_{τ'∈g} R(τ') + eps)`` with the population std over
     the group's *trajectories* (each counts once, whatever its length); a group of one or a
-    group with one reward gives 0. Every turn of ``τ`` gets ``A(τ)``."""
+    group with one reward gives 0 (:func:`warehouse.advantage.group_relative`). Every turn of
+    ``τ`` gets ``A(τ)``."""
     frame = _drop_produced(frame, ["advantage"])
     out = _prepare(frame, "grpo", ["traj_id", "group_id", "reward"])
     kept = out.filter(pl.col(_KEEP))
     _constant_per_traj(kept, "grpo", ["reward", "group_id"])
     per_traj = kept.group_by("traj_id").agg(pl.col("group_id").first(), pl.col("reward").first())
     per_traj = per_traj.with_columns(
-        _normalised(pl.col("reward").cast(pl.Float64), ["group_id"], eps).alias("advantage")
+        group_relative(pl.col("reward").cast(pl.Float64), ["group_id"], eps).alias("advantage")
     )
     per_traj = per_traj.select("traj_id", "advantage")
     values = kept.select(_ROW, "traj_id").join(per_traj, on="traj_id")
@@ -181,7 +175,7 @@ def grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
 
 
 @register("step_grpo")
-def step_grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
+def step_grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     """Step-level group-relative advantage from process rewards (PRO-CUA).
 
     Columns: ``traj_id``, ``step_idx``, ``score`` (the PRM score of one candidate action at the
@@ -189,12 +183,13 @@ def step_grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
 
     ``A(s, a) = (score(s, a) − mean_{a'} score(s, a')) / (std_{a'} score(s, a') + eps)``,
     population std over the state's candidates; a state with one candidate, or whose candidates
-    all score the same, gives 0."""
+    all score the same, gives 0 (:func:`warehouse.advantage.group_relative`, the advantage
+    ``judging.prm`` stores in ``step_scores``)."""
     frame = _drop_produced(frame, ["advantage"])
     out = _prepare(frame, "step_grpo", ["traj_id", "step_idx", "score"])
     kept = out.filter(pl.col(_KEEP))
     values = kept.with_columns(
-        _normalised(pl.col("score").cast(pl.Float64), ["traj_id", "step_idx"], eps).alias(
+        group_relative(pl.col("score").cast(pl.Float64), ["traj_id", "step_idx"], eps).alias(
             "advantage"
         )
     )
@@ -203,7 +198,7 @@ def step_grpo(frame: pl.DataFrame, eps: float = 1e-6) -> pl.DataFrame:
 
 @register("step_awr")
 def step_awr(
-    frame: pl.DataFrame, beta: float = 0.5, w_max: float = 20.0, eps: float = 1e-6
+    frame: pl.DataFrame, beta: float = 0.5, w_max: float = 20.0, eps: float = EPS
 ) -> pl.DataFrame:
     """Step-level advantage-weighted regression from process rewards (AWR on PRO-CUA's signal).
 
@@ -225,8 +220,8 @@ def step_awr(
     kept = out.filter(pl.col(_KEEP))
     state = ["traj_id", "step_idx"]
     score = pl.col("score").cast(pl.Float64)
-    values = kept.with_columns(_normalised(score, state, eps).alias("advantage"))
-    signal = score.std(ddof=0).over(state) > 0
+    values = kept.with_columns(group_relative(score, state, eps).alias("advantage"))
+    signal = varies(score, state)
     values = values.with_columns(
         pl.when(signal)
         .then((pl.col("advantage") / beta).exp().clip(upper_bound=w_max))
@@ -270,7 +265,7 @@ def awr(
 
 
 @register("turn")
-def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = 1e-6) -> pl.DataFrame:
+def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = EPS) -> pl.DataFrame:
     """Turn-level credit from per-criterion rubric progress (ERA-style reward shaping).
 
     Columns: ``traj_id``, ``step_idx``, ``progress`` (share of the task's rubric criteria met
@@ -299,7 +294,7 @@ def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = 1e-6) -> pl.DataF
         gamma,
     )
     values = kept.with_columns(pl.Series("ret", returns))
-    values = values.with_columns(_normalised(pl.col("ret"), None, eps).alias("advantage"))
+    values = values.with_columns(group_relative(pl.col("ret"), None, eps).alias("advantage"))
     return _finish(out, values, ["advantage"], {"advantage": 0.0})
 
 

@@ -30,6 +30,7 @@ from rollouts.prompts import BLOB_REF, PROMPT_FORMAT_VERSION
 from training.interface import DataMismatch, Turn
 from warehouse.blobs import BlobError
 from warehouse.records import INFRA_ERROR, TIMEOUT
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 REWARDS = {"success": 1.0, "failure": 0.0}  # trajectory status → reward (curation uses the same)
@@ -136,21 +137,21 @@ def run_steps(wh: Warehouse, run_ids: Sequence[str]) -> pl.DataFrame:
     site and difficulty, the prompt hash, the model output and the sampling log-prob.
 
     Reward: 1/0 for a ``success``/``failure`` status (bundled tasks are graded as they end);
-    for a ``finished`` trajectory (live web), the latest successful judgment's verdict; null
-    otherwise (unjudged, ``infra_error``, ``timeout``: such turns never train)."""
+    for a ``finished`` trajectory (live web), its judges' verdict (``trajectory_verdicts`` of
+    :mod:`warehouse.relations`); null otherwise (unjudged, ``infra_error``, ``timeout``: such
+    turns never train). Site, difficulty, split: the task version the trajectory ran."""
     return wh.sql(
-        "SELECT s.traj_id, s.step_idx, t.run_id, t.task_id, t.group_id, "
-        "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
-        "ELSE t.status END AS status, "
-        "k.site, k.difficulty, k.split, s.prompt_hash, s.model_output, s.action_text, s.logprob, "
-        "count(*) OVER (PARTITION BY s.traj_id) AS n_turns "
-        "FROM steps s JOIN trajectories t USING (traj_id) "
-        "LEFT JOIN (SELECT task_id, any_value(site) AS site, any_value(difficulty) AS difficulty, "
-        "any_value(split) AS split FROM tasks GROUP BY task_id) k USING (task_id) "
-        "LEFT JOIN (SELECT traj_id, arg_max(verdict, created_at) AS verdict FROM judgments "
-        "WHERE error IS NULL AND verdict IN ('success', 'failure') GROUP BY traj_id) j "
-        "USING (traj_id) "
-        "WHERE t.run_id IN (SELECT unnest($runs)) ORDER BY s.traj_id, s.step_idx",
+        with_relations(
+            "SELECT s.traj_id, s.step_idx, t.run_id, t.task_id, t.group_id, "
+            "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
+            "ELSE t.status END AS status, k.site, k.difficulty, k.split, s.prompt_hash, "
+            "s.model_output, s.action_text, s.logprob, "
+            "count(*) OVER (PARTITION BY s.traj_id) AS n_turns "
+            "FROM steps s JOIN trajectories t USING (traj_id) "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) "
+            "LEFT JOIN trajectory_verdicts j USING (traj_id) "
+            "WHERE t.run_id IN (SELECT unnest($runs)) ORDER BY s.traj_id, s.step_idx"
+        ),
         {"runs": list(run_ids)},
     ).with_columns(
         reward=pl.col("status").replace_strict(REWARDS, default=None, return_dtype=pl.Float64)

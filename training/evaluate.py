@@ -18,25 +18,26 @@ import polars as pl
 from training.stats import breakdown, diff_interval, wilson
 from warehouse.ids import make_id
 from warehouse.records import Evaluation
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
 
 
 def run_outcomes(wh: Warehouse, run_id: str) -> pl.DataFrame:
-    """One row per trajectory of the run: task, site, difficulty, split, status, success (null
-    where the status is no outcome). A ``finished`` trajectory takes its latest judgment."""
+    """One row per trajectory of the run: task, suite, site, difficulty, split (of the task
+    version it ran), status, success (null where the status is no outcome). A ``finished``
+    trajectory takes its judges' verdict (``trajectory_verdicts`` of
+    :mod:`warehouse.relations`)."""
     df = wh.sql(
-        "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
-        "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
-        "ELSE t.status END AS status "
-        "FROM trajectories t "
-        "LEFT JOIN (SELECT task_id, any_value(suite) AS suite, any_value(site) AS site, "
-        "any_value(difficulty) AS difficulty, any_value(split) AS split FROM tasks "
-        "GROUP BY task_id) k USING (task_id) "
-        "LEFT JOIN (SELECT traj_id, arg_max(verdict, created_at) AS verdict FROM judgments "
-        "WHERE error IS NULL AND verdict IN ('success', 'failure') GROUP BY traj_id) j "
-        "USING (traj_id) WHERE t.run_id = ? ORDER BY t.traj_id",
+        with_relations(
+            "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
+            "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
+            "ELSE t.status END AS status FROM trajectories t "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) "
+            "LEFT JOIN trajectory_verdicts j USING (traj_id) "
+            "WHERE t.run_id = ? ORDER BY t.traj_id"
+        ),
         [run_id],
     )
     return df.with_columns(
@@ -133,17 +134,32 @@ def find_evaluation(wh: Warehouse, ref: str) -> dict[str, Any]:
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """B − A success rate with Newcombe's 95% interval; ``separated`` when the two Wilson
-    intervals do not overlap."""
+    """B − A: how much better evaluation ``b`` succeeds than evaluation ``a``.
+
+    ``a`` and ``b`` are evaluations as dicts: a stored ``evaluations`` row
+    (:func:`find_evaluation`) or a run's summary (the flywheel's ``before`` / ``after``). Each
+    needs ``n``, ``n_success``, ``ci_low``, ``ci_high`` (its Wilson interval); ``evaluation_id``,
+    ``suite`` and ``split`` are used when present. Returns:
+
+    - ``diff``: ``p_b − p_a`` with ``p = n_success / n``;
+    - ``ci_low``, ``ci_high``: Newcombe's 95% interval of ``diff``
+      (:func:`training.stats.diff_interval`);
+    - ``separated``: the two Wilson intervals do not overlap;
+    - ``a``, ``b``: their evaluation ids (None when absent);
+    - ``rate_a``, ``rate_b``: ``p_a``, ``p_b``;
+    - ``same_split``: both on the same suite and split (None when either does not say).
+    """
     d, lo, hi = diff_interval(a["n_success"], a["n"], b["n_success"], b["n"])
+    split_a, split_b = (a.get("suite"), a.get("split")), (b.get("suite"), b.get("split"))
+    known = None not in (*split_a, *split_b)
     return {
-        "a": a["evaluation_id"],
-        "b": b["evaluation_id"],
-        "rate_a": a["success_rate"],
-        "rate_b": b["success_rate"],
+        "a": a.get("evaluation_id"),
+        "b": b.get("evaluation_id"),
+        "rate_a": a["n_success"] / a["n"],
+        "rate_b": b["n_success"] / b["n"],
         "diff": d,
         "ci_low": lo,
         "ci_high": hi,
         "separated": a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"],
-        "same_split": (a["suite"], a["split"]) == (b["suite"], b["split"]),
+        "same_split": split_a == split_b if known else None,
     }

@@ -25,6 +25,7 @@ import polars as pl
 from training.advantages import compute_advantages, fit_value_baseline
 from training.data import rl_turns, run_steps
 from training.interface import DataMismatch, Turn
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 ESTIMATOR_OPTIONS = {
@@ -142,15 +143,17 @@ def candidate_frame(
     """PRM-scored candidates at the states of the runs' trajectories, as turn rows: the state's
     prompt, the candidate's output as the reply (``model_output``), its score."""
     df = wh.sql(
-        "SELECT s.traj_id, s.step_idx, c.cand_idx, t.run_id, t.task_id, t.group_id, t.status, "
-        "k.site, s.prompt_hash, coalesce(c.model_output, 'Action: ' || c.action_text) "
-        "AS model_output, NULL::DOUBLE AS logprob, sc.score, sc.scorer "
-        "FROM candidates c JOIN step_scores sc USING (traj_id, step_idx, cand_idx) "
-        "JOIN steps s USING (traj_id, step_idx) JOIN trajectories t USING (traj_id) "
-        "LEFT JOIN (SELECT task_id, any_value(site) AS site FROM tasks GROUP BY task_id) k "
-        "USING (task_id) WHERE t.run_id IN (SELECT unnest($runs)) AND sc.error IS NULL "
-        "AND sc.score IS NOT NULL AND ($scorer IS NULL OR sc.scorer = $scorer) "
-        "ORDER BY s.traj_id, s.step_idx, c.cand_idx",
+        with_relations(
+            "SELECT s.traj_id, s.step_idx, c.cand_idx, t.run_id, t.task_id, t.group_id, "
+            "t.status, k.site, s.prompt_hash, coalesce(c.model_output, 'Action: ' || "
+            "c.action_text) AS model_output, NULL::DOUBLE AS logprob, sc.score, sc.scorer "
+            "FROM candidates c JOIN step_scores sc USING (traj_id, step_idx, cand_idx) "
+            "JOIN steps s USING (traj_id, step_idx) JOIN trajectories t USING (traj_id) "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) "
+            "WHERE t.run_id IN (SELECT unnest($runs)) AND sc.error IS NULL "
+            "AND sc.score IS NOT NULL AND ($scorer IS NULL OR sc.scorer = $scorer) "
+            "ORDER BY s.traj_id, s.step_idx, c.cand_idx"
+        ),
         {"runs": list(run_ids), "scorer": scorer},
     )
     if df.is_empty():

@@ -34,6 +34,7 @@ from warehouse.records import (
     polars_schema,
     to_frame,
 )
+from warehouse.relations import with_relations
 from warehouse.secrets import redact_frame
 
 R = TypeVar("R", bound=Record)
@@ -51,6 +52,26 @@ class WriteResult:
 
     def __add__(self, other: WriteResult) -> WriteResult:
         return WriteResult(self.inserted + other.inserted, self.updated + other.updated)
+
+
+def run_sql_file(wh: Warehouse, folder: Path, name: str, /, **params: Any) -> pl.DataFrame:
+    """Run the query file ``<folder>/<name>.sql`` with named parameters: the one runner of
+    webloop's analytic queries (``warehouse/queries``, ``dashboards/sql``).
+
+    The file's ``$name`` parameters that the caller leaves out are NULL (by convention, "no
+    filter"); a parameter the file does not declare is an error (a typo would silently mean "no
+    filter"). The shared relations the file names (``trajectory_tasks``, ``latest_judgments``,
+    …: :mod:`warehouse.relations`) are defined for it."""
+    path = Path(folder) / f"{name}.sql"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in Path(folder).glob("*.sql")))
+        raise WarehouseError(f"no query named {name!r} in {folder} (known: {known})")
+    text = path.read_text(encoding="utf-8")
+    declared = set(re.findall(r"\$([A-Za-z_]\w*)", text))
+    unknown = set(params) - declared
+    if unknown:
+        raise WarehouseError(f"query {name!r} takes no parameter(s) {sorted(unknown)}")
+    return wh.sql(with_relations(text), {k: params.get(k) for k in declared} or None)
 
 
 class Warehouse:
@@ -144,18 +165,8 @@ class Warehouse:
         return from_frame(cls, self.read(cls, where, params))
 
     def query(self, name: str, **params: Any) -> pl.DataFrame:
-        """Run the analytic query ``warehouse/queries/<name>.sql`` with named parameters."""
-        path = QUERY_DIR / f"{name}.sql"
-        if not path.exists():
-            known = ", ".join(sorted(p.stem for p in QUERY_DIR.glob("*.sql")))
-            raise WarehouseError(f"no query named {name!r} (known: {known})")
-        text = path.read_text(encoding="utf-8")
-        declared = set(re.findall(r"\$([A-Za-z_]\w*)", text))
-        unknown = set(params) - declared
-        if unknown:
-            raise WarehouseError(f"query {name!r} takes no parameter(s) {sorted(unknown)}")
-        # Parameters a query declares but the caller left out are NULL (= "no filter").
-        return self.sql(text, {k: params.get(k) for k in declared} or None)
+        """Run the analytic query ``warehouse/queries/<name>.sql`` (see :func:`run_sql_file`)."""
+        return run_sql_file(self, QUERY_DIR, name, **params)
 
     def count(self, cls: type[Record]) -> int:
         return int(self.sql(f"SELECT count(*) AS n FROM {LAKE}.{cls.TABLE}").item())

@@ -1,7 +1,8 @@
--- All samples of one task group ($group) with their reward and GRPO advantage.
--- Reward: 1 for success, 0 for failure; a 'finished' trajectory takes its latest judge verdict;
+-- All samples of one task group ($group) with their reward (dashboards.queries.group_members
+-- adds the GRPO advantage, warehouse.advantage.group_relative over the rewarded samples).
+-- Reward: 1 for success, 0 for failure; a 'finished' trajectory takes its verdict
+-- (trajectory_verdicts: the newest decided verdict among its judges' latest judgments);
 -- infrastructure errors, timeouts and running samples have no reward (NULL) and no advantage.
--- Advantage: (reward - group mean) / (group std + 1e-6) over the rewarded samples.
 WITH members AS (
     SELECT
         t.traj_id,
@@ -16,16 +17,6 @@ WITH members AS (
     WHERE t.group_id = $group
 ),
 
-latest_verdict AS (
-    SELECT j.traj_id, j.verdict
-    FROM judgments AS j
-    WHERE
-        j.traj_id IN (SELECT traj_id FROM members)
-        AND j.error IS NULL
-        AND j.verdict IN ('success', 'failure')
-    QUALIFY row_number() OVER (PARTITION BY j.traj_id ORDER BY j.created_at DESC) = 1
-),
-
 rewarded AS (
     SELECT
         m.*,
@@ -36,7 +27,7 @@ rewarded AS (
             WHEN m.status = 'finished' AND v.verdict = 'failure' THEN 0.0::DOUBLE
         END AS reward
     FROM members AS m
-    LEFT JOIN latest_verdict AS v USING (traj_id)
+    LEFT JOIN trajectory_verdicts AS v USING (traj_id)
 ),
 
 last_step AS (
@@ -54,10 +45,6 @@ SELECT
     r.n_steps,
     r.answer,
     r.reward,
-    round(
-        (r.reward - avg(r.reward) OVER ()) / (coalesce(stddev_pop(r.reward) OVER (), 0) + 1e-6),
-        4
-    ) AS advantage,
     coalesce(json_extract_string(r.meta, '$.final_screenshot'), l.screenshot_hash)
         AS final_screenshot,
     l.action_text AS last_action

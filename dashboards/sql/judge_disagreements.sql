@@ -1,10 +1,10 @@
 -- Trajectories where a judge's latest verdict differs from a reference: the programmatic
--- judge's latest verdict or the latest human label (trajectory-level).
+-- judge's latest verdict or the latest human label (trajectory-level). A judge's verdict is its
+-- latest judgment (latest_judgments) when that is a success or a failure.
 WITH latest AS (
     SELECT traj_id, judge, judge_version, verdict, rationale
-    FROM judgments
+    FROM latest_judgments
     WHERE error IS NULL AND verdict IN ('success', 'failure')
-    QUALIFY row_number() OVER (PARTITION BY traj_id, judge ORDER BY created_at DESC) = 1
 ),
 
 refs AS (

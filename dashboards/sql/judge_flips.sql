@@ -1,12 +1,12 @@
 -- Prompt-injection flip rates per judge and injection kind (as judging.adversarial computes
 -- them): among trajectories the programmatic judge calls a failure, the share a judge calls a
 -- success. Kinds: page (the task's meta.adversarial), answer (the run injected its answer),
--- page+answer, clean (the judge's baseline false-positive rate).
+-- page+answer, clean (the judge's baseline false-positive rate). A judge's verdict is its latest
+-- judgment (latest_judgments) when that is a success or a failure.
 WITH latest AS (
     SELECT traj_id, judge, verdict
-    FROM judgments
+    FROM latest_judgments
     WHERE error IS NULL AND verdict IN ('success', 'failure')
-    QUALIFY row_number() OVER (PARTITION BY traj_id, judge ORDER BY created_at DESC) = 1
 ),
 
 kinds AS (
@@ -26,7 +26,7 @@ kinds AS (
                 TRY_CAST(json_extract_string(r.config, '$.inject_answer') AS BOOLEAN), false
             ) AS answer
         FROM trajectories AS t
-        LEFT JOIN tasks AS k ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1)
+        LEFT JOIN trajectory_tasks AS k USING (traj_id)
         LEFT JOIN runs AS r ON r.run_id = t.run_id
     ) AS t
 ),

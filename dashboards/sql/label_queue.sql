@@ -1,6 +1,7 @@
 -- The labelling queue: ended trajectories without a human label, disagreements first, then
 -- low-confidence verdicts (an abstention, a judge error, a score within 0.25 of 0.5), then the
 -- rest, oldest first within a tier. Infrastructure errors and running trajectories are left out.
+-- Verdicts: each judge's latest judgment (latest_judgments).
 WITH unlabelled AS (
     SELECT t.traj_id, t.run_id, t.task_id, t.policy, t.status, t.n_steps, t.created_at
     FROM trajectories AS t
@@ -11,9 +12,8 @@ WITH unlabelled AS (
 
 latest_judgment AS (
     SELECT j.traj_id, j.judge, j.verdict, j.score, j.error
-    FROM judgments AS j
+    FROM latest_judgments AS j
     WHERE j.traj_id IN (SELECT traj_id FROM unlabelled)
-    QUALIFY row_number() OVER (PARTITION BY j.traj_id, j.judge ORDER BY j.created_at DESC) = 1
 ),
 
 verdicts AS (

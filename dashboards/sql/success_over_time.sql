@@ -1,6 +1,7 @@
 -- Success over time: per day and suite / split / site / policy, the programmatic outcome
 -- (trajectory status). Infrastructure errors, timeouts and unfinished trajectories are counted
--- apart and left out of the rate's denominator.
+-- apart and left out of the rate's denominator. Suite, split and site: the task version the
+-- trajectory ran (trajectory_tasks).
 WITH outcomes AS (
     SELECT
         date_trunc('day', t.created_at) AS day,
@@ -10,8 +11,7 @@ WITH outcomes AS (
         t.policy,
         t.status
     FROM trajectories AS t
-    LEFT JOIN tasks AS k
-        ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1)
+    LEFT JOIN trajectory_tasks AS k USING (traj_id)
 )
 
 SELECT

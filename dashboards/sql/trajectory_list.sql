@@ -3,12 +3,13 @@
 -- latest verdict of that judge, or of any judge when $judge is NULL; 'error' = a judge error),
 -- $disagreement (TRUE: judges, the programmatic status or the latest human label disagree),
 -- $label ('none' = no human label yet), $limit.
+-- Verdicts: each judge's latest judgment (latest_judgments); site and split: the task version
+-- the trajectory ran (trajectory_tasks).
 WITH base AS (
     SELECT
         t.traj_id,
         t.run_id,
         t.task_id,
-        t.task_version,
         t.policy,
         t.status,
         t.n_steps,
@@ -33,9 +34,8 @@ WITH base AS (
 
 latest_judgment AS (
     SELECT j.traj_id, j.judge, j.verdict, j.score, j.error
-    FROM judgments AS j
+    FROM latest_judgments AS j
     WHERE j.traj_id IN (SELECT traj_id FROM base)
-    QUALIFY row_number() OVER (PARTITION BY j.traj_id, j.judge ORDER BY j.created_at DESC) = 1
 ),
 
 verdicts AS (
@@ -73,7 +73,7 @@ joined AS (
             OR (l.label = 'failure' AND (coalesce(v.any_success, false) OR b.status = 'success'))
         ) AS disagreement
     FROM base AS b
-    LEFT JOIN tasks AS k ON k.task_id = b.task_id AND k.version = coalesce(b.task_version, 1)
+    LEFT JOIN trajectory_tasks AS k USING (traj_id)
     LEFT JOIN verdicts AS v USING (traj_id)
     LEFT JOIN latest_label AS l USING (traj_id)
 )

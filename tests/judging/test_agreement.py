@@ -88,3 +88,63 @@ def test_agreement_with_human_labels_from_the_warehouse(wh):
     assert rows["shop"].n == 2 and rows["shop"].accuracy == 1.0
     assert rows["wiki"].n == 2 and rows["wiki"].accuracy == pytest.approx(0.5)
     assert wh.count(Agreement) == 3
+
+
+def test_calibration_curation_and_judges_read_the_same_judgment_and_task_version(wh):
+    """Where the copies disagreed. Calibration took a judge's latest NON-error verdict, curation
+    its latest judgment (an error there: not agreeing), so a judge that succeeded with version 1
+    and then errored with version 2 was counted right by one and left out by the other. And the
+    judge runner judged a trajectory without a recorded task version against the task's latest
+    version, the dashboard and calibration against version 1. One rule each now."""
+    import datetime as dt
+
+    from curation.filters import Frames, Lake, VerdictParams, verdict
+    from curation.recipe import Sources
+    from curation.select import scoped_trajectories
+    from judging.agreement import compute_agreements, judge_outcomes
+    from judging.base import load_views
+    from warehouse.records import Judgment, Task, Trajectory
+    from warehouse.versions import current_snapshot
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    wh.write(
+        [
+            Task(task_id="k", suite="s", site="shop", instruction="v1", start_url="u", version=1),
+            Task(task_id="k", suite="s", site="wiki", instruction="v2", start_url="u", version=2),
+        ]
+    )
+    wh.write(
+        [
+            Trajectory(traj_id="a", run_id="r", task_id="k", policy="p", status="finished"),
+            Trajectory(traj_id="b", run_id="r", task_id="k", policy="p", status="finished"),
+        ]
+    )
+    wh.write(
+        [
+            Judgment(judgment_id="a1", traj_id="a", judge="vlm", judge_version="1",
+                     verdict="success", created_at=t0),
+            Judgment(judgment_id="a2", traj_id="a", judge="vlm", judge_version="2",
+                     error="model server down", created_at=t0 + dt.timedelta(minutes=1)),
+            Judgment(judgment_id="b1", traj_id="b", judge="vlm", judge_version="2",
+                     verdict="success", created_at=t0),
+            Judgment(judgment_id="a3", traj_id="a", judge="ref", judge_version="1",
+                     verdict="success", created_at=t0),
+            Judgment(judgment_id="b3", traj_id="b", judge="ref", judge_version="1",
+                     verdict="success", created_at=t0),
+        ]
+    )  # fmt: skip
+    # calibration: a's latest vlm judgment is an error, so a is no pair (it was a success)
+    assert judge_outcomes(wh, "vlm") == {"b": True}
+    assert judge_outcomes(wh, "vlm", "1") == {"a": True}  # version 1's own latest
+    rows = {r.site: r for r in compute_agreements(wh, "vlm", "ref")}
+    assert rows[None].n == 1 and set(rows) == {None, "shop"}  # version 1's site, not wiki
+    # curation's verdict filter keeps exactly the trajectories calibration counts as success
+    lake = Lake(wh, current_snapshot(wh))
+    trajs = scoped_trajectories(lake, Sources(splits=()))
+    assert trajs["site"].to_list() == ["shop", "shop"]  # it used to read version 2: wiki
+    frames = Frames(trajs, trajs.head(0), trajs.head(0)["traj_id"].is_null(), lake)
+    kept = verdict(frames, VerdictParams(judges=("vlm",))).trajectories["traj_id"].to_list()
+    assert kept == ["b"]
+    # the judge runner sees the version the trajectory ran
+    assert [v.task.instruction for v in load_views(wh, ["a", "b"])] == ["v1", "v1"]
+    assert load_views(wh, ["a"], verdicts=True)[0].verdicts == {"ref": "success"}

@@ -86,6 +86,15 @@ def test_step_awr_hand_values():
         compute_advantages("step_awr", frame, beta=0.0)
 
 
+def test_step_estimators_see_no_signal_in_equal_scores():
+    # seven candidates scoring 0.1: polars' std of them is 1.4e-17, and "std > 0" gave them
+    # weight exp(~0) = 1 each; equal scores are no signal: advantage 0, weight 0
+    frame = pl.DataFrame({"traj_id": ["a"] * 7, "step_idx": [0] * 7, "score": [0.1] * 7})
+    assert compute_advantages("step_grpo", frame)["advantage"].to_list() == [0.0] * 7
+    out = compute_advantages("step_awr", frame)
+    assert out["advantage"].to_list() == [0.0] * 7 and out["weight"].to_list() == [0.0] * 7
+
+
 def test_awr_hand_values():
     frame = pl.DataFrame(
         {

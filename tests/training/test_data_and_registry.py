@@ -185,6 +185,85 @@ def test_evaluation_counts_outcomes_excludes_infra_errors_and_compares(wh: Wareh
     assert c["diff"] == pytest.approx(1 / 10 - 7 / 9)
     assert c["ci_low"] < c["diff"] < c["ci_high"] < 0
     assert c["same_split"]
+    assert (c["a"], c["b"], c["rate_a"], c["rate_b"]) == (
+        ea.evaluation_id,
+        eb.evaluation_id,
+        pytest.approx(7 / 9),
+        pytest.approx(1 / 10),
+    )
+    # the flywheel's summaries (rate, no suite/split) compare the same way: one function
+    summaries = [
+        {
+            k: rows[e.evaluation_id][k]
+            for k in ("evaluation_id", "n", "n_success", "ci_low", "ci_high")
+        }
+        for e in (ea, eb)
+    ]
+    s = compare(*summaries)
+    assert {k: s[k] for k in ("diff", "ci_low", "ci_high", "separated", "rate_a", "rate_b")} == {
+        k: c[k] for k in ("diff", "ci_low", "ci_high", "separated", "rate_a", "rate_b")
+    }
+    assert s["same_split"] is None  # they do not say
+
+
+def test_outcomes_read_the_task_version_ran_and_each_judge_s_latest_judgment(wh: Warehouse):
+    """The evaluation and the RL rewards took "any version" of a task (``any_value(site)`` per
+    task id) and the newest non-error verdict of any judge; the shared relations say: the task
+    version the trajectory ran, and a judge whose latest judgment errored has no verdict."""
+    import datetime as dt
+
+    from warehouse.records import Judgment
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    wh.write(
+        [
+            Task(
+                task_id="k",
+                suite="s",
+                site="shop",
+                split="test",
+                instruction="i",
+                start_url="u",
+                difficulty=1,
+                version=1,
+            ),
+            Task(
+                task_id="k",
+                suite="s",
+                site="wiki",
+                split="test",
+                instruction="i",
+                start_url="u",
+                difficulty=3,
+                version=2,
+            ),
+        ]
+    )
+    wh.write(
+        [
+            Trajectory(
+                traj_id="x", run_id="r", task_id="k", policy="p", status="success", task_version=2
+            ),
+            Trajectory(traj_id="y", run_id="r", task_id="k", policy="p", status="finished"),
+            Trajectory(traj_id="z", run_id="r", task_id="k", policy="p", status="finished"),
+        ]
+    )
+    wh.write(
+        [
+            Judgment(judgment_id="y1", traj_id="y", judge="vlm", judge_version="1",
+                     verdict="success", created_at=t0),
+            Judgment(judgment_id="y2", traj_id="y", judge="vlm", judge_version="2",
+                     error="timeout", created_at=t0 + dt.timedelta(minutes=1)),
+            Judgment(judgment_id="z1", traj_id="z", judge="vlm", judge_version="2",
+                     verdict="failure", created_at=t0),
+        ]
+    )  # fmt: skip
+    out = run_outcomes(wh, "r").select("traj_id", "site", "difficulty", "status", "success")
+    assert out.rows() == [
+        ("x", "wiki", 3, "success", 1),
+        ("y", "shop", 1, "finished", None),  # its judge's latest judgment is an error
+        ("z", "shop", 1, "failure", 0),
+    ]
 
 
 def test_render_is_what_training_reads(built):

@@ -36,6 +36,7 @@ from warehouse.connection import WarehouseError
 from warehouse.ids import make_id, traj_id_for
 from warehouse.outdir import check_out_dir
 from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 from warehouse.tasks import latest_tasks, put_tasks
 from warehouse.urls import UrlRefused, parse_web_url
@@ -626,9 +627,11 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
     """
     out = check_out_dir(out)
     trajs = wh.sql(
-        "SELECT t.*, k.instruction FROM trajectories t LEFT JOIN tasks k "
-        "ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1) "
-        "WHERE t.run_id = ? ORDER BY t.task_id, t.sample_idx",
+        with_relations(
+            "SELECT t.*, k.instruction FROM trajectories t "
+            "LEFT JOIN trajectory_tasks k USING (traj_id) "
+            "WHERE t.run_id = ? ORDER BY t.task_id, t.sample_idx"
+        ),
         [run_id],
     )
     if trajs.is_empty():

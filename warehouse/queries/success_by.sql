@@ -1,12 +1,13 @@
 -- Success by suite, site, split and policy.
 -- Outcome: the trajectory's own status (programmatic result) or, when $judge is given, that
--- judge's latest verdict. Infrastructure errors never count as failures: they are reported
--- apart and left out of the rate's denominator, as are judge errors and abstentions.
-WITH latest_judgment AS (
+-- judge's latest judgment (latest_judgments). Infrastructure errors never count as failures:
+-- they are reported apart and left out of the rate's denominator, as are trajectories whose
+-- latest judgment is a judge error or an abstention. Suite, site and split are those of the task
+-- version the trajectory ran (trajectory_tasks).
+WITH judged AS (
     SELECT traj_id, verdict
-    FROM judgments
-    WHERE judge = $judge AND error IS NULL
-    QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1
+    FROM latest_judgments
+    WHERE judge = $judge
 ),
 
 outcomes AS (
@@ -22,9 +23,8 @@ outcomes AS (
             WHEN $judge IS NOT NULL AND j.verdict IN ('success', 'failure') THEN j.verdict
         END AS outcome
     FROM trajectories AS t
-    LEFT JOIN tasks AS k
-        ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, 1)
-    LEFT JOIN latest_judgment AS j USING (traj_id)
+    LEFT JOIN trajectory_tasks AS k USING (traj_id)
+    LEFT JOIN judged AS j USING (traj_id)
 )
 
 SELECT
