@@ -1,10 +1,10 @@
 """Dashboard benchmark: server-side time to render the trajectory page of a 30-step trajectory
 in a large warehouse, cold and cached.
 
-The warehouse is ``bench/curation.py``'s synthetic one (its ``fill``: 100k trajectories, 1M
-steps, judgments, PRM scores; ``--quick``: 2k trajectories), plus one 30-step trajectory
-``bench-30`` with a screenshot per step, coordinate / element / typing / scroll actions, a
-judgment with criteria and 4 scored PRM candidates per step.
+The warehouse is the curation benchmark's synthetic one (``bench/synthetic.py``'s ``fill``:
+100k trajectories, 1M steps, judgments, PRM scores; ``--quick``: 2k trajectories), plus one
+30-step trajectory ``bench-30`` with a screenshot per step, coordinate / element / typing /
+scroll actions, a judgment with criteria and 4 scored PRM candidates per step.
 
 Measured (in a child process, so "cold" is a fresh process with empty caches and a fresh
 DuckDB connection; imports are done before the clock starts, pandas included, which DuckDB
@@ -27,7 +27,6 @@ Aim (issue 14): under 1.5 s cold and under 0.3 s cached.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import os
 import statistics
@@ -42,14 +41,6 @@ sys.path.insert(0, str(ROOT))
 
 AIM_COLD, AIM_CACHED = 1.5, 0.3
 TRAJ, STEP, N_STEPS, K = "bench-30", 15, 30, 4
-
-
-def curation_bench():
-    """bench/curation.py as a module (its ``fill`` builds the big warehouse)."""
-    spec = importlib.util.spec_from_file_location("bench_curation", ROOT / "bench" / "curation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def add_trajectory(home: Path) -> None:
@@ -227,7 +218,9 @@ def main() -> None:
             print(f"fill: reusing {home}")
         else:
             t = time.perf_counter()
-            curation_bench().fill(home, n, tasks, screens)
+            from bench.synthetic import fill  # the warehouse; the --measure child needs none of it
+
+            fill(home, n, tasks, screens)
             add_trajectory(home)
             print(f"fill + the 30-step trajectory: {time.perf_counter() - t:.1f} s", flush=True)
             marker.touch()

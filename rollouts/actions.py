@@ -18,10 +18,16 @@ bundled tasks). Grammar (one call per action; strings in single or double quotes
 ``Action:`` line, else the last call-shaped line) and returns an action or a :class:`ParseError`
 saying what was wrong. :func:`format_action` prints the canonical form, and
 ``parse_action(format_action(a)) == a``.
+
+Stored forms: :func:`to_dict` is the JSON the warehouse keeps (``steps.action``,
+``interventions.proposed_action``), :func:`action_from_dict` reads it back, and
+:func:`proposed_action_text` turns any stored action value (JSON text, a dict, a grammar
+string) into its canonical text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -480,3 +486,45 @@ def to_dict(a: Action) -> dict[str, Any]:
         elif value is not None:
             d[key] = value
     return d
+
+
+_CLASSES: dict[str, type] = {
+    c.__name__.lower(): c for c in (Click, Type, Press, Scroll, Select, Goto, Back, Wait, Answer)
+}
+
+
+def action_from_dict(d: dict[str, Any]) -> Action | ParseError:
+    """The inverse of :func:`to_dict` (``steps.action``, ``interventions.proposed_action``);
+    other JSON action shapes go through the parser."""
+    cls = _CLASSES.get(str(d.get("type", "")).lower())
+    if cls is not None:
+        try:
+            kw = {k: v for k, v in d.items() if k != "type"}
+            for key in ("target",):
+                if isinstance(kw.get(key), dict):
+                    kw[key] = Target(**kw[key])
+            return cls(**kw)
+        except (TypeError, ValueError):
+            pass
+    return parse_action(json.dumps(d))
+
+
+def proposed_action_text(value: Any) -> str | None:
+    """Canonical action text of an intervention's ``proposed_action`` (JSON text, dict or a
+    grammar string); None when it is not an action."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            value = json.loads(value)
+    if isinstance(value, str):
+        action = parse_action(value)
+    elif isinstance(value, dict):
+        # the grammar text when stored beside the fields ("text": curation.interventions;
+        # "action_text"), else the to_dict fields
+        texts = [value.get(k) for k in ("text", "action_text") if isinstance(value.get(k), str)]
+        parsed = [a for a in map(parse_action, texts) if not isinstance(a, ParseError)]
+        action = parsed[0] if parsed else action_from_dict(value)
+    else:
+        return None
+    return None if isinstance(action, ParseError) else format_action(action)

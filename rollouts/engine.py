@@ -20,8 +20,9 @@ page that many times ends there (``meta.ended_by = "repeated action"``) and is g
 a greedy policy that scrolls a page that no longer moves would otherwise spend the whole step
 budget (the untrained ranker does, on every task). "The same page" is the URL, the screenshot and
 the accessibility tree with Playwright's per-snapshot frame prefix of element refs removed
-(``f3e12`` → ``e12``), so a reload of the same page counts as the same page. Resuming a run
-skips trajectories already stored (and redoes infrastructure errors).
+(``f3e12`` → ``e12``), so a reload of the same page counts as the same page. These stop rules are
+pure functions in :mod:`rollouts.stop_rules`. Resuming a run skips trajectories already stored
+(and redoes infrastructure errors).
 
 :meth:`Engine.interrupt` (the collector calls it on Ctrl-C) stops the run at once: the episodes
 in flight are not handed to the sink (their trajectory is not stored, so a resume runs them
@@ -46,6 +47,7 @@ from rollouts.actions import ParseError, check_bounds, format_action, to_dict
 from rollouts.env import BrowserCrashed, BrowserEnv, BrowserSlot, EnvConfig, Observation
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import Turn, render
+from rollouts.stop_rules import ANSWERED, after_action, after_invalid_action, repeat_key
 from warehouse.blobs import sha256_hex
 from warehouse.ids import make_id, stable_hash, traj_id_for
 from warehouse.records import INFRA_ERROR, TIMEOUT, Step, Task, Trajectory, utcnow
@@ -126,6 +128,17 @@ class Stats:
     @property
     def steps_per_s(self) -> float:
         return self.steps / max(1e-9, time.perf_counter() - self.started)
+
+
+@dataclass
+class _Tally:
+    """What an episode counts as it goes: unparseable actions in a row, times each (page,
+    action) was taken, the requests the allowlist blocked, the progress after each step."""
+
+    invalid_run: int = 0
+    repeats: Counter[tuple[str | None, ...]] = field(default_factory=Counter)
+    blocked: list[Any] = field(default_factory=list)
+    progress: list[float] = field(default_factory=list)
 
 
 def make_jobs(
@@ -329,26 +342,17 @@ class Engine:
         blobs: dict[str, bytes],
         meta: dict[str, Any],
     ) -> Finished:
+        """The episode: observe, act, until a stop rule (:mod:`rollouts.stop_rules`) ends it;
+        then grade it. A policy over its step timeout aborts it as ``timeout``."""
         started = utcnow()
-        rng = random.Random(stable_hash(self.config.seed, job.traj_id))
         obs = await env.reset(
             job.start_url, allowed_origins=job.allowed_origins, max_steps=self.config.max_steps
         )
         turns: list[Turn] = []
-        ctx = PolicyContext(
-            job.task.task_id,
-            job.task.instruction,
-            list(job.task.reference or []),
-            turns,
-            rng,
-            page=getattr(env, "page", None),  # the expert grounds its plan in it
-            # (an environment without a config, like the simulated one, waits on no page)
-            action_timeout_s=getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
-        )
-        answer, invalid_run, blocked = None, 0, []
-        repeats: Counter[tuple[str | None, ...]] = Counter()  # (page, action) → times taken
-        progress: list[float] = []  # record_progress: share of criteria met after each step
-        while True:
+        ctx = self._policy_context(env, job, turns)
+        tally = _Tally()
+        answer, stop = None, None
+        while stop is None:
             turns.append(Turn(obs.url, obs.title, obs.screenshot, obs.a11y))
             t0 = time.perf_counter()
             try:
@@ -363,65 +367,105 @@ class Engine:
                 action = check_bounds(action, *self._screen(), text=out.text)
             step = self._step_row(job, obs, out, action, blobs, t_model)
             if isinstance(action, ParseError):
-                invalid_run += 1
-                turns[-1] = Turn(
-                    obs.url,
-                    obs.title,
-                    obs.screenshot,
-                    obs.a11y,
-                    "(invalid action)",
-                    action.reason,
+                stop = self._invalid_step(step, action, turns, steps, tally)
+            else:
+                obs, answer, stop = await self._run_action(
+                    env, job, obs, step, action, turns, steps, tally
                 )
-                steps.append(step)
-                self.stats.steps += 1
-                progress.append(progress[-1] if progress else 0.0)
-                if invalid_run >= self.config.max_invalid or len(steps) >= self.config.max_steps:
-                    meta["ended_by"] = (
-                        "invalid actions"
-                        if invalid_run >= self.config.max_invalid
-                        else "step budget"
-                    )
-                    break
-                continue
-            invalid_run = 0
-            here = _repeat_key(obs, step) if self.config.max_repeats else None
-            t1 = time.perf_counter()
-            obs, terminated, truncated, info = await env.step(action)
-            step = _with(
-                step, latency_env_s=round(time.perf_counter() - t1, 4), action_error=info["error"]
-            )
-            steps.append(step)
-            self.stats.steps += 1
-            blocked += info["blocked"]
-            turns[-1] = Turn(
-                turns[-1].url,
-                turns[-1].title,
-                turns[-1].screenshot,
-                turns[-1].a11y,
-                step.action_text,
-                info["error"],
-            )
-            if self.config.record_progress:
-                progress.append(0.0 if terminated else await self._progress(env, job))
-            if terminated:
-                answer = info["answer"]
-                break
-            if truncated:
-                meta["ended_by"] = "step budget"
-                break
-            if here is not None:  # max_repeats set
-                repeats[here] += 1
-                if repeats[here] >= self.config.max_repeats:
-                    meta["ended_by"] = "repeated action"
-                    break
+        if stop != ANSWERED:
+            meta["ended_by"] = stop
+        return await self._graded(env, job, obs, answer, steps, blobs, meta, started, tally)
+
+    def _policy_context(self, env: Any, job: Job, turns: list[Turn]) -> PolicyContext:
+        """What the policy is given: the task, the episode's turns (growing), a seeded RNG."""
+        return PolicyContext(
+            job.task.task_id,
+            job.task.instruction,
+            list(job.task.reference or []),
+            turns,
+            random.Random(stable_hash(self.config.seed, job.traj_id)),
+            page=getattr(env, "page", None),  # the expert grounds its plan in it
+            # (an environment without a config, like the simulated one, waits on no page)
+            action_timeout_s=getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
+        )
+
+    def _invalid_step(
+        self,
+        step: Step,
+        action: ParseError,
+        turns: list[Turn],
+        steps: list[Step],
+        tally: _Tally,
+    ) -> str | None:
+        """An unparseable action: stored, shown to the policy as invalid, nothing run; why the
+        episode stops (None: it goes on)."""
+        tally.invalid_run += 1
+        turns[-1] = dataclasses.replace(
+            turns[-1], action_text="(invalid action)", error=action.reason
+        )
+        steps.append(step)
+        self.stats.steps += 1
+        tally.progress.append(tally.progress[-1] if tally.progress else 0.0)
+        return after_invalid_action(
+            tally.invalid_run, len(steps), self.config.max_invalid, self.config.max_steps
+        )
+
+    async def _run_action(
+        self,
+        env: BrowserEnv,
+        job: Job,
+        obs: Observation,
+        step: Step,
+        action: Any,
+        turns: list[Turn],
+        steps: list[Step],
+        tally: _Tally,
+    ) -> tuple[Observation, str | None, str | None]:
+        """A parsed action run in the environment: the next observation, the answer (None: no
+        answer yet) and why the episode stops (None: it goes on)."""
+        tally.invalid_run = 0
+        here = repeat_key(obs, step) if self.config.max_repeats else None
+        t1 = time.perf_counter()
+        obs, terminated, truncated, info = await env.step(action)
+        step = _with(
+            step, latency_env_s=round(time.perf_counter() - t1, 4), action_error=info["error"]
+        )
+        steps.append(step)
+        self.stats.steps += 1
+        tally.blocked += info["blocked"]
+        turns[-1] = dataclasses.replace(
+            turns[-1], action_text=step.action_text, error=info["error"]
+        )
+        if self.config.record_progress:
+            tally.progress.append(0.0 if terminated else await self._progress(env, job))
+        times_here = 0
+        if here is not None:  # max_repeats set
+            tally.repeats[here] += 1
+            times_here = tally.repeats[here]
+        stop = after_action(terminated, truncated, times_here, self.config.max_repeats)
+        return obs, info["answer"] if terminated else None, stop
+
+    async def _graded(
+        self,
+        env: BrowserEnv,
+        job: Job,
+        obs: Observation,
+        answer: str | None,
+        steps: list[Step],
+        blobs: dict[str, bytes],
+        meta: dict[str, Any],
+        started: dt.datetime,
+        tally: _Tally,
+    ) -> Finished:
+        """The ended episode graded, with its final page, progress and blocked requests."""
         outcome = await self.grader(env, job, answer)
         if self.config.record_progress and steps:
-            progress[-1] = _share_met(outcome.meta)
-            meta["progress"] = [round(p, 4) for p in progress]
+            tally.progress[-1] = _share_met(outcome.meta)
+            meta["progress"] = [round(p, 4) for p in tally.progress]
         shot = _keep(blobs, obs.screenshot)
         meta.update(outcome.meta, final_url=obs.url, final_screenshot=shot)
-        if blocked:
-            meta["blocked_requests"] = blocked[:50]
+        if tally.blocked:
+            meta["blocked_requests"] = tally.blocked[:50]
         return self._finished(job, outcome.status, answer, None, steps, blobs, meta, started)
 
     async def _progress(self, env: Any, job: Job) -> float:
@@ -509,20 +553,6 @@ class Engine:
 
 def _with(step: Step, **changes: Any) -> Step:
     return dataclasses.replace(step, **changes)
-
-
-_FRAME_REF = re.compile(r"\bf\d+(e\d+)\b")
-
-
-def _repeat_key(obs: Observation, step: Step) -> tuple[str | None, ...]:
-    """What makes two steps the same action on the same page for ``max_repeats``: the URL, the
-    screenshot's hash, the accessibility tree's hash and the action, element refs in both
-    without their frame prefix."""
-    tree = None
-    if obs.a11y is not None:
-        tree = sha256_hex(_FRAME_REF.sub(r"\1", obs.a11y).encode())
-    action = _FRAME_REF.sub(r"\1", step.action_text or "")
-    return obs.url, step.screenshot_hash, tree, action
 
 
 def _keep(blobs: dict[str, bytes], screenshot: bytes | None) -> str | None:

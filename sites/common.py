@@ -1,8 +1,11 @@
 """What every bundled site shares: per-session state, templates, the cookie banner, inspection.
 
-Each site is a Starlette app built by ``build(ctx)``. A browser session is identified by the
-``wl_sid`` cookie (set on first visit); each site keeps its state per session id, so concurrent
-rollouts (separate browser contexts) never see each other's carts, bookings or mail.
+Each site is a Starlette app built by ``build(ctx)`` from module-level handlers that take the
+site's :class:`SiteContext` first (``async def cart(ctx, request)``), bound to it by
+:func:`route`, so each handler can be read and called on its own. A browser session is
+identified by the ``wl_sid`` cookie (set on first visit); each site keeps its state per session
+id, so concurrent rollouts (separate browser contexts) never see each other's carts, bookings or
+mail.
 
 The inspection endpoint ``GET /__webloop/state?session=SID`` returns a site's state for a
 session as JSON. Pages never link to it and it answers 403 unless the request carries the
@@ -17,12 +20,13 @@ screenshot or accessibility tree shows differs. Pages without the flag render as
 
 from __future__ import annotations
 
+import functools
 import hmac
 import secrets
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +213,17 @@ class SessionMiddleware:
         scope["wl_html"] = not path.startswith(("/static", "/img", "/api", "/__webloop"))
         inject = scope["wl_html"] and _inject_in_query(scope.get("query_string", b""))
         await self.app(scope, receive, send_wrapper)
+
+
+def route(
+    path: str,
+    handler: Callable[[SiteContext, Request], Awaitable[Response]],
+    ctx: SiteContext,
+    methods: list[str] | None = None,
+) -> Route:
+    """A route to ``handler(ctx, request)``, named after the handler (``url_path_for`` names
+    are the handlers' names)."""
+    return Route(path, functools.partial(handler, ctx), methods=methods, name=handler.__name__)
 
 
 def make_app(ctx: SiteContext, routes: list[Route]) -> SessionMiddleware:

@@ -10,9 +10,8 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Route
 
-from sites.common import SiteContext, make_app
+from sites.common import SiteContext, make_app, route
 from sites.content import FIRST, LAST, Content, Message
 from sites.taskspec import ACCEPT_COOKIES, TaskSpec, click, template, type_
 
@@ -65,119 +64,129 @@ def listing(content: Content, st: dict[str, Any], folder: str) -> list[dict[str,
     ]
 
 
-def build(ctx: SiteContext):
+# -- pages: each handler takes the site's context first (bound by sites.common.route) ----
+
+
+async def home(ctx: SiteContext, request: Request) -> Response:
+    return RedirectResponse("/folder/inbox", status_code=303)
+
+
+async def folder(ctx: SiteContext, request: Request) -> Response:
     c = ctx.content
+    name = request.path_params["name"]
+    if name not in FOLDERS:
+        return ctx.render(request, "mail/notfound.html", status=404)
+    st = ctx.state(request)
+    return ctx.render(
+        request,
+        "mail/folder.html",
+        folder=name,
+        folders=FOLDERS,
+        items=listing(c, st, name),
+        flash=request.query_params.get("flash"),
+    )
 
-    async def home(request: Request) -> Response:
+
+async def message(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    m = c.message_by_id.get(request.path_params["mid"])
+    if m is None:
+        return ctx.render(request, "mail/notfound.html", status=404)
+    st = ctx.state(request)
+    if m.mid not in st["read"]:
+        st["read"].append(m.mid)
+    return ctx.render(request, "mail/message.html", m=m, folders=FOLDERS, folder=folder_of(st, m))
+
+
+async def move(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    m = c.message_by_id.get(request.path_params["mid"])
+    form = await request.form()
+    target = str(form.get("folder", ""))
+    if m is None or target not in ("inbox", "archive", "trash"):
         return RedirectResponse("/folder/inbox", status_code=303)
+    ctx.state(request)["moved"][m.mid] = target
+    return RedirectResponse(f"/folder/inbox?flash=Moved+to+{target}", status_code=303)
 
-    async def folder(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name not in FOLDERS:
-            return ctx.render(request, "mail/notfound.html", status=404)
-        st = ctx.state(request)
+
+async def compose(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    st = ctx.state(request)
+    if request.method == "GET":
+        form = {}
+        reply = c.message_by_id.get(request.query_params.get("reply_to", ""))
+        if reply:
+            form = {
+                "to": reply.sender,
+                "subject": f"Re: {reply.subject}",
+                "reply_to": reply.mid,
+            }
+        sig = st["settings"]["signature"]
+        if sig:
+            form["body"] = f"\n\n-- \n{sig}"
+        return ctx.render(
+            request, "mail/compose.html", form=form, errors={}, folders=FOLDERS, folder=""
+        )
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    errors = {}
+    if not re.fullmatch(r"[^@\s,]+@[^@\s,]+\.[a-z]{2,}", form.get("to", "").strip()):
+        errors["to"] = "Enter one valid email address."
+    if not form.get("subject", "").strip():
+        errors["subject"] = "Subject is required."
+    if errors:
         return ctx.render(
             request,
-            "mail/folder.html",
-            folder=name,
-            folders=FOLDERS,
-            items=listing(c, st, name),
-            flash=request.query_params.get("flash"),
-        )
-
-    async def message(request: Request) -> Response:
-        m = c.message_by_id.get(request.path_params["mid"])
-        if m is None:
-            return ctx.render(request, "mail/notfound.html", status=404)
-        st = ctx.state(request)
-        if m.mid not in st["read"]:
-            st["read"].append(m.mid)
-        return ctx.render(
-            request, "mail/message.html", m=m, folders=FOLDERS, folder=folder_of(st, m)
-        )
-
-    async def move(request: Request) -> Response:
-        m = c.message_by_id.get(request.path_params["mid"])
-        form = await request.form()
-        target = str(form.get("folder", ""))
-        if m is None or target not in ("inbox", "archive", "trash"):
-            return RedirectResponse("/folder/inbox", status_code=303)
-        ctx.state(request)["moved"][m.mid] = target
-        return RedirectResponse(f"/folder/inbox?flash=Moved+to+{target}", status_code=303)
-
-    async def compose(request: Request) -> Response:
-        st = ctx.state(request)
-        if request.method == "GET":
-            form = {}
-            reply = c.message_by_id.get(request.query_params.get("reply_to", ""))
-            if reply:
-                form = {
-                    "to": reply.sender,
-                    "subject": f"Re: {reply.subject}",
-                    "reply_to": reply.mid,
-                }
-            sig = st["settings"]["signature"]
-            if sig:
-                form["body"] = f"\n\n-- \n{sig}"
-            return ctx.render(
-                request, "mail/compose.html", form=form, errors={}, folders=FOLDERS, folder=""
-            )
-        form = {k: str(v) for k, v in (await request.form()).items()}
-        errors = {}
-        if not re.fullmatch(r"[^@\s,]+@[^@\s,]+\.[a-z]{2,}", form.get("to", "").strip()):
-            errors["to"] = "Enter one valid email address."
-        if not form.get("subject", "").strip():
-            errors["subject"] = "Subject is required."
-        if errors:
-            return ctx.render(
-                request,
-                "mail/compose.html",
-                status=422,
-                form=form,
-                errors=errors,
-                folders=FOLDERS,
-                folder="",
-            )
-        st["sent"].append(
-            {
-                "sid": f"s{len(st['sent']) + 1:03d}",
-                "to": form["to"].strip(),
-                "subject": form["subject"].strip(),
-                "body": form.get("body", ""),
-                "reply_to": form.get("reply_to") or None,
-            }
-        )
-        return RedirectResponse("/folder/sent?flash=Message+sent", status_code=303)
-
-    async def settings(request: Request) -> Response:
-        st = ctx.state(request)
-        if request.method == "POST":
-            form = await request.form()
-            st["settings"] = {
-                "display_name": str(form.get("display_name", "")).strip(),
-                "signature": str(form.get("signature", "")).strip(),
-                "vacation": form.get("vacation") == "on",
-                "vacation_message": str(form.get("vacation_message", "")).strip(),
-            }
-            return RedirectResponse("/settings?saved=1", status_code=303)
-        return ctx.render(
-            request,
-            "mail/settings.html",
-            s=st["settings"],
+            "mail/compose.html",
+            status=422,
+            form=form,
+            errors=errors,
             folders=FOLDERS,
             folder="",
-            saved=request.query_params.get("saved"),
         )
+    st["sent"].append(
+        {
+            "sid": f"s{len(st['sent']) + 1:03d}",
+            "to": form["to"].strip(),
+            "subject": form["subject"].strip(),
+            "body": form.get("body", ""),
+            "reply_to": form.get("reply_to") or None,
+        }
+    )
+    return RedirectResponse("/folder/sent?flash=Message+sent", status_code=303)
 
+
+async def settings(ctx: SiteContext, request: Request) -> Response:
+    st = ctx.state(request)
+    if request.method == "POST":
+        form = await request.form()
+        st["settings"] = {
+            "display_name": str(form.get("display_name", "")).strip(),
+            "signature": str(form.get("signature", "")).strip(),
+            "vacation": form.get("vacation") == "on",
+            "vacation_message": str(form.get("vacation_message", "")).strip(),
+        }
+        return RedirectResponse("/settings?saved=1", status_code=303)
+    return ctx.render(
+        request,
+        "mail/settings.html",
+        s=st["settings"],
+        folders=FOLDERS,
+        folder="",
+        saved=request.query_params.get("saved"),
+    )
+
+
+def build(ctx: SiteContext):
+    """The site's app: the handlers above, each bound to ``ctx``, on their routes."""
     return make_app(
         ctx,
         [
-            Route("/", home),
-            Route("/folder/{name}", folder),
-            Route("/message/{mid}", message),
-            Route("/message/{mid}/move", move, methods=["POST"]),
-            Route("/compose", compose, methods=["GET", "POST"]),
-            Route("/settings", settings, methods=["GET", "POST"]),
+            route("/", home, ctx),
+            route("/folder/{name}", folder, ctx),
+            route("/message/{mid}", message, ctx),
+            route("/message/{mid}/move", move, ctx, methods=["POST"]),
+            route("/compose", compose, ctx, methods=["GET", "POST"]),
+            route("/settings", settings, ctx, methods=["GET", "POST"]),
         ],
     )
 

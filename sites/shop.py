@@ -17,9 +17,8 @@ from typing import Any
 from PIL import Image, ImageDraw
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
 
-from sites.common import SiteContext, make_app
+from sites.common import SiteContext, make_app, route
 from sites.content import CATEGORIES, COUNTRIES, FIRST, LAST, Content, Product
 from sites.taskspec import ACCEPT_COOKIES, TaskSpec, answer, click, select, template, type_
 from warehouse.ids import stable_hash
@@ -77,162 +76,179 @@ def product_png(seed: int, pid: str, name: str) -> bytes:
     return buf.getvalue()
 
 
-def build(ctx: SiteContext):
+# -- pages: each handler takes the site's context first (bound by sites.common.route) ----
+
+
+async def home(ctx: SiteContext, request: Request) -> Response:
     c = ctx.content
+    st = ctx.state(request)
+    featured = sorted(c.products, key=lambda p: (-p.rating, p.pid))[:8]
+    return ctx.render(
+        request,
+        "shop/home.html",
+        categories=CATEGORIES,
+        products=featured,
+        show_modal=not st["modal_dismissed"],
+    )
 
-    async def home(request: Request) -> Response:
-        st = ctx.state(request)
-        featured = sorted(c.products, key=lambda p: (-p.rating, p.pid))[:8]
+
+async def dismiss_modal(ctx: SiteContext, request: Request) -> Response:
+    ctx.state(request)["modal_dismissed"] = True
+    return RedirectResponse("/", status_code=303)
+
+
+async def search_page(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    params = dict(request.query_params)
+    results = search(c, params)
+    pages = max(1, math.ceil(len(results) / PAGE_SIZE))
+    page = min(max(1, int(_num(params.get("page")) or 1)), pages)
+    shown = results[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    brands = sorted({p.brand for p in c.products})
+    base = {k: v for k, v in params.items() if k != "page" and v}
+    return ctx.render(
+        request,
+        "shop/search.html",
+        results=shown,
+        total=len(results),
+        page=page,
+        pages=pages,
+        params=params,
+        base=base,
+        categories=CATEGORIES,
+        brands=brands,
+        sorts=list(SORTS),
+    )
+
+
+async def product(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    p = c.product_by_id.get(request.path_params["pid"])
+    if p is None:
+        return ctx.render(request, "shop/notfound.html", status=404)
+    error = request.query_params.get("error")
+    return ctx.render(request, "shop/product.html", p=p, reviews=_reviews(c, p)[:3], error=error)
+
+
+async def reviews_api(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    p = c.product_by_id.get(request.path_params["pid"])
+    if p is None:
+        return JSONResponse({"reviews": []}, status_code=404)
+    off = int(_num(request.query_params.get("offset")) or 0)
+    return JSONResponse({"reviews": _reviews(c, p)[off : off + 5]})
+
+
+async def image(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    p = c.product_by_id.get(request.path_params["pid"])
+    if p is None:
+        return Response(status_code=404)
+    return Response(product_png(c.seed, p.pid, p.name), media_type="image/png")
+
+
+async def cart_add(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    form = await request.form()
+    p = c.product_by_id.get(str(form.get("pid", "")))
+    if p is None:
+        return RedirectResponse("/cart", status_code=303)
+    color, size = str(form.get("color", "")), str(form.get("size", ""))
+    qty = int(_num(str(form.get("qty", "1"))) or 0)
+    problem = _variant_problem(p, color, size, qty)
+    if problem:
+        return RedirectResponse(f"/product/{p.pid}?error={problem}", status_code=303)
+    cart = ctx.state(request)["cart"]
+    for item in cart:
+        if (item["pid"], item["color"], item["size"]) == (p.pid, color, size):
+            item["qty"] += qty
+            break
+    else:
+        cart.append(
+            {
+                "pid": p.pid,
+                "name": p.name,
+                "color": color,
+                "size": size,
+                "qty": qty,
+                "price": p.price,
+            }
+        )
+    return RedirectResponse("/cart", status_code=303)
+
+
+async def cart_remove(ctx: SiteContext, request: Request) -> Response:
+    form = await request.form()
+    idx = int(_num(str(form.get("index", "-1"))) or -1)
+    cart = ctx.state(request)["cart"]
+    if 0 <= idx < len(cart):
+        cart.pop(idx)
+    return RedirectResponse("/cart", status_code=303)
+
+
+async def cart_page(ctx: SiteContext, request: Request) -> Response:
+    cart = ctx.state(request)["cart"]
+    total = round(sum(i["price"] * i["qty"] for i in cart), 2)
+    return ctx.render(request, "shop/cart.html", cart=cart, total=total)
+
+
+async def checkout(ctx: SiteContext, request: Request) -> Response:
+    st = ctx.state(request)
+    if request.method == "GET":
         return ctx.render(
             request,
-            "shop/home.html",
-            categories=CATEGORIES,
-            products=featured,
-            show_modal=not st["modal_dismissed"],
+            "shop/checkout.html",
+            form={},
+            errors={},
+            countries=COUNTRIES,
+            cart=st["cart"],
         )
-
-    async def dismiss_modal(request: Request) -> Response:
-        ctx.state(request)["modal_dismissed"] = True
-        return RedirectResponse("/", status_code=303)
-
-    async def search_page(request: Request) -> Response:
-        params = dict(request.query_params)
-        results = search(c, params)
-        pages = max(1, math.ceil(len(results) / PAGE_SIZE))
-        page = min(max(1, int(_num(params.get("page")) or 1)), pages)
-        shown = results[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-        brands = sorted({p.brand for p in c.products})
-        base = {k: v for k, v in params.items() if k != "page" and v}
+    form = {k: str(v).strip() for k, v in (await request.form()).items()}
+    errors = _address_errors(form)
+    if not st["cart"]:
+        errors["cart"] = "Your cart is empty."
+    if errors:
         return ctx.render(
             request,
-            "shop/search.html",
-            results=shown,
-            total=len(results),
-            page=page,
-            pages=pages,
-            params=params,
-            base=base,
-            categories=CATEGORIES,
-            brands=brands,
-            sorts=list(SORTS),
+            "shop/checkout.html",
+            status=422,
+            form=form,
+            errors=errors,
+            countries=COUNTRIES,
+            cart=st["cart"],
         )
+    oid = f"o{len(st['orders']) + 1:03d}"
+    address = {k: form.get(k, "") for k in ("name", "street", "city", "zip", "country")}
+    total = round(sum(i["price"] * i["qty"] for i in st["cart"]), 2)
+    st["orders"].append({"oid": oid, "items": st["cart"], "address": address, "total": total})
+    st["cart"] = []
+    return RedirectResponse(f"/order/{oid}", status_code=303)
 
-    async def product(request: Request) -> Response:
-        p = c.product_by_id.get(request.path_params["pid"])
-        if p is None:
-            return ctx.render(request, "shop/notfound.html", status=404)
-        error = request.query_params.get("error")
-        return ctx.render(
-            request, "shop/product.html", p=p, reviews=_reviews(c, p)[:3], error=error
-        )
 
-    async def reviews_api(request: Request) -> Response:
-        p = c.product_by_id.get(request.path_params["pid"])
-        if p is None:
-            return JSONResponse({"reviews": []}, status_code=404)
-        off = int(_num(request.query_params.get("offset")) or 0)
-        return JSONResponse({"reviews": _reviews(c, p)[off : off + 5]})
+async def order(ctx: SiteContext, request: Request) -> Response:
+    st = ctx.state(request)
+    o = next((o for o in st["orders"] if o["oid"] == request.path_params["oid"]), None)
+    if o is None:
+        return ctx.render(request, "shop/notfound.html", status=404)
+    return ctx.render(request, "shop/order.html", order=o)
 
-    async def image(request: Request) -> Response:
-        p = c.product_by_id.get(request.path_params["pid"])
-        if p is None:
-            return Response(status_code=404)
-        return Response(product_png(c.seed, p.pid, p.name), media_type="image/png")
 
-    async def cart_add(request: Request) -> Response:
-        form = await request.form()
-        p = c.product_by_id.get(str(form.get("pid", "")))
-        if p is None:
-            return RedirectResponse("/cart", status_code=303)
-        color, size = str(form.get("color", "")), str(form.get("size", ""))
-        qty = int(_num(str(form.get("qty", "1"))) or 0)
-        problem = _variant_problem(p, color, size, qty)
-        if problem:
-            return RedirectResponse(f"/product/{p.pid}?error={problem}", status_code=303)
-        cart = ctx.state(request)["cart"]
-        for item in cart:
-            if (item["pid"], item["color"], item["size"]) == (p.pid, color, size):
-                item["qty"] += qty
-                break
-        else:
-            cart.append(
-                {
-                    "pid": p.pid,
-                    "name": p.name,
-                    "color": color,
-                    "size": size,
-                    "qty": qty,
-                    "price": p.price,
-                }
-            )
-        return RedirectResponse("/cart", status_code=303)
-
-    async def cart_remove(request: Request) -> Response:
-        form = await request.form()
-        idx = int(_num(str(form.get("index", "-1"))) or -1)
-        cart = ctx.state(request)["cart"]
-        if 0 <= idx < len(cart):
-            cart.pop(idx)
-        return RedirectResponse("/cart", status_code=303)
-
-    async def cart_page(request: Request) -> Response:
-        cart = ctx.state(request)["cart"]
-        total = round(sum(i["price"] * i["qty"] for i in cart), 2)
-        return ctx.render(request, "shop/cart.html", cart=cart, total=total)
-
-    async def checkout(request: Request) -> Response:
-        st = ctx.state(request)
-        if request.method == "GET":
-            return ctx.render(
-                request,
-                "shop/checkout.html",
-                form={},
-                errors={},
-                countries=COUNTRIES,
-                cart=st["cart"],
-            )
-        form = {k: str(v).strip() for k, v in (await request.form()).items()}
-        errors = _address_errors(form)
-        if not st["cart"]:
-            errors["cart"] = "Your cart is empty."
-        if errors:
-            return ctx.render(
-                request,
-                "shop/checkout.html",
-                status=422,
-                form=form,
-                errors=errors,
-                countries=COUNTRIES,
-                cart=st["cart"],
-            )
-        oid = f"o{len(st['orders']) + 1:03d}"
-        address = {k: form.get(k, "") for k in ("name", "street", "city", "zip", "country")}
-        total = round(sum(i["price"] * i["qty"] for i in st["cart"]), 2)
-        st["orders"].append({"oid": oid, "items": st["cart"], "address": address, "total": total})
-        st["cart"] = []
-        return RedirectResponse(f"/order/{oid}", status_code=303)
-
-    async def order(request: Request) -> Response:
-        st = ctx.state(request)
-        o = next((o for o in st["orders"] if o["oid"] == request.path_params["oid"]), None)
-        if o is None:
-            return ctx.render(request, "shop/notfound.html", status=404)
-        return ctx.render(request, "shop/order.html", order=o)
-
+def build(ctx: SiteContext):
+    """The site's app: the handlers above, each bound to ``ctx``, on their routes."""
     return make_app(
         ctx,
         [
-            Route("/", home),
-            Route("/modal/dismiss", dismiss_modal, methods=["POST"]),
-            Route("/search", search_page),
-            Route("/product/{pid}", product),
-            Route("/api/reviews/{pid}", reviews_api),
-            Route("/img/product/{pid}.png", image),
-            Route("/cart", cart_page),
-            Route("/cart/add", cart_add, methods=["POST"]),
-            Route("/cart/remove", cart_remove, methods=["POST"]),
-            Route("/checkout", checkout, methods=["GET", "POST"]),
-            Route("/order/{oid}", order),
+            route("/", home, ctx),
+            route("/modal/dismiss", dismiss_modal, ctx, methods=["POST"]),
+            route("/search", search_page, ctx),
+            route("/product/{pid}", product, ctx),
+            route("/api/reviews/{pid}", reviews_api, ctx),
+            route("/img/product/{pid}.png", image, ctx),
+            route("/cart", cart_page, ctx),
+            route("/cart/add", cart_add, ctx, methods=["POST"]),
+            route("/cart/remove", cart_remove, ctx, methods=["POST"]),
+            route("/checkout", checkout, ctx, methods=["GET", "POST"]),
+            route("/order/{oid}", order, ctx),
         ],
     )
 

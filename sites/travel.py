@@ -11,9 +11,8 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
 
-from sites.common import SiteContext, make_app
+from sites.common import SiteContext, make_app, route
 from sites.content import AIRLINES, FIRST, LAST, City, Content, Flight
 from sites.taskspec import ACCEPT_COOKIES, TaskSpec, answer, click, select, template, type_
 
@@ -53,92 +52,101 @@ def find_flights(content: Content, params: dict[str, str]) -> list[Flight]:
     return sorted(flights, key=lambda f: (getattr(f, attr), f.fid))
 
 
-def build(ctx: SiteContext):
+# -- pages: each handler takes the site's context first (bound by sites.common.route) ----
+
+
+async def home(ctx: SiteContext, request: Request) -> Response:
     c = ctx.content
+    return ctx.render(
+        request,
+        "travel/home.html",
+        error=request.query_params.get("error"),
+        today=c.today.isoformat(),
+    )
 
-    async def home(request: Request) -> Response:
-        return ctx.render(
-            request,
-            "travel/home.html",
-            error=request.query_params.get("error"),
-            today=c.today.isoformat(),
+
+async def cities(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    q = request.query_params.get("q", "").strip().lower()
+    hits = [
+        {"code": x.code, "label": f"{x.name} ({x.code})"}
+        for x in c.cities
+        if q and (x.name.lower().startswith(q) or x.code.lower().startswith(q))
+    ]
+    return JSONResponse(hits[:8])
+
+
+async def flights(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    params = dict(request.query_params)
+    o, d = resolve_city(c, params.get("from", "")), resolve_city(c, params.get("to", ""))
+    if not o or not d or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", params.get("date", "")):
+        return RedirectResponse(
+            "/?error=Choose+both+cities+from+the+list+and+a+date.", status_code=303
         )
+    await asyncio.sleep(ctx.slow_s)  # fare search is slow, as on the real web
+    results = find_flights(c, params)
+    return ctx.render(
+        request,
+        "travel/results.html",
+        flights=results,
+        origin=o,
+        dest=d,
+        params=params,
+        airlines=AIRLINES,
+        sorts=SORTS,
+    )
 
-    async def cities(request: Request) -> Response:
-        q = request.query_params.get("q", "").strip().lower()
-        hits = [
-            {"code": x.code, "label": f"{x.name} ({x.code})"}
-            for x in c.cities
-            if q and (x.name.lower().startswith(q) or x.code.lower().startswith(q))
-        ]
-        return JSONResponse(hits[:8])
 
-    async def flights(request: Request) -> Response:
-        params = dict(request.query_params)
-        o, d = resolve_city(c, params.get("from", "")), resolve_city(c, params.get("to", ""))
-        if not o or not d or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", params.get("date", "")):
-            return RedirectResponse(
-                "/?error=Choose+both+cities+from+the+list+and+a+date.", status_code=303
-            )
-        await asyncio.sleep(ctx.slow_s)  # fare search is slow, as on the real web
-        results = find_flights(c, params)
-        return ctx.render(
-            request,
-            "travel/results.html",
-            flights=results,
-            origin=o,
-            dest=d,
-            params=params,
-            airlines=AIRLINES,
-            sorts=SORTS,
-        )
+async def book(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    f = c.flight(request.path_params["fid"])
+    if f is None:
+        return ctx.render(request, "travel/notfound.html", status=404)
+    if request.method == "GET":
+        return ctx.render(request, "travel/book.html", f=f, form={}, errors={})
+    form = {k: str(v).strip() for k, v in (await request.form()).items()}
+    errors = _booking_errors(form)
+    if errors:
+        return ctx.render(request, "travel/book.html", status=422, f=f, form=form, errors=errors)
+    st = ctx.state(request)
+    bid = f"B{len(st['bookings']) + 1:03d}"
+    st["bookings"].append(
+        {
+            "bid": bid,
+            "fid": f.fid,
+            "origin": f.origin,
+            "dest": f.dest,
+            "date": f.date,
+            "airline": f.airline,
+            "price": f.price,
+            "first_name": form["first_name"],
+            "last_name": form["last_name"],
+            "email": form["email"],
+            "seats": int(form["seats"]),
+        }
+    )
+    return RedirectResponse(f"/booking/{bid}", status_code=303)
 
-    async def book(request: Request) -> Response:
-        f = c.flight(request.path_params["fid"])
-        if f is None:
-            return ctx.render(request, "travel/notfound.html", status=404)
-        if request.method == "GET":
-            return ctx.render(request, "travel/book.html", f=f, form={}, errors={})
-        form = {k: str(v).strip() for k, v in (await request.form()).items()}
-        errors = _booking_errors(form)
-        if errors:
-            return ctx.render(
-                request, "travel/book.html", status=422, f=f, form=form, errors=errors
-            )
-        st = ctx.state(request)
-        bid = f"B{len(st['bookings']) + 1:03d}"
-        st["bookings"].append(
-            {
-                "bid": bid,
-                "fid": f.fid,
-                "origin": f.origin,
-                "dest": f.dest,
-                "date": f.date,
-                "airline": f.airline,
-                "price": f.price,
-                "first_name": form["first_name"],
-                "last_name": form["last_name"],
-                "email": form["email"],
-                "seats": int(form["seats"]),
-            }
-        )
-        return RedirectResponse(f"/booking/{bid}", status_code=303)
 
-    async def booking(request: Request) -> Response:
-        st = ctx.state(request)
-        b = next((b for b in st["bookings"] if b["bid"] == request.path_params["bid"]), None)
-        if b is None:
-            return ctx.render(request, "travel/notfound.html", status=404)
-        return ctx.render(request, "travel/booking.html", b=b)
+async def booking(ctx: SiteContext, request: Request) -> Response:
+    st = ctx.state(request)
+    b = next((b for b in st["bookings"] if b["bid"] == request.path_params["bid"]), None)
+    if b is None:
+        return ctx.render(request, "travel/notfound.html", status=404)
+    return ctx.render(request, "travel/booking.html", b=b)
 
+
+def build(ctx: SiteContext):
+    """The site's app: the handlers above, each bound to ``ctx``, on their routes."""
     return make_app(
         ctx,
         [
-            Route("/", home),
-            Route("/api/cities", cities),
-            Route("/flights", flights),
-            Route("/book/{fid}", book, methods=["GET", "POST"]),
-            Route("/booking/{bid}", booking),
+            route("/", home, ctx),
+            route("/api/cities", cities, ctx),
+            route("/flights", flights, ctx),
+            route("/book/{fid}", book, ctx, methods=["GET", "POST"]),
+            route("/booking/{bid}", booking, ctx),
         ],
     )
 

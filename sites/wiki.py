@@ -10,9 +10,8 @@ from typing import Any
 from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Route
 
-from sites.common import SiteContext, make_app
+from sites.common import SiteContext, make_app, route
 from sites.content import Article, Content
 from sites.taskspec import TaskSpec, answer, click, template, type_
 
@@ -48,34 +47,42 @@ def search_articles(content: Content, q: str) -> list[Article]:
     ]
 
 
-def build(ctx: SiteContext):
+# -- pages: each handler takes the site's context first (bound by sites.common.route) ----
+
+
+async def home(ctx: SiteContext, request: Request) -> Response:
     c = ctx.content
+    return ctx.render(request, "wiki/home.html", articles=c.articles[:12])
 
-    async def home(request: Request) -> Response:
-        return ctx.render(request, "wiki/home.html", articles=c.articles[:12])
 
-    async def article(request: Request) -> Response:
-        a = c.article_by_slug.get(request.path_params["slug"])
-        if a is None:
-            return ctx.render(request, "wiki/notfound.html", status=404)
-        ctx.state(request)["visited"].append(a.slug)
-        paras = [render_paragraph(c, p) for p in a.paragraphs]
-        twin = c.article_by_slug[a.twin]
-        return ctx.render(request, "wiki/article.html", a=a, paras=paras, twin=twin)
+async def article(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    a = c.article_by_slug.get(request.path_params["slug"])
+    if a is None:
+        return ctx.render(request, "wiki/notfound.html", status=404)
+    ctx.state(request)["visited"].append(a.slug)
+    paras = [render_paragraph(c, p) for p in a.paragraphs]
+    twin = c.article_by_slug[a.twin]
+    return ctx.render(request, "wiki/article.html", a=a, paras=paras, twin=twin)
 
-    async def search(request: Request) -> Response:
-        q = request.query_params.get("q", "")
-        exact = next((a for a in c.articles if a.title.lower() == q.strip().lower()), None)
-        if exact:
-            return RedirectResponse(f"/wiki/{exact.slug}", status_code=303)
-        return ctx.render(request, "wiki/search.html", q=q, results=search_articles(c, q))
 
+async def search(ctx: SiteContext, request: Request) -> Response:
+    c = ctx.content
+    q = request.query_params.get("q", "")
+    exact = next((a for a in c.articles if a.title.lower() == q.strip().lower()), None)
+    if exact:
+        return RedirectResponse(f"/wiki/{exact.slug}", status_code=303)
+    return ctx.render(request, "wiki/search.html", q=q, results=search_articles(c, q))
+
+
+def build(ctx: SiteContext):
+    """The site's app: the handlers above, each bound to ``ctx``, on their routes."""
     return make_app(
         ctx,
         [
-            Route("/", home),
-            Route("/wiki/{slug}", article),
-            Route("/search", search),
+            route("/", home, ctx),
+            route("/wiki/{slug}", article, ctx),
+            route("/search", search, ctx),
         ],
     )
 

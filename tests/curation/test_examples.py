@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,7 @@ import polars as pl
 import pytest
 
 from curation import examples as ex_mod
-from curation.examples import (
-    group_advantages,
-    proposed_action_text,
-    render_examples,
-    reply,
-    sft_messages,
-    summaries,
-)
+from curation.examples import render_examples, sft_messages
 from curation.recipe import parse_recipe
 from curation.select import select
 from rollouts.engine import Engine, EngineConfig, Outcome, make_jobs
@@ -279,22 +271,34 @@ def test_interventions_become_prefix_plus_correction(engine_wh: Warehouse, tmp_p
     assert iv[0]["prompt"].encode() == wh.blobs.get(iv[0]["prompt_hash"])
 
 
-def test_helpers():
-    # rewards 1,0,0,0: mean 0.25, population std sqrt(0.1875) = 0.433
-    assert group_advantages([1.0, 0.0, 0.0, 0.0]) == pytest.approx(
-        [3**0.5, -(3**-0.5), -(3**-0.5), -(3**-0.5)]
-    )
-    assert group_advantages([1.0, 1.0]) == [0.0, 0.0]
-    assert reply("click(e1)", "why") == "Thought: why\nAction: click(e1)"
-    assert reply("click(e1)") == "Action: click(e1)"
-    assert summaries(["a\nSummary: one", "b", "Summary: two", "c"]) == [None, "one", "one", "two"]
-    assert proposed_action_text({"type": "click", "target": {"ref": "e7"}}) == "click(e7)"
-    assert (
-        proposed_action_text(json.dumps({"type": "scroll", "dx": 0, "dy": 600})) == "scroll(down)"
-    )
-    assert proposed_action_text("press('Enter')") == 'press("Enter")'
-    assert proposed_action_text({"type": "fly"}) is None
-    assert ex_mod.expert_policy("expert") and not ex_mod.expert_policy("openai")
+def test_the_names_callers_import_from_here_are_the_split_modules_objects():
+    """``curation.examples`` was split along its seams; every name imported from it still is."""
+    from curation import reads, render, rl_rows, schemas
+    from curation.blob_reader import BlobReader
+    from rollouts import actions
+
+    homes = {
+        "BlobReader": BlobReader,
+        "SCHEMAS": schemas.SCHEMAS,
+        "KINDS": schemas.KINDS,
+        "group_advantages": rl_rows.group_advantages,
+        "REWARDS": rl_rows.REWARDS,
+        "reply": render.reply,
+        "summaries": render.summaries,
+        "sft_messages": render.sft_messages,
+        "expert_policy": render.expert_policy,
+        "prompt_config": render.prompt_config,
+        "INVALID": render.INVALID,
+        "read_steps": reads.read_steps,
+        "read_run_configs": reads.read_run_configs,
+        "trajectory_info": reads.trajectory_info,
+        "proposed_action_text": actions.proposed_action_text,
+        "action_from_dict": actions.action_from_dict,
+    }
+    for name, obj in homes.items():
+        assert getattr(ex_mod, name) is obj, name
+    assert set(homes) < set(ex_mod.__all__)
+    assert all(hasattr(ex_mod, name) for name in ex_mod.__all__)
 
 
 def test_exported_image_bytes_are_the_screenshot_blob(engine_wh: Warehouse, tmp_path):

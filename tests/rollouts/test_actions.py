@@ -1,6 +1,9 @@
-"""The action grammar: canonical round trip, parsing from free model output, clear errors."""
+"""The action grammar: canonical round trip, parsing from free model output, clear errors, and
+the stored forms read back."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -11,8 +14,10 @@ from rollouts.actions import (
     Scroll,
     Target,
     Type,
+    action_from_dict,
     format_action,
     parse_action,
+    proposed_action_text,
     to_dict,
 )
 
@@ -89,6 +94,26 @@ def test_to_dict_is_json_shaped():
         "target": {"selector": "#c"},
         "value": "Red",
     }
+
+
+@pytest.mark.parametrize("text", CANONICAL)
+def test_stored_dicts_read_back_as_the_same_action(text):
+    action = parse_action(text)
+    assert action_from_dict(json.loads(json.dumps(to_dict(action)))) == action
+
+
+def test_stored_action_values_read_back_as_canonical_text():
+    assert proposed_action_text({"type": "click", "target": {"ref": "e7"}}) == "click(e7)"
+    assert (
+        proposed_action_text(json.dumps({"type": "scroll", "dx": 0, "dy": 600})) == "scroll(down)"
+    )
+    assert proposed_action_text("press('Enter')") == 'press("Enter")'
+    assert proposed_action_text({"type": "fly"}) is None
+    # the grammar text stored beside the fields (curation.interventions) wins
+    assert proposed_action_text({"type": "type", "text": 'type(e2, "kettle")'}) == (
+        'type(e2, "kettle")'
+    )
+    assert proposed_action_text(None) is None and proposed_action_text(3) is None
 
 
 def test_a_target_is_exactly_one_thing():

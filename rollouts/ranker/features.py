@@ -1,0 +1,222 @@
+"""The exact-match features of a candidate (:data:`FEATURES`, in order; :data:`FEATURE_VERSION`).
+
+Beside the encoder's vectors, each candidate carries a vector of exact-match signals: its verb,
+whether its value is in the instruction (quoted, typed before, into this element), what kind of
+value it is, whether its element was acted on before, word overlap of the element, its context,
+the answer's key and the page title with the instruction, where in the instruction the value
+sits relative to the last typed one, and so on. :func:`feature_vector` computes them from a
+:class:`FeatureContext` (what the prompt's instruction and history say, computed once per
+prompt). A checkpoint records the feature names and version; a change here means retraining.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from rollouts.actions import Action, Click, ParseError, Select, Type, parse_action
+from rollouts.ranker.prompt import RankerInput
+from rollouts.ranker.tree import TEXT_FIELDS, Node, current_value
+from rollouts.ranker.values import DATE, EMAIL, PRICE, WORD
+
+FEATURE_VERSION = 3
+VERBS = ("click", "type", "select", "answer", "scroll")
+FEATURES = (
+    *(f"verb_{v}" for v in VERBS),
+    "value_in_instruction",
+    "value_quoted_in_instruction",
+    "value_typed_before",
+    "value_typed_into_this_before",
+    "element_holds_value",
+    "element_has_value",
+    "ref_in_history",
+    "ref_in_last_action",
+    "action_repeats_history",
+    "name_overlap",
+    "context_overlap",
+    "value_words",
+    "value_is_prefix",
+    "value_is_email",
+    "value_is_date",
+    "value_is_number",
+    "value_is_price",
+    "step",
+    *(f"last_{v}" for v in ("none", "click", "type", "select", "other")),
+    "in_dialog",
+    "same_name_rank",
+    "page_position",
+    "answer_done",
+    "last_failed",
+    "option_selected",
+    "key_overlap",
+    "title_overlap",
+    "value_position",
+    "value_near_last_typed",
+    "answer_kind_rank",
+    "value_inside_typed",
+)
+N_FEATURES = len(FEATURES)
+
+
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "on",
+        "for",
+        "from",
+        "with",
+        "and",
+        "or",
+        "is",
+        "are",
+        "was",
+        "what",
+        "which",
+        "this",
+        "that",
+        "these",
+        "your",
+        "my",
+        "you",
+        "by",
+        "at",
+        "it",
+        "its",
+        "s",
+        "as",
+        "be",
+        "do",
+        "does",
+        "how",
+        "much",
+        "many",
+    ]
+)
+
+
+def word_stems(s: str) -> set[str]:
+    """Word stems (lowercase, first 5 characters), stop words left out."""
+    return {w.lower()[:5] for w in WORD.findall(s) if w.lower() not in STOPWORDS}
+
+
+def overlap(a: str, ref: set[str]) -> float:
+    toks = word_stems(a)
+    return len(toks & ref) / len(toks) if toks else 0.0
+
+
+@dataclass
+class FeatureContext:
+    inp: RankerInput
+    instr_low: str
+    instr_tokens: set[str]
+    quoted: set[str]
+    typed: dict[str, set[str]]  # value → refs it was typed/selected into
+    history_refs: set[str]
+    last_refs: set[str]
+    history_actions: set[Action]
+    last_verb: str
+    n_nodes: int
+    last_typed_end: int  # where the last typed value ends in the instruction (-1: none)
+    title_overlap: float
+
+
+def history_info(
+    inp: RankerInput,
+) -> tuple[dict[str, set[str]], set[str], set[str], set[Action], str]:
+    typed: dict[str, set[str]] = {}
+    refs: set[str] = set()
+    last_refs: set[str] = set()
+    actions: set[Action] = set()
+    last_verb = "none"
+    for i, line in enumerate(inp.history):
+        a = parse_action(line)
+        line_refs = set(re.findall(r"\b((?:f\d+)?e\d+)\b", line))
+        refs |= line_refs
+        if i == len(inp.history) - 1:
+            last_refs = line_refs
+            last_verb = (
+                type(a).__name__.lower() if isinstance(a, Click | Type | Select) else "other"
+            )
+        if isinstance(a, ParseError):
+            continue
+        actions.add(a)
+        if isinstance(a, Type | Select):
+            value = a.text if isinstance(a, Type) else a.value
+            ref = a.target.ref if a.target is not None and a.target.ref else ""
+            typed.setdefault(value, set()).add(ref)
+    return typed, refs, last_refs, actions, last_verb
+
+
+def last_typed_end(inp: RankerInput) -> int:
+    """Where in the instruction the most recently typed (or selected) value ends; -1: none."""
+    low = inp.instruction.lower()
+    for line in reversed(inp.history):
+        a = parse_action(line)
+        if isinstance(a, Type | Select):
+            v = (a.text if isinstance(a, Type) else a.value).lower()
+            pos = low.find(v)
+            if pos >= 0:
+                return pos + len(v)
+    return -1
+
+
+def feature_vector(
+    c: FeatureContext,
+    verb: str,
+    node: Node | None,
+    value: str,
+    action: Action,
+    context: str,
+    **kw: float,
+) -> tuple[float, ...]:
+    ref = node.ref if node is not None else None
+    low = value.lower()
+    current = current_value(node) if node is not None and node.role in TEXT_FIELDS else ""
+    f = {name: 0.0 for name in FEATURES}
+    f[f"verb_{verb}"] = 1.0
+    if value:
+        f["value_in_instruction"] = float(low in c.instr_low)
+        f["value_quoted_in_instruction"] = float(value in c.quoted)
+        f["value_typed_before"] = float(value in c.typed)
+        f["value_typed_into_this_before"] = float(ref is not None and ref in c.typed.get(value, ()))
+        f["value_words"] = min(len(value.split()), 10) / 10
+        f["value_is_prefix"] = float(
+            len(value) == 3 and re.search(rf"\b{re.escape(value)}\w", c.inp.instruction) is not None
+        )
+        f["value_is_email"] = float(bool(EMAIL.fullmatch(value)))
+        f["value_is_date"] = float(bool(DATE.fullmatch(value)))
+        f["value_is_number"] = float(bool(re.fullmatch(r"[\d.,]+", value)))
+        f["value_is_price"] = float(bool(PRICE.fullmatch(value)))
+        f["element_holds_value"] = float(bool(current) and current.strip() == value)
+    f["element_has_value"] = float(bool(current.strip()) and current.strip() != '"1"')
+    if ref is not None:
+        f["ref_in_history"] = float(ref in c.history_refs)
+        f["ref_in_last_action"] = float(ref in c.last_refs)
+    f["action_repeats_history"] = float(action in c.history_actions)
+    if node is not None:
+        f["name_overlap"] = overlap(node.name or node.all_text(80), c.instr_tokens)
+        f["page_position"] = node.index / max(1, c.n_nodes)
+    f["context_overlap"] = overlap(context, c.instr_tokens)
+    f["step"] = min(len(c.inp.history), 30) / 10
+    f[f"last_{c.last_verb}"] = 1.0
+    f["in_dialog"] = float("in dialog" in context)
+    f["last_failed"] = float(bool(c.inp.failed) and c.inp.failed[-1])
+    f["title_overlap"] = c.title_overlap
+    if value:
+        found = [m.start() for m in re.finditer(re.escape(low), c.instr_low)]
+        if found:
+            anchor = max(c.last_typed_end, 0)
+            pos = min(found, key=lambda k: abs(k - anchor))  # the occurrence nearest the work
+            f["value_position"] = pos / max(1, len(c.instr_low))
+            if c.last_typed_end >= 0:
+                f["value_near_last_typed"] = math.exp(-abs(pos - c.last_typed_end) / 30)
+        f["value_inside_typed"] = float(any(value in t and value != t for t in c.typed))
+    for k, v in kw.items():
+        f[k] = v
+    return tuple(f[name] for name in FEATURES)
