@@ -162,7 +162,7 @@ def metadata(ex: Examples, info: ExportInfo) -> dict[str, Any]:
         "curriculum": {"weights": info.curriculum, "horizon": info.horizon},
         "filters": info.report,
         "gates": info.gates,
-        "advantage": "reward - group mean, / group population std when std > 0",
+        "advantage": "(reward - group mean) / (group population std + 1e-6)",
         "prompt_format": PROMPT_FORMAT_VERSION,
     }
 
@@ -247,7 +247,7 @@ def data_card(ex: Examples, info: ExportInfo) -> str:
         "`render(messages)`, images as `sha256:` references to the `images` column, in order), "
         "`completion` the target reply (`Thought: …` / `Action: …`).",
         "- `rl`: one row per trajectory with `reward` (1 success, 0 failure) and `advantage` "
-        "(reward minus the group mean, divided by the group's std when above zero).",
+        "(reward minus the group mean, divided by the group's population std plus 1e-6).",
         "- `preferences`: `chosen` / `rejected` replies at the same state (`source`: "
         "`outcome` = success vs failure after the same actions; `prm` = highest vs lowest "
         "process-reward score).",

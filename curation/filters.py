@@ -28,9 +28,9 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from curation.embed import DEFAULT_THRESHOLD, distinct_instances, near_duplicates, template_key
-from rollouts.registry import Registry
 from warehouse.connection import LAKE
 from warehouse.records import INFRA_ERROR, RUNNING, TIMEOUT, VERDICTS
+from warehouse.registry import Registry
 from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 

@@ -15,6 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from warehouse.connection import LAKE
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 _STEP_COLS = (
@@ -72,29 +73,21 @@ _INFO_COLUMNS = (
 
 def trajectory_info(wh: Warehouse, traj_ids: Sequence[str], snapshot_id: int) -> pl.DataFrame:
     """traj_id, run_id, task_id, policy, status, group_id, n_steps, suite, site, split,
-    instruction of ``traj_ids`` (the task version the trajectory ran, else the latest)."""
+    instruction of ``traj_ids`` at ``snapshot_id``, with the task version each trajectory ran
+    (the ``trajectory_tasks`` rule: :mod:`warehouse.relations`)."""
     if not traj_ids:
         return pl.DataFrame(
             schema={c: pl.Int64 if c == "n_steps" else pl.Utf8 for c in _INFO_COLUMNS}
         )
-    return wh.sql(
-        f"""
-        WITH t AS (
-            SELECT traj_id, run_id, task_id, task_version, policy, status, group_id, n_steps
-            FROM {LAKE}.trajectories AT (VERSION => $v) WHERE traj_id IN (SELECT unnest($ids))
-        ), k AS (
-            SELECT task_id, version, suite, site, split, instruction,
-                   max(version) OVER (PARTITION BY task_id) AS latest
-            FROM {LAKE}.tasks AT (VERSION => $v)
-            WHERE task_id IN (SELECT task_id FROM t)
-        )
+    query = f"""
         SELECT t.traj_id, t.run_id, t.task_id, t.policy, t.status, t.group_id, t.n_steps,
                k.suite, k.site, k.split, k.instruction
-        FROM t JOIN k ON k.task_id = t.task_id AND k.version = coalesce(t.task_version, k.latest)
+        FROM {LAKE}.trajectories AS t AT (VERSION => $v)
+        JOIN trajectory_tasks k USING (traj_id)
+        WHERE t.traj_id IN (SELECT unnest($ids))
         ORDER BY t.traj_id
-        """,
-        {"v": snapshot_id, "ids": sorted(set(traj_ids))},
-    )
+        """
+    return wh.sql(with_relations(query, at="$v"), {"v": snapshot_id, "ids": sorted(set(traj_ids))})
 
 
 def scored_candidates(wh: Warehouse, traj_ids: Sequence[str], snapshot_id: int) -> pl.DataFrame:

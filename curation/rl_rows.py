@@ -1,9 +1,10 @@
 """RL group rows: one per trajectory with a known outcome.
 
 ``reward`` is 1 for ``success`` and 0 for ``failure`` (trajectories still ``finished``, i.e.
-unjudged, get no row). ``advantage`` is the reward minus the mean reward of its ``group_id``
-(the G samples of a task), divided by the group's population standard deviation when that is
-above zero (GRPO); a group of one has advantage 0.
+unjudged, get no row). ``advantage`` is GRPO's group-relative advantage over the rewards of its
+``group_id`` (the G samples of a task): ``(r - mean) / (std + 1e-6)`` with the population std
+(:mod:`warehouse.advantage`, the one normalisation); a group of one, or of equal rewards, has
+advantage 0.
 """
 
 from __future__ import annotations
@@ -12,18 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from curation.render import INVALID, StoredTrajectory, base_columns
+from warehouse.advantage import group_relative_values
 
 REWARDS = {"success": 1.0, "failure": 0.0}
 
 
 def group_advantages(rewards: Sequence[float]) -> list[float]:
-    """``r - mean`` over the group, divided by the population std when it is above zero."""
-    n = len(rewards)
-    if n == 0:
-        return []
-    mean = sum(rewards) / n
-    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
-    return [(r - mean) / std if std > 0 else r - mean for r in rewards]
+    """GRPO's group-relative advantages of one group's rewards (:mod:`warehouse.advantage`)."""
+    return [0.0 if a is None else a for a in group_relative_values(rewards)]
 
 
 def rl_rows(rendered: dict[str, StoredTrajectory]) -> list[dict[str, Any]]:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollouts.registry import Registry
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
+from warehouse.registry import Registry
 from warehouse.relations import with_relations
 from warehouse.retry import aretrying
 from warehouse.store import Warehouse

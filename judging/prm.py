@@ -31,9 +31,9 @@ from rollouts.actions import Answer, ParseError, format_action, parse_action, to
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages
-from rollouts.registry import Registry
 from warehouse.advantage import group_relative_values
 from warehouse.records import Candidate, Step, StepScore
+from warehouse.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from rollouts.actions import Action, Answer, ParseError, format_action, parse_action
 from rollouts.chat import ChatClient, ModelUnavailable, message_text
 from rollouts.prompts import PromptConfig, Turn, build_messages
-from rollouts.registry import Registry
+from warehouse.registry import Registry
 
 
 class PolicyUnavailable(ModelUnavailable):

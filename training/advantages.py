@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rollouts.registry import Registry
 from warehouse.advantage import EPS, group_relative, varies
 from warehouse.records import INFRA_ERROR, TIMEOUT
+from warehouse.registry import Registry
 
 Estimator = Callable[[pl.DataFrame], pl.DataFrame]
 

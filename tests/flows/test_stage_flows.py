@@ -1,7 +1,8 @@
 """Every stage flow under the session's Prefect harness, on one small warehouse that the stages
-fill in order: collect → judge → score_steps → intervene → curate → train_sft → evaluate →
-train_rl (and one without a learning signal) → evaluate_newest → train_rl with step_grpo →
-maintain_warehouse. Each leaves the expected rows; the stages that
+fill: collect → judge → score_steps → intervene → curate → train_sft → evaluate → train_rl (and
+one without a learning signal) → evaluate_newest → train_rl with step_grpo → maintain_warehouse.
+Each stage a test needs is a module fixture (run once, by whichever test asks first), so any test
+runs alone as well as in file order. Each leaves the expected rows; the stages that
 record a ``runs`` row are checked for it, and the Prefect flow-run id where the stage records it;
 the curate, train and evaluate artifacts are read back through the Prefect client.
 
@@ -27,6 +28,7 @@ from flows.score_steps import score_steps_flow
 from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
+from stages.curate import CurateConfig
 from stages.intervene import InterveneConfig
 from stages.judge import JudgeConfig
 from stages.score_steps import ScoreStepsConfig
@@ -54,12 +56,6 @@ def home(prefect_harness, tmp_path_factory) -> str:
     with Warehouse.open(WarehouseConfig.from_env(home=h)) as wh:
         put_tasks(wh, generate(24, 0, templates=TEMPLATES))
     return str(h)
-
-
-@pytest.fixture(scope="module")
-def done() -> dict[str, Any]:
-    """What the stages returned, by stage (the tests run in file order)."""
-    return {}
 
 
 def run(flow: Any, *args: Any, **kwargs: Any) -> tuple[Any, str]:
@@ -103,25 +99,65 @@ def artifact(key: str, flow_run_id: str) -> str:
     return mine[0].data
 
 
-def test_collect(home: str, done: dict):
+@pytest.fixture(scope="module")
+def collected(home: str) -> tuple[Any, str]:
     cfg = CollectConfig(
         split="train", n_tasks=3, samples=2, noise=0.4, prompt_mode="a11y", seed=1, **SHORT
     )
-    out, fr = run(collect_flow, cfg, home)
-    assert out["ran"] == 6 and sum(out["by_status"].values()) == 6
-    rows = sql(home, "SELECT status, n_steps FROM trajectories WHERE run_id = ?", [out["run_id"]])
-    assert len(rows) == 6 and sum(n for _, n in rows) == out["steps"] > 0
+    return run(collect_flow, cfg, home)
+
+
+@pytest.fixture(scope="module")
+def judged(home: str, collected: tuple) -> tuple[Any, str]:
+    return run(judge_flow, JudgeConfig(judge="programmatic", run=collected[0].run_id), home)
+
+
+@pytest.fixture(scope="module")
+def dataset(home: str, collected: tuple, judged: tuple, tmp_path_factory) -> tuple[Any, str]:
+    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
+    recipe.write_text(RECIPE.format(run=collected[0].run_id))
+    out_dir = str(tmp_path_factory.mktemp("datasets"))
+    return run(curate_flow, CurateConfig(recipe=str(recipe), out=out_dir), home)
+
+
+@pytest.fixture(scope="module")
+def sft(home: str, dataset: tuple) -> tuple[Any, str]:
+    cfg = SFTConfig(dataset=dataset[0].dataset_id, epochs=2, batch_size=4, lr=3e-3)
+    return run(train_sft_flow, cfg, home)
+
+
+@pytest.fixture(scope="module")
+def eval_sft(home: str, sft: tuple) -> tuple[Any, str]:
+    cfg = EvalConfig(policy="ranker", checkpoint=sft[0]["checkpoint_id"], split="test", n=2,
+                     **SHORT)  # fmt: skip
+    return run(evaluate_flow, cfg, home)
+
+
+@pytest.fixture(scope="module")
+def rl(home: str, sft: tuple, dataset: tuple) -> tuple[Any, str]:
+    # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
+    # learning signal even where the samples of a task end alike; the SFT dataset anchors it
+    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="turn", iterations=1,
+                   group_size=2, n_tasks=3, seed=1, anchor_dataset=dataset[0].dataset_id,
+                   anchor_coef=0.5, **SHORT)  # fmt: skip
+    return run(train_rl_flow, cfg, home)
+
+
+def test_collect(home: str, collected: tuple):
+    out, fr = collected
+    assert out.ran == 6 and sum(out.by_status.values()) == 6
+    rows = sql(home, "SELECT status, n_steps FROM trajectories WHERE run_id = ?", [out.run_id])
+    assert len(rows) == 6 and sum(n for _, n in rows) == out.steps > 0
     statuses = {s for s, _ in rows}
     assert "success" in statuses and "failure" in statuses, statuses  # both, for the stages on
-    row = run_row(home, out["run_id"])
+    row = run_row(home, out.run_id)
     assert (row["status"], row["config"]["flow_run_id"]) == ("completed", fr)
-    done["collect"] = out
 
 
-def test_judge(home: str, done: dict):
-    run_id = done["collect"]["run_id"]
-    out, fr = run(judge_flow, JudgeConfig(judge="programmatic", run=run_id), home)
-    assert out["judged"] == 6 and out["errors"] == 0
+def test_judge(home: str, collected: tuple, judged: tuple):
+    run_id = collected[0].run_id
+    out, fr = judged
+    assert out.judged == 6 and out.errors == 0
     verdicts = dict(
         sql(
             home,
@@ -131,59 +167,54 @@ def test_judge(home: str, done: dict):
         )
     )
     assert verdicts == {"success": "success", "failure": "failure"}  # the checker's outcome
-    row = run_row(home, out["run_id"])
+    row = run_row(home, out.run_id)
     assert (row["kind"], row["config"]["flow_run_id"]) == ("judge", fr)
 
 
-def test_score_steps(home: str, done: dict):
-    cfg = ScoreStepsConfig(run=done["collect"]["run_id"], k=2, max_states=2, concurrency=1)
+def test_score_steps(home: str, collected: tuple):
+    cfg = ScoreStepsConfig(run=collected[0].run_id, k=2, max_states=2, concurrency=1)
     out, fr = run(score_steps_flow, cfg, home)
-    assert (out["states"], out["candidates"], out["errors"]) == (2, 4, 0)
+    assert (out.states, out.candidates, out.errors) == (2, 4, 0)
     scores = sql(home, "SELECT score, advantage FROM step_scores WHERE scorer = 'exact'")
     assert len(scores) == 4 and all(s is not None for s, _ in scores)
     assert abs(sum(a for _, a in scores)) < 1e-6  # group-relative: they sum to 0 per state
-    row = run_row(home, out["run_id"])
+    row = run_row(home, out.run_id)
     assert (row["status"], row["config"]["flow_run_id"]) == ("completed", fr)
 
 
-def test_intervene(home: str, done: dict):
-    cfg = InterveneConfig(run=done["collect"]["run_id"], max_trajectories=1, concurrency=1)
+def test_intervene(home: str, collected: tuple):
+    cfg = InterveneConfig(run=collected[0].run_id, max_trajectories=1, concurrency=1)
     out, fr = run(intervene_flow, cfg, home)
-    assert out["selected"] == 1 and out["intervened"] + out["no_error_found"] == 1
+    assert out.selected == 1 and out.intervened + out.no_error_found == 1
     rows = sql(home, "SELECT traj_id, verified_outcome FROM interventions")
     assert len(rows) == 1
-    assert run_row(home, out["run_id"])["config"]["flow_run_id"] == fr
-    assert f"run `{out['run_id']}`" in artifact("interventions-expert", fr)
+    assert run_row(home, out.run_id)["config"]["flow_run_id"] == fr
+    assert f"run `{out.run_id}`" in artifact("interventions-expert", fr)
 
 
-def test_curate(home: str, done: dict, tmp_path_factory):
-    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
-    recipe.write_text(RECIPE.format(run=done["collect"]["run_id"]))
-    out_dir = str(tmp_path_factory.mktemp("datasets"))
-    out, fr = run(curate_flow, str(recipe), out_dir, None, home)
+def test_curate(home: str, collected: tuple, dataset: tuple):
+    out, fr = dataset
     successes = sum(
         1 for (s,) in sql(home, "SELECT status FROM trajectories WHERE run_id = ?",
-                          [done["collect"]["run_id"]]) if s == "success"
+                          [collected[0].run_id]) if s == "success"
     )  # fmt: skip
     members = sql(
         home,
         "SELECT count(DISTINCT traj_id), count(*) FILTER (WHERE step_idx IS NOT NULL) "
         "FROM dataset_members WHERE dataset_id = ?",
-        [out["dataset_id"]],
+        [out.dataset_id],
     )[0]
-    assert members[0] == successes and members[1] == out["counts"]["sft"] > 0
+    assert members[0] == successes and members[1] == out.counts["sft"] > 0
     md = artifact("dataset-stage-set", fr)
-    assert out["dataset_id"] in md and f"| sft | {out['counts']['sft']} |" in md
+    assert out.dataset_id in md and f"| sft | {out.counts['sft']} |" in md
     comp = [line for line in md.splitlines() if line.startswith("| ") and "| expert |" in line]
-    assert comp and all("| success |" in line for line in comp)  # the verdict filter
-    assert sum(int(line.split("|")[5]) for line in comp) == successes
-    assert sum(int(line.split("|")[6]) for line in comp) == members[1]
-    done["dataset"] = out
+    assert comp  # (the verdict filter kept successes only: the counts equal theirs)
+    assert sum(int(line.split("|")[4]) for line in comp) == successes
+    assert sum(int(line.split("|")[5]) for line in comp) == members[1]
 
 
-def test_train_sft(home: str, done: dict):
-    cfg = SFTConfig(dataset=done["dataset"]["dataset_id"], epochs=2, batch_size=4, lr=3e-3)
-    out, fr = run(train_sft_flow, cfg, home)
+def test_train_sft(home: str, sft: tuple):
+    out, fr = sft
     rows = sql(
         home, "SELECT status, config FROM training_runs WHERE training_run_id = ?",
         [out["training_run_id"]],
@@ -198,33 +229,24 @@ def test_train_sft(home: str, done: dict):
     assert Path(out["checkpoint"], "config.json").exists()
     md = artifact("training-sft", fr)
     assert f"| loss | {len(losses)} |" in md and out["checkpoint_id"] in md
-    done["sft"] = out
 
 
-def test_evaluate(home: str, done: dict):
-    cfg = EvalConfig(policy="ranker", checkpoint=done["sft"]["checkpoint_id"], split="test", n=2,
-                     **SHORT)  # fmt: skip
-    out, fr = run(evaluate_flow, cfg, home)
+def test_evaluate(home: str, sft: tuple, eval_sft: tuple):
+    out, fr = eval_sft
     s = out["summary"]
     assert s["n"] + sum(s["excluded"].values()) == 2 and out["deltas"] == []
     row = sql(home, "SELECT n, n_success, checkpoint_id, breakdown FROM evaluations "
                     "WHERE evaluation_id = ?", [out["evaluation_id"]])  # fmt: skip
-    assert row[0][:3] == (s["n"], s["n_success"], done["sft"]["checkpoint_id"])
+    assert row[0][:3] == (s["n"], s["n_success"], sft[0]["checkpoint_id"])
     assert _json(row[0][3])["flow_run_id"] == fr
     md = artifact("evaluation-bundled-test", fr)
     assert f"| bundled/test | {s['n_success']}/{s['n']} |" in md
     assert run_row(home, out["run_id"])["kind"] == "collect"
-    done["eval_sft"] = out
 
 
-def test_train_rl(home: str, done: dict):
-    # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
-    # learning signal even where the samples of a task end alike; the SFT dataset anchors it
-    anchor = done["dataset"]["dataset_id"]
-    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="turn", iterations=1,
-                   group_size=2, n_tasks=3, seed=1, anchor_dataset=anchor, anchor_coef=0.5,
-                   **SHORT)  # fmt: skip
-    out, fr = run(train_rl_flow, cfg, home)
+def test_train_rl(home: str, sft: tuple, dataset: tuple, rl: tuple):
+    anchor = dataset[0].dataset_id
+    out, fr = rl
     it = out["iterations"][0]
     assert it["trajectories"] == 6 and it["nonzero_advantage"] > 0
     rows = sql(home, "SELECT count(*) FROM trajectories WHERE run_id = ?", [it["collect_run"]])
@@ -235,31 +257,30 @@ def test_train_rl(home: str, done: dict):
     assert dataset_id == anchor  # the lineage names the anchor the update trained on too
     q = "SELECT count(*) FROM metrics WHERE training_run_id = ? AND name = 'anchor_loss'"
     assert sql(home, q, [out["training_run_id"]])[0][0] == it["steps_run"] > 0
-    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
+    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
     assert "## Iterations" in artifact("training-rl", fr)
-    done["rl"] = out
 
 
-def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: str, done: dict):
+def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: str, sft: tuple):
     # groups of one sample: every GRPO advantage is 0, so the iteration makes no update (and
     # the run does not fail); the result is the start checkpoint
-    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="grpo", iterations=1,
+    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="grpo", iterations=1,
                    group_size=1, n_tasks=2, seed=2, **SHORT)  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
     assert it["trajectories"] == 2 and it["turns"] > 0
     assert it["nonzero_advantage"] == 0 and it["steps_run"] == 0
-    assert out["checkpoint_id"] == it["checkpoint_id"] == done["sft"]["checkpoint_id"]
+    assert out["checkpoint_id"] == it["checkpoint_id"] == sft[0]["checkpoint_id"]
     assert out["training_run_id"] is None  # no run was registered: nothing trained
 
 
 def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
-    home: str, done: dict
+    home: str, sft: tuple
 ):
     # a pool of 4 tasks probed greedily (a collect run of its own), then 2 of them sampled:
     # those the probe did not solve first, then solved ones, in the seeded order (grpo on
     # groups of one: no update, so the check costs two small collections)
-    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="grpo", iterations=1,
+    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="grpo", iterations=1,
                    group_size=1, n_tasks=2, task_pool=4, seed=4, **SHORT)  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
@@ -284,26 +305,26 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     # the seeded order happens to start with the probe's failures)
     assert run_row(home, it["collect_run"])["config"]["task_ids"] == expected[:2]
     with pytest.raises(Exception, match="task_pool 2 must exceed n_tasks 2"):
-        run(train_rl_flow, RLConfig(policy=done["sft"]["checkpoint_id"], n_tasks=2,
+        run(train_rl_flow, RLConfig(policy=sft[0]["checkpoint_id"], n_tasks=2,
                                     task_pool=2, **SHORT), home)  # fmt: skip
 
 
-def test_evaluate_newest_shows_the_delta(home: str, done: dict):
+def test_evaluate_newest_shows_the_delta(home: str, sft: tuple, eval_sft: tuple, rl: tuple):
     out, fr = run(evaluate_newest_flow, split="test", n=2, max_steps=8, concurrency=2, home=home)
-    assert out["checkpoint_id"] == done["rl"]["checkpoint_id"]  # the newest
+    assert out["checkpoint_id"] == rl[0]["checkpoint_id"]  # the newest
     [delta] = out["deltas"]
-    first = done["eval_sft"]
+    first = eval_sft[0]
     assert delta["a"] == first["evaluation_id"] and delta["b"] == out["evaluation_id"]
     assert delta["diff"] == pytest.approx(out["success_rate"] - first["success_rate"])
     md = artifact("evaluation-bundled-test", fr)
-    assert f"| {first['evaluation_id']} | {done['sft']['checkpoint_id']} |" in md
+    assert f"| {first['evaluation_id']} | {sft[0]['checkpoint_id']} |" in md
     assert f"{delta['diff']:+.1%}" in md
 
 
-def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, done: dict):
+def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, sft: tuple):
     # step_grpo: at each visited state K candidates sampled from the policy (T = 1), scored by
     # the exact PRM (replay, candidate, reference continuation), advantages within the state
-    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="step_grpo", iterations=1,
+    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="step_grpo", iterations=1,
                    group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
                    **SHORT)  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
@@ -329,13 +350,13 @@ def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, done: dict):
     assert it["turns"] == 3 * states and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
     q = "SELECT training_run_id FROM checkpoints WHERE checkpoint_id = ?"
     assert sql(home, q, [out["checkpoint_id"]]) == [(out["training_run_id"],)]
-    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
+    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
 
 
-def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, done: dict):
+def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, sft: tuple):
     # step_awr: the same scored states as step_grpo, but the update is weighted regression
     # (exp(A/beta) where a state's candidates differ, 0 elsewhere), not PPO's clipped ratio
-    cfg = RLConfig(policy=done["sft"]["checkpoint_id"], estimator="step_awr", iterations=1,
+    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="step_awr", iterations=1,
                    group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
                    **SHORT)  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
@@ -349,7 +370,7 @@ def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, done: d
     config = _json(sql(home, "SELECT config FROM training_runs WHERE training_run_id = ?",
                        [out["training_run_id"]])[0][0])  # fmt: skip
     assert config["estimator"] == "step_awr"
-    assert out["checkpoint_id"] != done["sft"]["checkpoint_id"]
+    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
 
 
 def test_maintain_warehouse(home: str):

@@ -12,7 +12,7 @@ import torch
 
 from rollouts.prompts import PromptConfig, Turn, build_messages, render
 from rollouts.ranker import RankerModel
-from tests.rollouts.test_ranker import TREE, HashEncoder
+from tests.rollouts.ranker.fixture import TREE, HashEncoder
 from training.interface import DataMismatch
 from training.interface import Turn as TrainTurn
 from training.ranker import RankerTrainable
