@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cli.common import Format, UserError, _open, console, print_frame
+from cli.options import config_command
+from stages.curate import CurateConfig
+
+
+def curate(cfg: CurateConfig) -> None:
+    """Build, gate, export and register the dataset of a recipe (the curate flow)."""
+    from flows.curate import curate as run_flow
+    from stages.curate import check_recipe
+
+    check_recipe(cfg)  # before the flow starts
+    res = run_flow(cfg, on_progress=lambda line: console.print(line))
+    counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
+    console.print(
+        f"dataset {res.name} {res.dataset_id} (snapshot {res.snapshot_id}): "
+        f"{counts}\n  {res.export_path}",
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -16,40 +32,7 @@ def register(app: typer.Typer) -> None:
     datasets_app = typer.Typer(help="Versioned datasets: list, show, diff.")
     app.add_typer(datasets_app, name="datasets")
 
-    @app.command()
-    def curate(
-        recipe: Annotated[Path, typer.Option("--recipe", help="Recipe YAML file.")],
-        out: Annotated[
-            Path | None, typer.Option(help="Export folder (default $WEBLOOP_HOME/datasets).")
-        ] = None,
-        snapshot: Annotated[
-            int | None,
-            typer.Option(
-                help="Warehouse snapshot to build from (default: the current one).", min=0
-            ),
-        ] = None,
-    ) -> None:
-        """Build, gate, export and register the dataset of a recipe (the curate flow)."""
-        from curation.build import CurationError
-        from curation.gates import GateError
-        from curation.recipe import RecipeError, load_recipe
-
-        try:
-            load_recipe(recipe)  # fail fast, before the flow starts
-        except RecipeError as exc:
-            raise UserError(str(exc)) from None
-        from flows.curate import curate as curate_flow
-
-        try:
-            res = curate_flow(recipe, out, snapshot, on_progress=lambda line: console.print(line))
-        except (RecipeError, CurationError, GateError) as exc:
-            raise UserError(str(exc)) from None
-        counts = ", ".join(f"{k} {v}" for k, v in res["counts"].items())
-        console.print(
-            f"dataset {res['name']} {res['dataset_id']} (snapshot {res['snapshot_id']}): "
-            f"{counts}\n  {res['export_path']}",
-            soft_wrap=True,
-        )
+    config_command(app, "curate", CurateConfig, curate, help=curate.__doc__)
 
     @datasets_app.command("list")
     def datasets_list(fmt: Annotated[Format, typer.Option("--format")] = Format.table) -> None:
