@@ -202,7 +202,7 @@ def coverage(b: Bench, ds: Any) -> None:
 
 
 def sft(b: Bench, ds: Any, label: str) -> dict[str, Any]:
-    from flows.train import SFTConfig, run_sft
+    from stages.train import SFTConfig, run_sft
 
     t0 = time.perf_counter()
     cfg = SFTConfig(
@@ -308,7 +308,7 @@ async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
     signal makes no update; as an RL
     loop would, draw another (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say
     so. If no attempt had a signal, the result is the unchanged start checkpoint (said)."""
-    from flows.train import RLConfig, run_rl
+    from stages.train import RLConfig, run_rl
 
     t0 = time.perf_counter()
     a = b.a

@@ -84,7 +84,6 @@ def config_parameters(
 def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[str, Any]) -> Any:
     """``cls`` from the YAML file at ``path`` (else the defaults), then the options the command
     line gave (:class:`ConfigError` for a bad value, naming the option)."""
-    base = load_config(cls, path) if path is not None else cls()
     hints = typing.get_type_hints(cls)
     given: dict[str, Any] = {}
     for name, value in values.items():
@@ -92,7 +91,14 @@ def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[
         if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
             continue
         given[name] = _field_value(hints[name], value)
-    cfg = dataclasses.replace(base, **given)
+    if path is not None:
+        cfg = dataclasses.replace(load_config(cls, path), **given)
+    else:
+        missing = [f for f in fields_of(cls) if _required(f) and f.name not in given]
+        if missing:
+            flags = ", ".join(_flag(f) for f in missing)
+            raise ConfigError(f"missing {flags} (or a --config file that sets it)")
+        cfg = cls(**given)
     try:
         check_config(cfg)
     except ConfigError as exc:
@@ -100,6 +106,10 @@ def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[
         flags = {f.name: _flag(f) for f in fields_of(cls)}
         raise ConfigError(f"{flags.get(field, field)}: {str(exc).split(': ', 1)[1]}") from None
     return cfg
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _field_value(tp: Any, value: Any) -> Any:

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cli.common import Format, UserError, _open, console, print_frame
+from cli.options import config_command
+from stages.train import RLConfig, SFTConfig
 
 ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
 
@@ -77,6 +81,43 @@ def _print_eval(res: dict[str, Any]) -> None:
             )
 
 
+def train_sft(cfg: SFTConfig) -> None:
+    """Supervised fine-tuning on a curated dataset (the train_sft flow); resumable."""
+    from flows.train import train_sft as run
+
+    with _live("train sft") as bar:
+        res = _user_errors(lambda: run(cfg, on_progress=bar))
+    resumed = f" (resumed from step {res['resumed_from']})" if res["resumed_from"] else ""
+    console.print(
+        f"training run {res['training_run_id']}: {res['steps_run']} steps{resumed}; "
+        f"checkpoint {res['checkpoint_id']}\n  {res['checkpoint']}",
+        soft_wrap=True,
+    )
+
+
+def train_rl(cfg: RLConfig, horizon: str | None = None, recipe: Path | None = None) -> None:
+    """On-policy RL (the train_rl flow); see :class:`stages.train.RLConfig`."""
+    from flows.train import train_rl as run
+
+    if horizon or recipe:
+        cfg = dataclasses.replace(cfg, horizon=_horizon(horizon, recipe))
+    _user_errors(cfg.check)  # before a flow starts
+    with _live("train rl") as bar:
+        res = _user_errors(lambda: run(cfg, on_progress=bar))
+    for r in res["iterations"]:
+        console.print(
+            f"  iteration {r['iteration']}: mean reward {r['mean_reward']:.3f} over "
+            f"{r['trajectories']} trajectories; checkpoint {r['checkpoint_id']}"
+        )
+    if res["training_run_id"] is None:
+        console.print(
+            "no update: no iteration's batch had a learning signal (every group's samples "
+            f"got the same reward); the policy is the start checkpoint {res['checkpoint_id']}"
+        )
+    else:
+        console.print(f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the training and evaluation commands to the ``webloop`` app."""
     train_app = typer.Typer(help="Train policies: SFT on a curated dataset, on-policy RL.")
@@ -86,160 +127,37 @@ def register(app: typer.Typer) -> None:
     ckpt_app = typer.Typer(help="Checkpoints and their lineage (which data trained them).")
     app.add_typer(ckpt_app, name="checkpoints")
 
-    @train_app.command("sft")
-    def train_sft(
-        dataset: Annotated[str, typer.Option(help="Dataset name or id (webloop datasets list).")],
-        model: Annotated[
-            str, typer.Option(help="ranker (new), tiny (offline tiny VLM) or a model folder.")
-        ] = "ranker",
-        epochs: Annotated[int, typer.Option(min=1)] = 3,
-        lr: Annotated[float, typer.Option(help="Learning rate.", min=1e-12, max=10.0)] = 1e-3,
-        batch_size: Annotated[int, typer.Option(min=1)] = 32,
-        max_steps: Annotated[
-            int | None, typer.Option(help="Stop after this many steps.", min=1)
-        ] = None,
-        save_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 200,
-        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
-        reasoning_weight: Annotated[
-            float, typer.Option(help="VLM: weight of thought tokens (RL4VLM λ).", min=0.0, max=1.0)
-        ] = 1.0,
-        lora_r: Annotated[
-            int | None, typer.Option(help="VLM: LoRA rank (peft).", min=1, max=4096)
-        ] = None,
-        text_only: Annotated[
-            bool, typer.Option(help="VLM: train on prompts without screenshots on purpose.")
-        ] = False,
-    ) -> None:
-        """Supervised fine-tuning on a curated dataset (the train_sft flow); resumable."""
-        from flows.train import SFTConfig
-        from flows.train import train_sft as run
-
-        cfg = SFTConfig(
-            dataset=dataset,
-            model=model,
-            epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            max_steps=max_steps,
-            save_every=save_every,
-            seed=seed,
-            reasoning_weight=reasoning_weight,
-            lora_r=lora_r,
-            text_only=text_only,
-        )
-        with _live("train sft") as bar:
-            res = _user_errors(lambda: run(cfg, on_progress=bar))
-        resumed = f" (resumed from step {res['resumed_from']})" if res["resumed_from"] else ""
-        console.print(
-            f"training run {res['training_run_id']}: {res['steps_run']} steps{resumed}; "
-            f"checkpoint {res['checkpoint_id']}\n  {res['checkpoint']}",
-            soft_wrap=True,
-        )
-
-    @train_app.command("rl")
-    def train_rl(
-        policy: Annotated[str, typer.Option(help="Start checkpoint (id, training run or folder).")],
-        estimator: Annotated[str, typer.Option(callback=_estimator)] = "grpo",
-        iterations: Annotated[int, typer.Option(min=1)] = 2,
-        group_size: Annotated[int, typer.Option(min=1, help="Samples per task (G).")] = 4,
-        n_tasks: Annotated[int, typer.Option(min=1)] = 32,
-        temperature: Annotated[
-            float, typer.Option(help="Sampling temperature.", min=0.0, max=5.0)
-        ] = 1.0,
-        max_steps: Annotated[int, typer.Option(min=1)] = 30,
-        horizon: Annotated[
-            str | None,
-            typer.Option(help="Per-iteration step budgets, e.g. 10,20,30 (TTI); last repeats."),
-        ] = None,
-        recipe: Annotated[
-            Path | None, typer.Option(help="Take the horizon schedule from a curation recipe.")
-        ] = None,
-        lr: Annotated[float, typer.Option(help="Learning rate.", min=1e-12, max=10.0)] = 1e-3,
-        ppo_epochs: Annotated[int, typer.Option(min=1)] = 2,
-        clip_eps: Annotated[float, typer.Option(help="PPO clip range.", min=0.001, max=1.0)] = 0.2,
-        kl_coef: Annotated[
-            float, typer.Option(help="KL penalty weight.", min=0.0, max=100.0)
-        ] = 0.0,
-        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
-        concurrency: Annotated[int, typer.Option(min=1)] = 8,
-        prm_scorer: Annotated[
-            str, typer.Option(help="step_*: scorer of the visited states (exact or vlm).")
-        ] = "exact",
-        prm_k: Annotated[int, typer.Option(min=2, help="step_*: candidates per state.")] = 4,
-        prm_candidates: Annotated[
-            str,
-            typer.Option(help="step_*: top_k (the policy's K likeliest actions) or sample."),
-        ] = "top_k",
-        prm_max_states: Annotated[
-            int | None, typer.Option(min=1, help="step_*: score at most this many states.")
-        ] = None,
-        prm_scorer_base_url: Annotated[str | None, typer.Option(help="vlm scorer URL.")] = None,
-        prm_scorer_model: Annotated[str | None, typer.Option(help="vlm scorer model.")] = None,
-        anchor_dataset: Annotated[
-            str | None,
-            typer.Option(help="A curated dataset whose SFT rows anchor each update (PPO-ptx)."),
-        ] = None,
-        anchor_coef: Annotated[
-            float, typer.Option(min=0.0, help="Weight of the anchor's SFT loss (0: none).")
-        ] = 0.0,
-        task_pool: Annotated[
-            int,
-            typer.Option(
-                min=0,
-                help="Failures-first curriculum: run the policy greedily on this many tasks "
-                "first, sample on the --n-tasks it failed (then solved) ones (0: off).",
+    config_command(train_app, "sft", SFTConfig, train_sft, help=train_sft.__doc__)
+    config_command(
+        train_app,
+        "rl",
+        RLConfig,
+        train_rl,
+        help=(RLConfig.__doc__ or "").replace("\n    ", " "),
+        callbacks={"estimator": _estimator},
+        extra=[
+            inspect.Parameter(
+                "horizon",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    str | None,
+                    typer.Option(
+                        help="Per-iteration step budgets, e.g. 10,20,30 (TTI); last repeats."
+                    ),
+                ],
             ),
-        ] = 0,
-    ) -> None:
-        """On-policy RL: collect G samples per task, advantages, update, repeat (train_rl).
-        ``step_grpo`` and ``step_awr`` also take K candidates at each visited state and score
-        them (the score-steps stage) before each update; ``awr`` and ``step_awr`` update by
-        weighted regression, the others by PPO-clip."""
-        from flows.train import RLConfig
-        from flows.train import train_rl as run
-
-        cfg = RLConfig(
-            horizon=_horizon(horizon, recipe),
-            policy=policy,
-            estimator=estimator,
-            iterations=iterations,
-            group_size=group_size,
-            n_tasks=n_tasks,
-            temperature=temperature,
-            max_steps=max_steps,
-            lr=lr,
-            ppo_epochs=ppo_epochs,
-            clip_eps=clip_eps,
-            kl_coef=kl_coef,
-            seed=seed,
-            concurrency=concurrency,
-            prm_scorer=prm_scorer,
-            prm_k=prm_k,
-            prm_candidates=prm_candidates,
-            prm_max_states=prm_max_states,
-            prm_scorer_base_url=prm_scorer_base_url,
-            prm_scorer_model=prm_scorer_model,
-            anchor_dataset=anchor_dataset,
-            anchor_coef=anchor_coef,
-            task_pool=task_pool,
-        )
-        _user_errors(cfg.check)  # before a flow starts
-        with _live("train rl") as bar:
-            res = _user_errors(lambda: run(cfg, on_progress=bar))
-        for r in res["iterations"]:
-            console.print(
-                f"  iteration {r['iteration']}: mean reward {r['mean_reward']:.3f} over "
-                f"{r['trajectories']} trajectories; checkpoint {r['checkpoint_id']}"
-            )
-        if res["training_run_id"] is None:
-            console.print(
-                "no update: no iteration's batch had a learning signal (every group's samples "
-                f"got the same reward); the policy is the start checkpoint {res['checkpoint_id']}"
-            )
-        else:
-            console.print(
-                f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}"
-            )
+            inspect.Parameter(
+                "recipe",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    Path | None,
+                    typer.Option(help="Take the horizon schedule from a curation recipe."),
+                ],
+            ),
+        ],
+    )
 
     @eval_app.callback(invoke_without_command=True)
     def evaluate(

@@ -45,13 +45,13 @@ from curation.build import build_dataset
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from flows.evaluate import EvalConfig, run_evaluation
-from flows.train import SFTConfig, run_sft
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
+from stages.train import SFTConfig, run_sft
 from training.stats import diff_interval
 from warehouse import Warehouse, WarehouseConfig, migrations
 from warehouse.ids import make_id

@@ -12,11 +12,11 @@ from warehouse.ids import run_id_for
 def _ids() -> dict[str, str]:
     from flows.demo import demo_config
     from flows.evaluate import EvalConfig, collect_config
-    from flows.train import RLConfig, SFTConfig
     from stages.collect import CollectConfig
     from stages.intervene import InterveneConfig
     from stages.judge import JudgeConfig
     from stages.score_steps import ScoreStepsConfig
+    from stages.train import RLConfig, SFTConfig
     from training import registry
 
     openai = CollectConfig(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.train import failures_first
+from stages.train import failures_first
 
 ORDER = ["t1", "t2", "t3", "t4", "t5", "t6"]
 
@@ -26,7 +26,7 @@ def test_episodes_without_an_outcome_are_left_out():
 
 
 def test_settings_that_cannot_work_together_are_refused_before_anything_starts():
-    from flows.train import RLConfig
+    from stages.train import RLConfig
     from training.interface import DataMismatch
 
     RLConfig(policy="p", n_tasks=8, task_pool=9).check()  # a pool larger than the batch

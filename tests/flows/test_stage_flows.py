@@ -25,13 +25,14 @@ from flows.intervene import intervene_flow
 from flows.judge import judge_flow
 from flows.maintain import maintain_warehouse
 from flows.score_steps import score_steps_flow
-from flows.train import RLConfig, SFTConfig, train_rl_flow, train_sft_flow
+from flows.train import train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
 from stages.curate import CurateConfig
 from stages.intervene import InterveneConfig
 from stages.judge import JudgeConfig
 from stages.score_steps import ScoreStepsConfig
+from stages.train import RLConfig, SFTConfig
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 

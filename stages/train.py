@@ -1,0 +1,572 @@
+"""The ``train_sft`` and ``train_rl`` stages: sequencing of the trainer (``training``);
+``flows.train`` runs them as Prefect flows.
+
+* ``train_sft``: a curated dataset's SFT rows (split ``train``) → the one trainer with the SFT
+  objective → checkpoints under ``$WEBLOOP_HOME/checkpoints/<training_run_id>/``, each registered
+  in ``checkpoints``; per-step metrics in ``metrics``. The run id derives from the model, the
+  dataset id and the config, so the same command resumes from the last checkpoint.
+* ``train_rl``: on-policy iterations from a checkpoint: serve it as a rollout policy, collect G
+  samples per task (graded as they end), compute advantages with a registered estimator, update
+  (PPO-clip, or weighted regression for ``awr``), and go on from the new checkpoint. Every
+  iteration's collect run and update are resumable; a finished iteration is skipped on re-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from curation.curriculum import horizon_at
+from stages.collect import CollectConfig, run_collect, select_tasks
+from stages.config import setting
+from stages.report import markdown_table
+from stages.runs import code_version, orchestrator_run
+from stages.score_steps import ScoreStepsConfig, run_score_steps_async
+from training import registry
+from training.data import check_modality, find_dataset, sft_turns
+from training.interface import DataMismatch
+from training.load import load_trainable, model_kind, resolve_policy
+from training.rl import STEP_LEVEL, WEIGHTED, prepare
+from training.trainer import TrainConfig, fit
+from warehouse import Warehouse
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """An SFT run: dataset (name or id), model (``ranker``, ``tiny`` or a folder), optimiser."""
+
+    dataset: str = setting(help="Dataset name or id (webloop datasets list).")
+    model: str = setting("ranker", help="ranker (new), tiny (offline tiny VLM) or a model folder.")
+    epochs: int = setting(3, help="Passes over the dataset.", min=1, max=10_000)
+    lr: float = setting(1e-3, help="Learning rate.", min=1e-12, max=10.0)
+    batch_size: int = setting(32, help="Turns per optimiser step.", min=1, max=100_000)
+    seed: int = setting(0, help="Initialisation and data-order seed.", min=0, max=2**32 - 1)
+    max_steps: int | None = setting(None, help="Stop after this many steps.", min=1)
+    save_every: int = setting(200, help="Checkpoint every N steps.", min=1)
+    splits: tuple[str, ...] = setting(("train",), help="Dataset splits to train on.", cli=False)
+    reasoning_weight: float = setting(
+        1.0, help="VLM: weight of thought tokens (RL4VLM λ).", min=0.0, max=1.0
+    )
+    lora_r: int | None = setting(None, help="VLM: LoRA rank (peft).", min=1, max=4096)
+    text_only: bool = setting(False, help="VLM: train on prompts without screenshots, on purpose.")
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("dataset")  # the dataset id (not its name) names the run
+        # where a run stops and how often it saves do not change what it trains: a run stopped
+        # by --max-steps continues when the command is given again without it
+        d.pop("max_steps")
+        d.pop("save_every")
+        return d
+
+
+def checkpoints_dir(wh: Warehouse, training_run_id: str) -> Path:
+    return wh.cfg.home / "checkpoints" / training_run_id
+
+
+def _vlm_options(reasoning_weight: float, lora_r: int | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"reasoning_weight": reasoning_weight}
+    if lora_r:
+        opts["lora"] = {"r": lora_r, "alpha": 2 * lora_r}
+    return opts
+
+
+def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Train (or resume) the SFT run of ``cfg``; a summary with the final checkpoint."""
+    say = progress or (lambda _line: None)
+    ds = find_dataset(wh, cfg.dataset)
+    turns = sft_turns(ds.export_path, cfg.splits)
+    model = load_trainable(
+        cfg.model,
+        home=wh.cfg.home,
+        seed=cfg.seed,
+        vlm=_vlm_options(cfg.reasoning_weight, cfg.lora_r),
+    )
+    check_modality(model.kind, turns, f"dataset {ds.name} ({ds.dataset_id})", cfg.text_only)
+    model.check_data(turns)  # before anything is recorded
+    run_id = registry.training_run_id("sft", cfg.model, ds.dataset_id, cfg.identity())
+    say(f"  sft {run_id}: {len(turns)} turns of {ds.name} ({ds.dataset_id}), model {cfg.model}")
+    train_cfg = TrainConfig(
+        objective="sft",
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        max_steps=cfg.max_steps,
+        save_every=cfg.save_every,
+    )
+    res = _fit(
+        wh,
+        model,
+        turns,
+        train_cfg,
+        run_id=run_id,
+        stage="sft",
+        base_model=cfg.model,
+        dataset_id=ds.dataset_id,
+        source_run=None,
+        config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": orchestrator_run()},
+        progress=say,
+    )
+    res.pop("row")
+    return {**res, "dataset_id": ds.dataset_id, "snapshot_id": ds.snapshot_id}
+
+
+def _fit(
+    wh: Warehouse,
+    model: Any,
+    turns: list,
+    train_cfg: TrainConfig,
+    *,
+    run_id: str,
+    stage: str,
+    base_model: str,
+    dataset_id: str | None,
+    source_run: str | None,
+    config: dict[str, Any],
+    progress: Progress,
+    step_offset: int = 0,
+    out_dir: Path | None = None,
+    ref_model: Any = None,
+    anchor: list | None = None,
+) -> dict[str, Any]:
+    """One ``fit`` with the warehouse bookkeeping around it."""
+    row = registry.start_run(
+        wh,
+        run_id,
+        stage=stage,
+        base_model=base_model,
+        dataset_id=dataset_id,
+        source_run=source_run,
+        config=config,
+        code_version=code_version(),
+    )
+    log = registry.MetricsLog(wh, run_id)
+    ckpts: dict[int, str] = {}
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        log.flush()
+        ckpts[step] = registry.register_checkpoint(wh, run_id, step_offset + step, path)
+
+    out = out_dir or checkpoints_dir(wh, run_id)
+    try:
+        res = fit(
+            model,
+            turns,
+            train_cfg,
+            out,
+            ref_model=ref_model,
+            anchor=anchor or (),
+            log=lambda step, values: log(step_offset + step, values),
+            on_checkpoint=on_checkpoint,
+            progress=_bar(progress, stage),
+        )
+    except BaseException:
+        log.flush()
+        if stage != "rl":
+            registry.end_run(wh, row, "failed")
+        raise
+    log.flush()
+    final = Path(res.final_checkpoint)
+    cid = registry.register_checkpoint(wh, run_id, step_offset + res.last_step, final)
+    if stage != "rl":
+        registry.end_run(wh, row, "completed")
+    return {
+        "training_run_id": run_id,
+        "checkpoint_id": cid,
+        "checkpoint": str(final),
+        "steps_run": res.steps_run,
+        "last_step": step_offset + res.last_step,
+        "resumed_from": res.resumed_from,
+        "metrics": res.last_metrics,
+        "row": row,
+    }
+
+
+def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
+    """The trainer's step counter: a live bar's ``steps`` (:class:`cli.progress.LiveProgress`)
+    when ``say`` has one, else a line per tenth of the run."""
+    steps = getattr(say, "steps", None)
+    if callable(steps):
+        return steps
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth != last[0]:
+            last[0] = tenth
+            say(f"  {stage}: step {done}/{total}")
+
+    return progress
+
+
+# -- RL -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """On-policy RL from a checkpoint (id, training run id or folder): collect G samples per
+    task, advantages, update, repeat. ``step_grpo`` and ``step_awr`` also take K candidates at
+    each visited state and score them (the score-steps stage) before each update; ``awr`` and
+    ``step_awr`` update by weighted regression, the others by PPO-clip."""
+
+    policy: str = setting(help="Start checkpoint (id, training run or folder).")
+    estimator: str = setting(
+        "grpo", help="Advantage estimator: grpo, step_grpo, step_awr, awr or turn."
+    )
+    iterations: int = setting(2, help="On-policy iterations.", min=1, max=10_000)
+    group_size: int = setting(4, help="Samples per task (G).", min=1, max=1000)
+    n_tasks: int = setting(32, help="Tasks per iteration.", min=1, max=1_000_000)
+    split: str = setting("train", help="Task split.", cli=False)
+    suite: str = setting("bundled", help="Task suite.", cli=False)
+    temperature: float = setting(1.0, help="Sampling temperature.", min=0.0, max=5.0)
+    max_steps: int = setting(30, help="Step budget per trajectory.", min=1, max=1000)
+    horizon: tuple[int, ...] = setting(
+        (),
+        help="Per-iteration step budgets (a recipe's horizon schedule, TTI); the last repeats.",
+        cli=False,
+    )
+    lr: float = setting(1e-3, help="Learning rate.", min=1e-12, max=10.0)
+    batch_size: int = setting(32, help="Turns per optimiser step.", min=1, max=100_000)
+    ppo_epochs: int = setting(2, help="Passes over an iteration's batch.", min=1, max=100)
+    clip_eps: float = setting(0.2, help="PPO clip range.", min=0.001, max=1.0)
+    kl_coef: float = setting(0.0, help="KL penalty weight.", min=0.0, max=100.0)
+    reasoning_weight: float = setting(
+        1.0, help="VLM: weight of thought tokens (RL4VLM λ).", min=0.0, max=1.0, cli=False
+    )
+    seed: int = setting(0, help="Seed (each iteration adds its index).", min=0, max=2**32 - 1)
+    site_seed: int = setting(0, help="Seed of the bundled sites.", min=0, cli=False)
+    action_timeout_s: float = setting(
+        3.0, help="Seconds an action waits.", min=0.1, max=600.0, cli=False
+    )
+    concurrency: int = setting(8, help="Trajectories in flight.", min=1, max=256)
+    estimator_options: dict[str, Any] = setting(
+        factory=dict, help="Options of the advantage estimator.", cli=False
+    )
+    prm_scorer: str = setting("exact", help="step_*: scorer of the visited states (exact or vlm).")
+    prm_k: int = setting(4, help="step_*: candidates per state.", min=2, max=64)
+    prm_candidates: Literal["top_k", "sample"] = setting(
+        "top_k", help="step_*: top_k (the policy's K likeliest actions) or sample."
+    )
+    prm_max_states: int | None = setting(
+        None, help="step_*: score at most this many states.", min=1
+    )
+    prm_scorer_base_url: str | None = setting(None, help="step_* with vlm: the scorer URL.")
+    prm_scorer_model: str | None = setting(None, help="step_* with vlm: the scorer model.")
+    anchor_dataset: str | None = setting(
+        None,
+        help="A curated dataset whose SFT rows anchor each update (PPO-ptx; typically the one "
+        "the start checkpoint was trained on).",
+    )
+    anchor_coef: float = setting(
+        0.0, help="Weight of the anchor's SFT loss (0: none).", min=0.0, max=100.0
+    )
+    task_pool: int = setting(
+        0,
+        help="Failures-first curriculum: run the policy greedily on this many tasks first, "
+        "sample on the --n-tasks it failed (then solved) ones (0: off).",
+        min=0,
+    )
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("concurrency")
+        if self.estimator not in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
+            for k in [k for k in d if k.startswith("prm_")]:
+                d.pop(k)
+        if not self.anchor_coef:  # added later: runs without an anchor keep their ids
+            d.pop("anchor_dataset")
+            d.pop("anchor_coef")
+        if not self.task_pool:  # likewise
+            d.pop("task_pool")
+        return d
+
+    def check(self) -> None:
+        """Settings that cannot work together → :class:`DataMismatch` (the CLI's usage error),
+        before anything starts."""
+        if self.anchor_coef and not self.anchor_dataset:
+            raise DataMismatch(
+                f"anchor_coef {self.anchor_coef} needs an anchor dataset (--anchor-dataset: "
+                "the SFT rows it weighs)"
+            )
+        if self.task_pool and self.task_pool <= self.n_tasks:
+            raise DataMismatch(
+                f"task_pool {self.task_pool} must exceed n_tasks {self.n_tasks} (--task-pool, "
+                "--n-tasks: the curriculum picks n_tasks of the pool), or be 0"
+            )
+
+
+async def run_rl(
+    wh: Warehouse,
+    cfg: RLConfig,
+    progress: Progress | None = None,
+    *,
+    server: Any = None,
+    browser: Any = None,
+) -> dict[str, Any]:
+    """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration. An
+    iteration whose batch has no learning signal (every group's samples got the same reward)
+    makes no update; if no iteration trained, the start checkpoint is the result."""
+    say = progress or (lambda _line: None)
+    cfg.check()
+    start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
+    anchor, anchor_id = _anchor(wh, cfg)
+    run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
+    out_root = checkpoints_dir(wh, run_id)
+    current, step_offset, rounds = start, 0, []
+    row = None
+    # the KL term keeps the policy near where RL started (the start checkpoint, frozen)
+    ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
+    for it in range(cfg.iterations):
+        it_dir = out_root / f"iter-{it}"
+        coll = _collect_config(cfg, it, current, run_id)
+        if cfg.task_pool:
+            picked = await _failures_first(wh, coll, cfg, it, say, server, browser)
+            coll = dataclasses.replace(coll, task_ids=picked)
+        say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
+        # a live bar (it has ``steps``) also shows the collection's episodes
+        live = say if callable(getattr(say, "steps", None)) else None
+        col = await run_collect(wh, coll, live, server=server, browser=browser)
+        options = dict(cfg.estimator_options)
+        if cfg.estimator in STEP_LEVEL:
+            await _score_states(wh, cfg, it, current, col.run_id, say, server, browser)
+            options["scorer"] = cfg.prm_scorer
+        turns, stats = prepare(wh, [col.run_id], cfg.estimator, **options)
+        say(
+            f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
+            f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
+            "with a learning signal"
+        )
+        if stats["nonzero_advantage"] == 0:
+            # every group's samples got the same reward: no gradient. As GRPO loops do, the
+            # iteration makes no update (the policy stays as it is) instead of failing the run.
+            say(f"  rl iteration {it + 1}: no learning signal; the policy is unchanged")
+            rounds.append(
+                {
+                    "iteration": it,
+                    "collect_run": col.run_id,
+                    **stats,
+                    "steps_run": 0,
+                    "checkpoint": current.model,
+                    "checkpoint_id": current.checkpoint_id,
+                }
+            )
+            continue
+        model = _load(wh, current.model, cfg)
+        res = _fit(
+            wh,
+            model,
+            turns,
+            _rl_train_config(cfg, it),
+            run_id=run_id,
+            stage="rl",
+            base_model=start.model or cfg.policy,
+            dataset_id=anchor_id,
+            source_run=col.run_id,
+            config={
+                **cfg.identity(),
+                "start_checkpoint": start.checkpoint_id,
+                "flow_run_id": orchestrator_run(),
+            },
+            progress=say,
+            step_offset=step_offset,
+            out_dir=it_dir,
+            ref_model=ref,
+            anchor=anchor,
+        )
+        row = res.pop("row")
+        registry.MetricsLog(wh, run_id, every=1)(
+            res["last_step"], {"mean_reward": stats["mean_reward"], "iteration": float(it)}
+        )
+        step_offset = res["last_step"]
+        rounds.append({"iteration": it, "collect_run": col.run_id, **stats, **res})
+        current = dataclasses.replace(
+            current, model=res["checkpoint"], checkpoint_id=res["checkpoint_id"]
+        )
+    if row is not None:
+        registry.end_run(wh, row, "completed")
+    return {
+        # None when no iteration trained (none had a learning signal): no run was registered
+        "training_run_id": run_id if row is not None else None,
+        "checkpoint_id": current.checkpoint_id,
+        "checkpoint": current.model,
+        "iterations": rounds,
+    }
+
+
+def failures_first(order: list[str], status: dict[str, str], n: int) -> tuple[str, ...]:
+    """``n`` task ids of ``order``: those whose probe episode was not a success, then the
+    successes, each in ``order``; tasks without an outcome (no episode, ``infra_error``) are
+    left out."""
+    failed = [t for t in order if status.get(t) not in (None, "success", "infra_error")]
+    solved = [t for t in order if status.get(t) == "success"]
+    return tuple((failed + solved)[:n])
+
+
+async def _failures_first(
+    wh: Warehouse,
+    coll: CollectConfig,
+    cfg: RLConfig,
+    it: int,
+    say: Progress,
+    server: Any,
+    browser: Any,
+) -> tuple[str, ...]:
+    """The iteration's tasks by the failures-first curriculum: the current policy, greedy, on
+    the first ``cfg.task_pool`` tasks of the seeded order (a collect run of its own, resumable);
+    the ``cfg.n_tasks`` taken are the ones it did not solve, then the solved ones, in that order.
+    Episodes that ended in an infrastructure error say nothing of the policy and are left out."""
+    probe = dataclasses.replace(
+        coll, n_tasks=cfg.task_pool, samples=1, temperature=0.0, run_name=f"{coll.run_name}-probe"
+    )
+    col = await run_collect(wh, probe, None, server=server, browser=browser)
+    order = [t.task_id for t in select_tasks(wh, probe)]
+    status = dict(
+        wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [col.run_id]).rows()
+    )
+    picked = failures_first(order, status, cfg.n_tasks)
+    solved = sum(v == "success" for v in status.values())
+    unsolved = sum(status[t] != "success" for t in picked)
+    if not picked:
+        raise DataMismatch(
+            f"the curriculum's probe run {col.run_id} has no episode with an outcome "
+            "(infrastructure errors only): nothing to pick the iteration's tasks from"
+        )
+    say(
+        f"  rl iteration {it + 1}: probe of {len(order)} tasks (greedy): {solved} solved; "
+        f"sampling on {unsolved} unsolved + {len(picked) - unsolved} solved"
+    )
+    return picked
+
+
+async def _score_states(
+    wh: Warehouse,
+    cfg: RLConfig,
+    it: int,
+    policy: Any,
+    collect_run: str,
+    say: Progress,
+    server: Any,
+    browser: Any,
+) -> None:
+    """The step-level estimators' process rewards for one iteration: at the states it visited,
+    ``cfg.prm_k`` candidates of the current policy, scored by ``cfg.prm_scorer`` (the
+    score-steps stage; a re-run finds the scores already stored)."""
+    sc = ScoreStepsConfig(
+        scorer=cfg.prm_scorer,
+        k=cfg.prm_k,
+        run=collect_run,
+        policy=policy.policy,
+        model=policy.model,
+        temperature=cfg.temperature,
+        prompt_mode=policy.prompt_mode,
+        candidates=cfg.prm_candidates,
+        scorer_base_url=cfg.prm_scorer_base_url,
+        scorer_model=cfg.prm_scorer_model,
+        max_states=cfg.prm_max_states,
+        seed=cfg.seed + it,
+        concurrency=cfg.concurrency,
+        action_timeout_s=cfg.action_timeout_s,
+    )
+    res = await run_score_steps_async(wh, sc, server=server, browser=browser)
+    say(
+        f"  rl iteration {it + 1}: {res.selected} states, {res.scored} candidates scored "
+        f"by {cfg.prm_scorer} ({res.errors} errors)"
+    )
+
+
+def _anchor(wh: Warehouse, cfg: RLConfig) -> tuple[list, str | None]:
+    """The anchor dataset's SFT rows (split ``train``) and its id; none without an anchor."""
+    if not cfg.anchor_coef:
+        return [], None
+    ds = find_dataset(wh, str(cfg.anchor_dataset))  # RLConfig.check: given with a coefficient
+    return sft_turns(ds.export_path), ds.dataset_id
+
+
+def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> Any:
+    return load_trainable(
+        str(model), home=wh.cfg.home, seed=cfg.seed, vlm=_vlm_options(cfg.reasoning_weight, None)
+    )
+
+
+def _policy_name(ref: str, wh: Warehouse) -> str:
+    """The rollout policy of a checkpoint reference (registered or a folder)."""
+    row = registry.find_checkpoint(wh, ref)
+    path = row["path"] if row is not None else ref
+    return "ranker" if Path(path).is_dir() and model_kind(path) == "ranker" else "hf"
+
+
+def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> CollectConfig:
+    horizon = horizon_at(cfg.horizon, it, cfg.max_steps)
+    return CollectConfig(
+        suite=cfg.suite,
+        split=cfg.split,
+        n_tasks=cfg.n_tasks,
+        samples=cfg.group_size,
+        policy=policy.policy,
+        model=policy.model,
+        max_steps=horizon,
+        action_timeout_s=cfg.action_timeout_s,
+        seed=cfg.seed + it,
+        site_seed=cfg.site_seed,
+        prompt_mode=policy.prompt_mode,
+        temperature=cfg.temperature,
+        concurrency=cfg.concurrency,
+        run_name=f"{run_id}-iter{it}",
+        # the turn estimator's credit: the share of criteria met after every step
+        engine={"record_progress": True} if cfg.estimator == "turn" else {},
+    )
+
+
+def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
+    return TrainConfig(
+        objective="awr" if cfg.estimator in WEIGHTED else "ppo",
+        epochs=cfg.ppo_epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed + it,
+        clip_eps=cfg.clip_eps,
+        kl_coef=cfg.kl_coef,
+        anchor_coef=cfg.anchor_coef,
+        save_every=10_000,
+    )
+
+
+# -- artifacts ------------------------------------------------------------------------------------
+
+
+def metrics_summary(wh: Warehouse, training_run_id: str) -> list[dict[str, Any]]:
+    """Per metric of a training run: steps logged, first, last, min and max value."""
+    return wh.sql(
+        "SELECT name AS metric, count(*) AS steps, arg_min(value, step) AS first, "
+        "arg_max(value, step) AS last, min(value) AS min, max(value) AS max "
+        "FROM metrics WHERE training_run_id = ? GROUP BY name ORDER BY name",
+        [training_run_id],
+    ).to_dicts()
+
+
+def training_markdown(stage: str, res: dict[str, Any], metrics: list[dict[str, Any]]) -> str:
+    """A training run's result and metrics summary (and RL iterations) as markdown."""
+    title = (
+        f"# {stage} training run `{res['training_run_id']}`"
+        if res["training_run_id"] is not None
+        else f"# {stage}: no update (no iteration's batch had a learning signal)"
+    )
+    lines = [
+        title,
+        "",
+        f"checkpoint `{res['checkpoint_id']}`: `{res['checkpoint']}`",
+        "",
+        "## Metrics (first → last over the logged steps)",
+        "",
+        markdown_table(metrics, ["metric", "steps", "first", "last", "min", "max"]),
+    ]
+    if res.get("iterations"):
+        cols = ["iteration", "collect_run", "trajectories", "mean_reward", "steps_run"]
+        lines += ["", "## Iterations", "", markdown_table(res["iterations"], cols)]
+    return "\n".join(lines)
