@@ -272,7 +272,7 @@ def untrained(b: Bench) -> str:
 
 
 async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[str, Any]:
-    from flows.evaluate import EvalConfig, run_evaluation
+    from stages.evaluate import EvalConfig, run_evaluation
 
     t0 = time.perf_counter()
     cfg = EvalConfig(

@@ -12,6 +12,7 @@ import typer
 
 from cli.common import Format, UserError, _open, console, print_frame
 from cli.options import config_command
+from stages.evaluate import EvalConfig
 from stages.train import RLConfig, SFTConfig
 
 ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
@@ -118,6 +119,15 @@ def train_rl(cfg: RLConfig, horizon: str | None = None, recipe: Path | None = No
         console.print(f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}")
 
 
+def evaluate(cfg: EvalConfig) -> None:
+    """Roll out a policy on a split, grade, and store success with 95% Wilson intervals."""
+    from flows.evaluate import evaluate as run
+
+    with _live("eval") as bar:
+        res = _user_errors(lambda: run(cfg, on_progress=bar))
+    _print_eval(res)
+
+
 def register(app: typer.Typer) -> None:
     """Add the training and evaluation commands to the ``webloop`` app."""
     train_app = typer.Typer(help="Train policies: SFT on a curated dataset, on-policy RL.")
@@ -159,53 +169,7 @@ def register(app: typer.Typer) -> None:
         ],
     )
 
-    @eval_app.callback(invoke_without_command=True)
-    def evaluate(
-        ctx: typer.Context,
-        policy: Annotated[str, typer.Option(help="ranker, hf, openai, expert or random.")] = (
-            "ranker"
-        ),
-        checkpoint: Annotated[
-            str | None, typer.Option(help="Checkpoint id, training run id or folder.")
-        ] = None,
-        split: Annotated[str, typer.Option(help="test, ood or train.")] = "test",
-        n: Annotated[int, typer.Option(min=1, help="Tasks (episodes per sample).")] = 100,
-        max_steps: Annotated[int, typer.Option(min=1)] = 30,
-        temperature: float = 0.0,
-        base_url: Annotated[str | None, typer.Option(help="openai: the endpoint.")] = None,
-        model: Annotated[str | None, typer.Option(help="openai: the model name.")] = None,
-        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
-        concurrency: Annotated[int, typer.Option(min=1)] = 8,
-        max_repeats: Annotated[
-            int,
-            typer.Option(
-                min=0,
-                help="End an episode at this many equal actions on one page (0 = never).",
-            ),
-        ] = 3,
-    ) -> None:
-        """Roll out a policy on a split, grade, and store success with 95% Wilson intervals."""
-        if ctx.invoked_subcommand is not None:
-            return
-        from flows.evaluate import EvalConfig
-        from flows.evaluate import evaluate as run
-
-        cfg = EvalConfig(
-            policy=policy,
-            checkpoint=checkpoint,
-            split=split,
-            n=n,
-            max_steps=max_steps,
-            temperature=temperature,
-            base_url=base_url,
-            model=model,
-            seed=seed,
-            concurrency=concurrency,
-            max_repeats=max_repeats,
-        )
-        with _live("eval") as bar:
-            res = _user_errors(lambda: run(cfg, on_progress=bar))
-        _print_eval(res)
+    config_command(eval_app, "eval", EvalConfig, evaluate, help=evaluate.__doc__, group=True)
 
     @eval_app.command("compare")
     def eval_compare(

@@ -44,9 +44,9 @@ from prefect.cache_policies import NO_CACHE
 from curation.build import build_dataset
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
-from flows.evaluate import EvalConfig, run_evaluation
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
+from stages.evaluate import EvalConfig, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version

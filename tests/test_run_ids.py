@@ -11,8 +11,8 @@ from warehouse.ids import run_id_for
 
 def _ids() -> dict[str, str]:
     from flows.demo import demo_config
-    from flows.evaluate import EvalConfig, collect_config
     from stages.collect import CollectConfig
+    from stages.evaluate import EvalConfig, collect_config
     from stages.intervene import InterveneConfig
     from stages.judge import JudgeConfig
     from stages.score_steps import ScoreStepsConfig

@@ -20,7 +20,7 @@ import pytest
 
 from flows.collect import collect_flow
 from flows.curate import curate_flow
-from flows.evaluate import EvalConfig, evaluate_flow, evaluate_newest_flow
+from flows.evaluate import evaluate_flow, evaluate_newest_flow
 from flows.intervene import intervene_flow
 from flows.judge import judge_flow
 from flows.maintain import maintain_warehouse
@@ -29,6 +29,7 @@ from flows.train import train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
 from stages.curate import CurateConfig
+from stages.evaluate import EvalConfig
 from stages.intervene import InterveneConfig
 from stages.judge import JudgeConfig
 from stages.score_steps import ScoreStepsConfig

@@ -138,8 +138,8 @@ def test_a_vlm_refuses_data_without_screenshots_unless_text_only():
 def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     server, chromium, wh: Warehouse, tmp_path: Path
 ):
-    from flows.evaluate import EvalConfig, run_evaluation
     from sites.tasks import generate
+    from stages.evaluate import EvalConfig, run_evaluation
     from training.evaluate import compare, find_evaluation
     from training.ranker import RankerTrainable
     from warehouse.tasks import put_tasks
