@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import sys
 import threading
@@ -24,6 +23,8 @@ from cli.common import (
     fit_consoles,
     print_frame,
 )
+from cli.options import config_command
+from stages.maintain import MaintainConfig
 from warehouse import WarehouseConfig
 from warehouse.config import ConfigError
 from warehouse.secrets import has_url_credentials, redact
@@ -220,27 +221,21 @@ def warehouse_rollback(
     )
 
 
-@warehouse_app.command("maintain")
-def warehouse_maintain(
-    keep_recent_minutes: Annotated[
-        float,
-        typer.Option(
-            help="Also keep snapshots younger than this (readers may use them).",
-            min=0.0,
-            max=525600.0,
-        ),
-    ] = 60.0,
-) -> None:
+def warehouse_maintain(cfg: MaintainConfig) -> None:
     """Flush inlined data, merge small files, expire unpinned snapshots, delete unused files."""
-    from warehouse import versions
+    from stages.maintain import run_maintain
 
     with _open() as wh:
-        rep = versions.maintain(wh, keep_recent=dt.timedelta(minutes=keep_recent_minutes))
+        rep = run_maintain(wh, cfg)
     console.print(
-        f"data files {rep.files_before} -> {rep.files_after}; "
-        f"expired {len(rep.snapshots_expired)} snapshot(s); "
-        f"kept pinned {rep.snapshots_kept_pinned or 'none'}; deleted {rep.files_deleted} file(s)"
+        f"data files {rep['files_before']} -> {rep['files_after']}; "
+        f"expired {len(rep['snapshots_expired'])} snapshot(s); "
+        f"kept pinned {rep['snapshots_kept_pinned'] or 'none'}; "
+        f"deleted {rep['files_deleted']} file(s)"
     )
+
+
+config_command(warehouse_app, "maintain", MaintainConfig, warehouse_maintain)
 
 
 @warehouse_app.command("attach-sql")
@@ -352,9 +347,9 @@ def sites_check(
     """Run the scripted expert on generated tasks in real Chromium; report the success rate."""
     import asyncio
 
-    from flows.bundled import run_expert
     from sites.server import SiteServer
     from sites.tasks import generate
+    from stages.bundled import run_expert
 
     tasks = generate(n, seed)
     done = []

@@ -1,6 +1,6 @@
 """Grading on the bundled sites: the one function behind the scripted expert's checks
-(``flows.bundled``), the collect engine's outcomes (``flows.collect``) and the exact PRM scorer
-(``flows.score_steps``).
+(``stages.bundled``), the collect engine's outcomes (``stages.collect``) and the exact PRM scorer
+(``stages.score_steps``).
 
 A browser session's cookies → its server-side state (inspection endpoint) → the task's
 programmatic checker (:func:`sites.grading.grade_session`). Grading needs the sites' server and

@@ -268,7 +268,7 @@ def done_states(wh: Warehouse, scorer: Any, states: list[State], k: int) -> set[
     return set(df.iter_rows())
 
 
-# The exact scorer's grade (flows.grading.criteria_grader), under the name others import.
+# The exact scorer's grade (stages.grading.criteria_grader), under the name others import.
 bundled_grade = criteria_grader
 
 

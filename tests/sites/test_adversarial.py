@@ -238,7 +238,7 @@ async def _start_page_texts(
 
 @pytest.mark.browser
 def test_reference_solutions_still_succeed_on_the_variants(server: SiteServer, chromium):
-    from flows.bundled import run_expert
+    from stages.bundled import run_expert
 
     tasks = one_task_per_template(seed=11)
     assert {t.site for t in tasks} == set(SITES)

@@ -21,7 +21,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.bundled import run_expert
 from rollouts.expert import run_reference
 from sites import shop as shop_site
 from sites.client import fetch_state, session_of
@@ -29,6 +28,7 @@ from sites.content import generate as content
 from sites.server import SITES, SiteServer
 from sites.tasks import TEMPLATES, generate, task_from_spec
 from sites.taskspec import click, select
+from stages.bundled import run_expert
 
 pytestmark = pytest.mark.browser
 

@@ -3,7 +3,7 @@
 Used by the conformance tests, ``bench/sites.py`` and ``webloop sites check``. Each task gets a
 fresh browser context (its own session, so its own server-side state); the final state comes from
 the inspection endpoint and is graded by the task's programmatic checker
-(:func:`flows.grading.grade`, the one grading function of collect, score-steps and this).
+(:func:`stages.grading.grade`, the one grading function of collect, score-steps and this).
 """
 
 from __future__ import annotations
