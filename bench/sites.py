@@ -25,10 +25,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from flows.bundled import run_expert
 from sites.common import SECRET_HEADER
 from sites.server import SITES, SiteServer
 from sites.tasks import generate
+from stages.bundled import run_expert
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -7,24 +7,33 @@ and ``webloop demo`` (the flywheel at CPU scale on the bundled sites; ``make dem
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cli.common import UserError, console
+from cli.options import config_command
+from stages.flywheel import FlywheelConfig
 
 
-def _config(**kw: Any) -> Any:
+def flywheel(cfg: FlywheelConfig) -> None:
+    """The main job: N rounds of collect → judge → score → intervene → curate → train →
+    evaluate with the ranker on the bundled sites; killed and re-run, it continues."""
     from curation.recipe import RecipeError
-    from flows.flywheel import FlywheelConfig, FlywheelError
+    from flows.demo import lend
+    from flows.flywheel import flywheel_flow
+    from stages.flywheel import eval_line
 
-    cfg = FlywheelConfig(**kw)
     try:
         cfg.check()
-    except (FlywheelError, RecipeError) as exc:
+    except RecipeError as exc:
         raise UserError(str(exc)) from None
-    return cfg
+    console.print(f"[bold]webloop flywheel[/bold] {cfg.flywheel_id}: {cfg.rounds} round(s) …")
+    with lend() as lent:  # one sites server and one Chromium for every stage
+        out = flywheel_flow(cfg, None, lent)
+    _print_rounds(out)
+    u, f, d = out["untrained"], out["final"], out["overall"]
+    console.print(f"untrained {eval_line(u)} → final {eval_line(f)} ({100 * d['diff']:+.1f})")
 
 
 def _print_rounds(out: dict[str, Any]) -> None:
@@ -36,68 +45,7 @@ def _print_rounds(out: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     """Add ``flywheel`` and ``demo`` to the ``webloop`` app."""
 
-    @app.command("flywheel")
-    def flywheel(
-        rounds: Annotated[int, typer.Option(min=1, help="Rounds of the loop.")] = 2,
-        seed: Annotated[
-            int, typer.Option(help="Seed of tasks, rollouts and training.", min=0, max=2**32 - 1)
-        ] = 0,
-        bundled_tasks: Annotated[int, typer.Option(min=1, help="Bundled tasks to generate.")] = 200,
-        expert_tasks: Annotated[int, typer.Option(min=1, help="Round 1: expert tasks.")] = 24,
-        noise: Annotated[
-            float, typer.Option(help="The expert's mistake rate per step.", min=0.0, max=1.0)
-        ] = 0.12,
-        policy_tasks: Annotated[int, typer.Option(min=1, help="Policy tasks per round.")] = 8,
-        group_size: Annotated[int, typer.Option(min=1, help="Samples per task (G).")] = 2,
-        temperature: Annotated[
-            float, typer.Option(help="Policy sampling temperature.", min=0.0, max=5.0)
-        ] = 1.0,
-        prm_states: Annotated[int, typer.Option(min=0, help="PRM-scored states per round.")] = 4,
-        prm_k: Annotated[int, typer.Option(min=2, help="PRM candidates per state.")] = 3,
-        interventions: Annotated[
-            int, typer.Option(min=0, help="Failures the expert teacher corrects per round.")
-        ] = 2,
-        recipe: Annotated[
-            Path | None, typer.Option(help="Curation recipe (default: the flywheel's own).")
-        ] = None,
-        epochs: Annotated[int, typer.Option(min=1, help="Round 1's SFT epochs.")] = 6,
-        later_epochs: Annotated[int, typer.Option(min=1, help="Later rounds' SFT epochs.")] = 3,
-        eval_n: Annotated[int, typer.Option(min=1, help="Held-out tasks evaluated.")] = 24,
-        eval_max_steps: Annotated[int, typer.Option(min=1)] = 24,
-        concurrency: Annotated[int, typer.Option(min=1)] = 4,
-    ) -> None:
-        """The main job: N rounds of collect → judge → score → intervene → curate → train →
-        evaluate with the ranker on the bundled sites; killed and re-run, it continues."""
-        from flows.demo import lend
-        from flows.flywheel import flywheel_flow
-
-        cfg = _config(
-            rounds=rounds,
-            seed=seed,
-            bundled_tasks=bundled_tasks,
-            expert_tasks=expert_tasks,
-            noise=noise,
-            policy_tasks=policy_tasks,
-            group_size=group_size,
-            temperature=temperature,
-            prm_states=prm_states,
-            prm_k=prm_k,
-            interventions=interventions,
-            recipe=str(recipe) if recipe else None,
-            epochs=epochs,
-            later_epochs=later_epochs,
-            eval_n=eval_n,
-            eval_max_steps=eval_max_steps,
-            concurrency=concurrency,
-        )
-        console.print(f"[bold]webloop flywheel[/bold] {cfg.flywheel_id}: {rounds} round(s) …")
-        with lend() as lent:  # one sites server and one Chromium for every stage
-            out = flywheel_flow(cfg, None, lent)
-        _print_rounds(out)
-        u, f, d = out["untrained"], out["final"], out["overall"]
-        from flows.flywheel import eval_line
-
-        console.print(f"untrained {eval_line(u)} → final {eval_line(f)} ({100 * d['diff']:+.1f})")
+    config_command(app, "flywheel", FlywheelConfig, flywheel, help=flywheel.__doc__)
 
     @app.command("demo")
     def demo(

@@ -21,7 +21,8 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flows.flywheel import FlywheelConfig, Lent, eval_line, flywheel_flow, flywheel_status
+from flows.flywheel import flywheel_flow
+from stages.flywheel import FlywheelConfig, Lent, eval_line, flywheel_status
 
 __all__ = ["Lent", "demo_config", "demo_state", "lend", "run_demo", "summary_lines"]
 

@@ -1,492 +1,54 @@
-"""The ``flywheel`` flow — webloop's main job: N rounds of
-
-    collect → judge → score (PRM on a sample) → intervene → curate → train → evaluate
-
-on the bundled sites with the CPU-scale ``ranker`` policy (or any recipe's data), each round's
-policy being the previous round's checkpoint.
-
-* Round 1 bootstraps: the noisy scripted expert collects ``train`` tasks (with mistakes, so there
-  are failures) and the untrained ranker collects G samples per task; both are judged, a sample of
-  states gets exact PRM scores, the expert teacher intervenes on a few of the untrained policy's
-  failures, the recipe curates the successes (filtered BC, plus verified interventions), and the
-  ranker is trained by SFT from scratch.
-* Round r > 1 collects with round r-1's checkpoint (sampled at ``temperature``, G per task, on
-  another seeded subset of ``train`` tasks, with the step budget of the recipe's horizon
-  schedule), judges, scores, intervenes, curates the successes of every round so far and
-  continues SFT from round r-1's checkpoint on them (rejection-sampling fine-tuning: the policy's
-  own successes join the expert's).
-* Every round evaluates its checkpoint on held-out ``test`` tasks (greedy; 95% Wilson intervals)
-  and compares it with the previous round (round 1: the untrained ranker) with Newcombe's
-  interval. Each round's results are a Prefect markdown artifact.
-
-Resumable: every stage is an idempotent library call keyed by deterministic ids — collect runs
-are named ``<flywheel id>-r<round>-<expert|policy>``, judging and scoring skip what is stored,
-interventions skip settled trajectories, a round's dataset is found again by its recipe hash (the
-recipe names the round's runs), training runs are named by model, dataset and config (resumed
-from their last checkpoint), evaluations by their collect run. Killed at any point and re-run with
-the same configuration, the flow continues where it stopped and writes nothing twice.
-"""
+"""The ``flywheel`` flow — webloop's main job: N rounds of collect → judge → score → intervene →
+curate → train → evaluate (:mod:`stages.flywheel` says what each round does). Every stage is a
+Prefect task that calls one stage function; each round's results are a markdown artifact.
+Resumable: killed and re-run with the same configuration, it continues where it stopped."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from curation.build import build_dataset
-from curation.interventions import RETRIED_OUTCOMES
-from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
-from sites.tasks import generate as generate_tasks
-from stages.collect import CollectConfig, CollectResult, run_collect
-from stages.evaluate import EvalConfig, run_evaluation
-from stages.intervene import InterveneConfig, run_intervene_async
-from stages.judge import JudgeConfig, run_judge
-from stages.runs import code_version
-from stages.score_steps import ScoreStepsConfig, run_score_steps_async
-from stages.train import SFTConfig, run_sft
-from training.stats import diff_interval
-from warehouse import Warehouse, WarehouseConfig, migrations
-from warehouse.ids import make_id
-from warehouse.records import Run, utcnow
-from warehouse.tasks import put_tasks
-
-# The flywheel's default recipe: filtered behaviour cloning over the flywheel's own runs (the
-# sources' runs are filled in per round), verified interventions as extra SFT rows, and a TTI
-# horizon schedule for the policy's rollouts (round 1's untrained policy gets a short budget).
-DEFAULT_RECIPE = """
-name: flywheel
-description: "Judged successes of the expert and of the policy so far, plus verified corrections."
-sources: {splits: [train]}
-filters:
-  - verdict: {judges: [programmatic], verdict: success, min_agreement: 1.0}
-  - drop_invalid_steps: {noop: false}
-  - drop_loops: {max_repeats: 2}
-  - dedup_trajectories: {}
-curriculum: {weights: none, horizon: [10, 20]}
-include: {interventions: true}
-output: {sft: true, rl_groups: false, preferences: false, k_images: 1}
-gates: {success_rate: [1.0, 1.0]}
-"""
-
-
-class FlywheelError(ValueError):
-    """A flywheel configuration that cannot run (names the option)."""
-
-
-@dataclass(frozen=True)
-class FlywheelConfig:
-    """The whole loop's sizes. Everything but ``concurrency`` names the flywheel (its id prefixes
-    every run it makes), so the same configuration resumes the same flywheel."""
-
-    rounds: int = 2
-    seed: int = 0
-    bundled_tasks: int = 200  # the generated suite (train/test/ood splits)
-    expert_tasks: int = 24  # round 1: noisy-expert rollouts on train tasks
-    noise: float = 0.12  # the expert's mistake rate per step
-    expert_max_steps: int = 26  # the longest reference has 21 steps
-    policy_tasks: int = 8  # each round: train tasks the policy rolls out
-    group_size: int = 2  # G samples per task
-    temperature: float = 1.0  # the policy's sampling temperature when collecting
-    prm_states: int = 4  # states of the round's main run scored by the exact PRM (0: skip)
-    prm_k: int = 3
-    interventions: int = 2  # failed policy trajectories the expert teacher corrects (0: skip)
-    recipe: str | None = None  # a recipe file; None: DEFAULT_RECIPE
-    epochs: int = 6  # round 1's SFT
-    later_epochs: int = 3  # SFT of later rounds, continuing from the previous checkpoint
-    lr: float = 2e-3
-    batch_size: int = 16
-    eval_split: str = "test"
-    eval_n: int = 24
-    eval_max_steps: int = 24
-    action_timeout_s: float = 1.5  # local sites answer in ms; a derailed step need not wait
-    concurrency: int = 4
-
-    def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("concurrency")
-        if self.recipe is not None:  # the recipe's content names it, not its path
-            d["recipe"] = recipe_hash(self.load_recipe())
-        return d
-
-    @property
-    def flywheel_id(self) -> str:
-        return make_id("flywheel", self.identity())
-
-    def load_recipe(self) -> Recipe:
-        if self.recipe is None:
-            return parse_recipe(DEFAULT_RECIPE, "flows/flywheel.py:DEFAULT_RECIPE")
-        return load_recipe(Path(self.recipe))
-
-    def horizon(self, round_: int) -> int:
-        """The policy's step budget in round ``round_`` (1-based): the recipe's horizon
-        schedule (the last entry repeats), else ``eval_max_steps``."""
-        h = self.load_recipe().curriculum.horizon
-        return h[min(round_, len(h)) - 1] if h else self.eval_max_steps
-
-    def check(self) -> None:
-        """Bad sizes, before any work (one message naming the option)."""
-        for name in ("rounds", "bundled_tasks", "expert_tasks", "policy_tasks", "group_size"):
-            if getattr(self, name) < 1:
-                raise FlywheelError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("eval_n", "epochs", "later_epochs", "concurrency", "batch_size"):
-            if getattr(self, name) < 1:
-                raise FlywheelError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.prm_states and self.prm_k < 2:
-            raise FlywheelError("--prm-k must be at least 2 (advantages compare candidates)")
-        if not 0.0 <= self.noise <= 1.0:
-            raise FlywheelError(f"--noise {self.noise}: a mistake rate in [0, 1]")
-        if self.temperature < 0:
-            raise FlywheelError(f"--temperature {self.temperature}: must be >= 0")
-        if self.recipe is not None and not Path(self.recipe).is_file():
-            raise FlywheelError(f"--recipe {self.recipe}: no such file")
-        self.load_recipe()  # a RecipeError names the line
-
-
-class Lent:
-    """A running bundled-sites server (site seed 0) and a launched Playwright Chromium that the
-    caller owns and lends to the flywheel (they stay running after it). ``run(coro)`` runs a
-    coroutine on the browser's event loop and returns its result.
-
-    Opaque to Prefect on purpose (``__slots__``, no pickling): as a flow parameter it is stored as
-    a placeholder, never serialized, and the tasks that take it skip Prefect's input-hash cache
-    (idempotency comes from the warehouse)."""
-
-    __slots__ = ("browser", "run", "server")
-
-    def __init__(self, server: Any, browser: Any, run: Callable[[Coroutine], Any]) -> None:
-        self.server, self.browser, self.run = server, browser, run
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Lent server and browser are live objects of this process")
-
-
-def _run(lent: Lent | None, coro_fn: Callable[..., Coroutine]) -> Any:
-    """``coro_fn(server=…, browser=…)`` on the lent server and browser (on the browser's loop), or
-    ``coro_fn()`` in a fresh event loop (it starts what it needs, only when it has work)."""
-    if lent is None:
-        return asyncio.run(coro_fn())
-    return lent.run(coro_fn(server=lent.server, browser=lent.browser))
-
-
-def _open(home: str | None) -> Warehouse:
-    return Warehouse.open(WarehouseConfig.from_env(home=home))
-
-
-# -- names ----------------------------------------------------------------------------------------
-
-
-def run_name(cfg: FlywheelConfig, round_: int, what: str) -> str:
-    """The deterministic name (= id) of a collect or intervene run of the flywheel."""
-    return f"{cfg.flywheel_id}-r{round_}-{what}"
-
-
-def round_recipe(cfg: FlywheelConfig, round_: int) -> Recipe:
-    """The recipe of round ``round_``'s dataset: the configured recipe over the collect runs of
-    rounds 1..round_ (every policy among them), named after the flywheel and round."""
-    base = cfg.load_recipe()
-    runs = [run_name(cfg, 1, "expert")]
-    runs += [run_name(cfg, r, "policy") for r in range(1, round_ + 1)]
-    sources = base.sources.model_copy(update={"runs": tuple(runs), "policies": ()})
-    return base.model_copy(update={"name": f"{cfg.flywheel_id}-r{round_}", "sources": sources})
-
-
-# -- stages (library calls; every one idempotent) -------------------------------------------------
-
-
-@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def prepare(home: str | None, cfg: FlywheelConfig) -> dict[str, Any]:
-    """Create or upgrade the warehouse and generate the bundled suite into it."""
-    wcfg = WarehouseConfig.from_env(home=home)
-    tasks = generate_tasks(cfg.bundled_tasks, cfg.seed)
-    with Warehouse.open(wcfg) as wh:
-        rep = put_tasks(wh, tasks)
-        version = migrations.current_version(wh.con)
-    by_split: dict[str, int] = {}
-    for t in tasks:
-        by_split[t.split or "?"] = by_split.get(t.split or "?", 0) + 1
-    return {
-        "catalog": wcfg.describe(),
-        "home": str(wcfg.home),
-        "schema_version": version,
-        "tasks": {"generated": len(tasks), "new": len(rep.new), **by_split},
-    }
-
-
-def untrained_checkpoint(home: str | None, seed: int) -> str:
-    """The untrained ranker's folder (written once, atomically: a kill leaves no half folder)."""
-    from training.ranker import RankerTrainable
-
-    path = WarehouseConfig.from_env(home=home).home / "checkpoints" / f"untrained-ranker-{seed}"
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        RankerTrainable.new(seed=seed).save(tmp)
-        tmp.rename(path)
-    return str(path)
-
-
-def expert_config(cfg: FlywheelConfig) -> CollectConfig:
-    return CollectConfig(
-        suite="bundled",
-        split="train",
-        n_tasks=cfg.expert_tasks,
-        policy="expert",
-        noise=cfg.noise,
-        prompt_mode="a11y",  # the ranker reads the accessibility tree; no screenshots: fast
-        max_steps=cfg.expert_max_steps,
-        action_timeout_s=cfg.action_timeout_s,
-        seed=cfg.seed,
-        concurrency=cfg.concurrency,
-        run_name=run_name(cfg, 1, "expert"),
-    )
-
-
-def policy_config(cfg: FlywheelConfig, round_: int, checkpoint: str) -> CollectConfig:
-    return CollectConfig(
-        suite="bundled",
-        split="train",
-        n_tasks=cfg.policy_tasks,
-        samples=cfg.group_size,
-        policy="ranker",
-        model=checkpoint,
-        prompt_mode="a11y",
-        max_steps=cfg.horizon(round_),
-        action_timeout_s=cfg.action_timeout_s,
-        temperature=cfg.temperature,
-        seed=cfg.seed + round_,  # another seeded subset of train tasks each round
-        concurrency=cfg.concurrency,
-        run_name=run_name(cfg, round_, "policy"),
-    )
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def collect(home: str | None, ccfg: CollectConfig, lent: Lent | None = None) -> CollectResult:
-    """Collect (or resume) a run in real Chromium, graded as trajectories end."""
-    with _open(home) as wh:
-        return _run(lent, lambda **kw: run_collect(wh, ccfg, **kw))
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def judge(home: str | None, run_id: str) -> dict[str, Any]:
-    """The programmatic judge over the run's backlog."""
-    with _open(home) as wh:
-        return dataclasses.asdict(run_judge(wh, JudgeConfig(judge="programmatic", run=run_id)))
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def score(
-    home: str | None, cfg: FlywheelConfig, run_id: str, lent: Lent | None = None
-) -> dict[str, Any] | None:
-    """Exact PRM scores of K candidates at a sample of the run's states (scored states kept)."""
-    if not cfg.prm_states:
-        return None
-    prm = ScoreStepsConfig(
-        run=run_id,
-        k=cfg.prm_k,
-        every=3,
-        max_states=cfg.prm_states,
-        seed=cfg.seed,
-        concurrency=cfg.concurrency,
-        action_timeout_s=cfg.action_timeout_s,
-    )
-    with _open(home) as wh:
-        if wh.sql(
-            "SELECT count(*) FROM trajectories WHERE run_id = ? AND n_steps > 0", [run_id]
-        ).item():
-            res = _run(lent, lambda **kw: run_score_steps_async(wh, prm, **kw))
-            return dataclasses.asdict(res)
-    return None
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def intervene(
-    home: str | None, cfg: FlywheelConfig, round_: int, run_id: str, lent: Lent | None = None
-) -> dict[str, Any] | None:
-    """The expert teacher corrects the first error of the run's first ``cfg.interventions``
-    failed trajectories (by id). Those already settled count: a re-run does only what is left,
-    never the next failures."""
-    if not cfg.interventions:
-        return None
-    with _open(home) as wh:
-        settled = wh.sql(
-            "SELECT count(DISTINCT i.traj_id) FROM interventions i JOIN trajectories t "
-            "USING (traj_id) WHERE t.run_id = ? AND i.proposer = 'expert' "
-            "AND NOT list_contains(?, i.verified_outcome)",
-            [run_id, list(RETRIED_OUTCOMES)],
-        ).item()
-        left = cfg.interventions - settled
-        if left <= 0:
-            return {"selected": 0, "settled": settled, "verified": 0, "not_verified": 0}
-        icfg = InterveneConfig(
-            teacher="expert",
-            run=run_id,
-            max_trajectories=left,
-            concurrency=min(2, cfg.concurrency),
-            run_name=run_name(cfg, round_, "intervene"),
-            action_timeout_s=cfg.action_timeout_s,
-        )
-        res = _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
-    return {**dataclasses.asdict(res), "settled": settled}
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def curate(home: str | None, cfg: FlywheelConfig, round_: int) -> dict[str, Any]:
-    """The round's dataset: found again by its recipe hash when a (killed) earlier run of the
-    flywheel built it, else built now over the latest data snapshot."""
-    recipe = round_recipe(cfg, round_)
-    with _open(home) as wh:
-        found = wh.sql(
-            "SELECT dataset_id FROM datasets WHERE recipe_hash = ? ORDER BY created_at LIMIT 1",
-            [recipe_hash(recipe)],
-        )
-        if not found.is_empty():
-            return {**_dataset(wh, found.item()), "built": False}
-        out = wh.cfg.home / "datasets"
-        ds = build_dataset(
-            wh, recipe, out_dir=out, blobs=wh.blobs, progress=None, code_version=code_version()
-        )
-        return {**_dataset(wh, ds.dataset_id), "built": True}
-
-
-def _dataset(wh: Warehouse, dataset_id: str) -> dict[str, Any]:
-    row = wh.sql(
-        "SELECT dataset_id, name, snapshot_id, counts, export_path FROM datasets "
-        "WHERE dataset_id = ?",
-        [dataset_id],
-    ).row(0, named=True)
-    counts = row["counts"]
-    row["counts"] = json.loads(counts) if isinstance(counts, str) else dict(counts)
-    return row
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def train(home: str | None, cfg: FlywheelConfig, dataset_id: str, start: str) -> dict[str, Any]:
-    """SFT of the ranker on the round's dataset, from ``start`` (``ranker``: a fresh one, else the
-    previous round's checkpoint folder); resumes from the run's last checkpoint."""
-    scfg = SFTConfig(
-        dataset=dataset_id,
-        model=start,
-        epochs=cfg.epochs if start == "ranker" else cfg.later_epochs,
-        lr=cfg.lr,
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
-        save_every=50,
-    )
-    with _open(home) as wh:
-        return run_sft(wh, scfg)
-
-
-@task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def evaluate(
-    home: str | None, cfg: FlywheelConfig, checkpoint: str, lent: Lent | None = None
-) -> dict[str, Any]:
-    """The checkpoint, greedy, on held-out tasks: success with a 95% Wilson interval."""
-    ecfg = EvalConfig(
-        policy="ranker",
-        checkpoint=checkpoint,
-        split=cfg.eval_split,
-        n=cfg.eval_n,
-        max_steps=cfg.eval_max_steps,
-        seed=cfg.seed,
-        action_timeout_s=cfg.action_timeout_s,
-        concurrency=cfg.concurrency,
-    )
-    with _open(home) as wh:
-        res = _run(lent, lambda **kw: run_evaluation(wh, ecfg, **kw))
-    s = res["summary"]
-    return {
-        "evaluation_id": res["evaluation_id"],
-        "run_id": res["run_id"],
-        "checkpoint_id": res["checkpoint_id"],
-        "n": s["n"],
-        "n_success": s["n_success"],
-        "rate": s["rate"],
-        "ci_low": s["ci_low"],
-        "ci_high": s["ci_high"],
-        "ran": res["collect"]["ran"],
-    }
-
-
-def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """``after − before`` success with Newcombe's 95% interval."""
-    d, lo, hi = diff_interval(before["n_success"], before["n"], after["n_success"], after["n"])
-    separated = before["ci_high"] < after["ci_low"] or after["ci_high"] < before["ci_low"]
-    return {"diff": d, "ci_low": lo, "ci_high": hi, "separated": separated}
-
-
-# -- reporting ------------------------------------------------------------------------------------
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def eval_line(e: dict[str, Any]) -> str:
-    return (
-        f"{e['n_success']}/{e['n']} = {_pct(e['rate'])} [{_pct(e['ci_low'])}, {_pct(e['ci_high'])}]"
-    )
-
-
-def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
-    """One round's results as a markdown table (the Prefect artifact's body)."""
-    n, b, a, d = r["round"], r["before"], r["after"], r["delta"]
-    collected = "; ".join(
-        f"{k}: {v['ran'] + v['skipped']} trajectories {v['by_status'] or '(stored)'}"
-        for k, v in r["collected"].items()
-    )
-    ds = r["dataset"]
-    rows = [
-        f"# Flywheel {cfg.flywheel_id}, round {n}/{cfg.rounds}",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| collected | {collected} |",
-        f"| judged now | {sum(j['judged'] for j in r['judged'].values())} |",
-        f"| PRM states scored | {(r['scored'] or {}).get('selected', 0)} |",
-        f"| interventions | {_iv_line(r['intervened'])} |",
-        f"| dataset | `{ds['name']}` {ds['dataset_id']}: "
-        + ", ".join(f"{k} {v}" for k, v in ds["counts"].items())
-        + " |",
-        f"| checkpoint | {r['trained']['checkpoint_id']} (from {r['start']}) |",
-        f"| success before ({b['label']}) | {eval_line(b)} |",
-        f"| success after (round {n}) | {eval_line(a)} |",
-        f"| difference | {100 * d['diff']:+.1f} points "
-        f"[{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
-        + (" (separated)" if d["separated"] else "")
-        + " |",
-    ]
-    return "\n".join(rows)
-
-
-def _iv_line(iv: dict[str, Any] | None) -> str:
-    if not iv:
-        return "none"
-    return (
-        f"{iv['settled']} done before, {iv['selected']} now: {iv['verified']} verified, "
-        f"{iv['not_verified']} not"
-    )
+from flows.artifacts import flow_run_id
+from stages import flywheel as stage
+from stages.collect import CollectConfig, CollectResult
+from stages.flywheel import FlywheelConfig, Lent
+from training.evaluate import compare
+
+# Lent objects are live (a server, a browser): the tasks that take them skip Prefect's input
+# cache (idempotency comes from the warehouse)
+prepare = task(name="prepare", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)(
+    stage.prepare_warehouse
+)
+collect = task(name="collect", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(
+    stage.collect_run
+)
+judge = task(name="judge", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.judge_run)
+score = task(name="score", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.score_run)
+intervene = task(name="intervene", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(
+    stage.intervene_run
+)
+curate = task(name="curate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(
+    stage.curate_round
+)
+train = task(name="train", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(
+    stage.train_round
+)
+evaluate = task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.evaluate_checkpoint)
 
 
 @task(cache_policy=NO_CACHE)
 def publish(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
     """The round's markdown artifact in Prefect (key ``<flywheel id>-round-<n>``)."""
-    md = round_markdown(cfg, r)
+    md = stage.round_markdown(cfg, r)
     create_markdown_artifact(
         key=f"{cfg.flywheel_id}-round-{r['round']}",
         markdown=md,
         description=f"webloop flywheel round {r['round']}",
     )
     return md
-
-
-# -- the flow -------------------------------------------------------------------------------------
 
 
 def run_round(
@@ -501,9 +63,9 @@ def run_round(
     evaluation (the baseline this round is compared with)."""
     runs: dict[str, CollectConfig] = {}
     if n == 1:
-        runs["expert"] = expert_config(cfg)
-    runs["policy"] = policy_config(cfg, n, policy)
-    collected = {k: collect(home, c, lent) for k, c in runs.items()}
+        runs["expert"] = stage.expert_config(cfg)
+    runs["policy"] = stage.policy_config(cfg, n, policy)
+    collected: dict[str, CollectResult] = {k: collect(home, c, lent) for k, c in runs.items()}
     judged = {k: judge(home, c.run_id) for k, c in collected.items()}
     main = collected["expert" if n == 1 else "policy"].run_id
     scored = score(home, cfg, main, lent)
@@ -512,76 +74,38 @@ def run_round(
     start = "ranker" if n == 1 else policy
     trained = train(home, cfg, dataset["dataset_id"], start)
     after = evaluate(home, cfg, trained["checkpoint"], lent)
-    r = {
-        "round": n,
-        "collected": {k: dataclasses.asdict(c) for k, c in collected.items()},
-        "judged": judged,
-        "scored": scored,
-        "intervened": intervened,
-        "dataset": dataset,
-        "start": "a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint",
-        "trained": {k: trained[k] for k in ("training_run_id", "checkpoint_id", "checkpoint")},
-        "steps_run": trained["steps_run"],
-        "before": before,
-        "after": {**after, "label": f"round {n}"},
-        "delta": compare(before, after),
-    }
+    r = stage.round_record(
+        n, collected, judged, scored, intervened, dataset, trained, before, after
+    )
     r["markdown"] = publish(cfg, r)
     return r
-
-
-def warm_encoder() -> None:
-    """Load the ranker's MiniLM encoder once, in this thread, before any rollout: the ranker
-    policy ranks in worker threads, and their first, concurrent ``load_model`` calls race in
-    transformers' lazy imports (``cannot import name 'AutoModel'``: infra errors)."""
-    from rollouts.encoder import load_model
-
-    load_model()
-
-
-def flywheel_status(cfg: FlywheelConfig, home: str | None = None) -> str | None:
-    """The flywheel's ``runs`` status: None (never started), ``running`` (running, or killed),
-    ``failed`` or ``completed``."""
-    with _open(home) as wh:
-        df = wh.sql("SELECT status FROM runs WHERE run_id = ?", [cfg.flywheel_id])
-    return None if df.is_empty() else df.item()
-
-
-def _mark(home: str | None, cfg: FlywheelConfig, status: str, error: str | None = None) -> None:
-    """The flywheel's own ``runs`` row (kind ``flywheel``; its first start time is kept)."""
-    from prefect.runtime import flow_run
-
-    config = {**dataclasses.asdict(cfg), "prefect_flow_run_id": str(flow_run.id)}
-    ended = utcnow() if status != "running" else None
-    row = Run(cfg.flywheel_id, "flywheel", config, code_version=code_version(), status=status)
-    with _open(home) as wh:
-        wh.write([dataclasses.replace(row, error=error, ended_at=ended)])
 
 
 @flow(name="flywheel", log_prints=True)
 def flywheel_flow(
     cfg: FlywheelConfig, home: str | None = None, lent: Lent | None = None
 ) -> dict[str, Any]:
-    """N rounds of collect → judge → score → intervene → curate → train → evaluate (see the
-    module docstring); resumable. ``lent``: a sites server and a Chromium to use instead of
-    starting them per stage (:class:`Lent`)."""
+    """N rounds of collect → judge → score → intervene → curate → train → evaluate (see
+    :mod:`stages.flywheel`); resumable. ``lent``: a sites server and a Chromium to use instead of
+    starting them per stage (:class:`stages.flywheel.Lent`)."""
     cfg.check()
     where = prepare(home, cfg)
-    _mark(home, cfg, "running")
-    warm_encoder()
+    stage.mark(home, cfg, "running", flow_run_id=flow_run_id())
+    stage.warm_encoder()
     try:
         out = _rounds(home, cfg, where, lent)
     except BaseException as exc:
-        _mark(home, cfg, "failed", f"{type(exc).__name__}: {exc}"[:500])
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        stage.mark(home, cfg, "failed", error, flow_run_id=flow_run_id())
         raise
-    _mark(home, cfg, "completed")
+    stage.mark(home, cfg, "completed", flow_run_id=flow_run_id())
     return out
 
 
 def _rounds(
     home: str | None, cfg: FlywheelConfig, where: dict[str, Any], lent: Lent | None
 ) -> dict[str, Any]:
-    policy = untrained_checkpoint(home, cfg.seed)
+    policy = stage.untrained_checkpoint(home, cfg.seed)
     before = {**evaluate(home, cfg, policy, lent), "label": "untrained"}
     baseline = before
     rounds = []

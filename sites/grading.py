@@ -1,8 +1,8 @@
 """Grading a browser session on a bundled site: its session cookie → the server-side state
 (inspection endpoint) → the task's programmatic checker.
 
-The one implementation behind the scripted expert's checks (``flows.bundled``), the collect
-engine's grader (``flows.collect``) and the exact PRM scorer (``flows.score_steps``).
+The one implementation behind the scripted expert's checks (``stages.bundled``), the collect
+engine's grader (``stages.collect``) and the exact PRM scorer (``stages.score_steps``).
 """
 
 from __future__ import annotations

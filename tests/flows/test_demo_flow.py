@@ -9,7 +9,7 @@ import pytest
 
 def test_demo_config_is_the_cpu_scale_flywheel():
     from flows.demo import demo_config
-    from flows.flywheel import FlywheelError
+    from stages.flywheel import FlywheelError
 
     cfg = demo_config(seed=1, rounds=2)
     cfg.check()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flows.flywheel import DEFAULT_RECIPE
+from stages.flywheel import DEFAULT_RECIPE
 from warehouse import Warehouse, WarehouseConfig
 
 # every stage of the loop (twice, and once more killed), on a shared 2-core machine
@@ -54,7 +54,7 @@ def tiny_recipe(tmp_path_factory) -> str:
 
 
 def tiny_config(recipe: str) -> Any:
-    from flows.flywheel import FlywheelConfig
+    from stages.flywheel import FlywheelConfig
 
     return FlywheelConfig(**TINY, recipe=recipe)
 
@@ -106,7 +106,7 @@ def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> 
     """The tiny flywheel run as a process of its own, SIGKILLed once round 2's collection has
     written, then continued in-process by the demo (on the session's sites and Chromium)."""
     from flows.demo import demo_state, run_demo
-    from flows.flywheel import Lent, flywheel_status, run_name
+    from stages.flywheel import Lent, flywheel_status, run_name
 
     cfg = tiny_config(tiny_recipe)
     home = str(tmp_path_factory.mktemp("flywheel") / "home")
@@ -155,7 +155,7 @@ def resumed(prefect_harness, sites, chromium, tiny_recipe, tmp_path_factory) -> 
 
 def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
     from flows.demo import demo_state, summary_lines
-    from flows.flywheel import flywheel_status
+    from stages.flywheel import flywheel_status
 
     before, out = resumed["before"], resumed["out"]
     assert resumed["killed_status"] == "running"  # killed: never marked completed
@@ -186,8 +186,8 @@ def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
     """Every collect run of the flywheel holds exactly its selected tasks x samples (the
     trajectory ids a run that was never killed has), the intervention replays one per settled
     intervention, and every evaluation its episodes."""
-    from flows.flywheel import expert_config, policy_config, run_name
     from stages.collect import select_tasks
+    from stages.flywheel import expert_config, policy_config, run_name
     from warehouse.ids import traj_id_for
 
     cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
@@ -217,7 +217,7 @@ def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
 
 
 def test_each_round_leaves_its_rows(resumed):
-    from flows.flywheel import flywheel_status, round_recipe, run_name
+    from stages.flywheel import flywheel_status, round_recipe, run_name
 
     cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
     fid = cfg.flywheel_id
