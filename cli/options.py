@@ -28,6 +28,14 @@ from stages.config import ConfigError, check_config, fields_of, is_config, load_
 
 CONFIG_HELP = "A YAML file of this command's settings (options given here override it)."
 
+#: Every command made by :func:`config_command`: its path (``("train", "rl")``) → config class.
+REGISTERED: dict[tuple[str, ...], type] = {}
+
+
+def run_body(body: Callable[..., Any], cfg: Any, **extra: Any) -> Any:
+    """Run a config command's body with its config (one place: tests read the config here)."""
+    return body(cfg, **extra)
+
 
 def _option_type(tp: Any) -> Any:
     """The type Typer parses for a field of type ``tp`` (a tuple is a repeatable option)."""
@@ -154,7 +162,7 @@ def config_command(
             return None
         path = values.pop("config", None)
         cfg = build_config(cls, ctx, path, {k: v for k, v in values.items() if k in names})
-        return body(cfg, **{k: v for k, v in values.items() if k not in names})
+        return run_body(body, cfg, **{k: v for k, v in values.items() if k not in names})
 
     params = [ctx_param, config_param, *fields, *extra]
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -165,4 +173,5 @@ def config_command(
         app.callback(invoke_without_command=True)(command)
     else:
         app.command(name)(command)
+    REGISTERED[(name,)] = cls
     return command

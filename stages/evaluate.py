@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from stages import runs
 from stages.collect import CollectConfig, run_collect
 from stages.config import setting
 from stages.report import markdown_table, percent
-from stages.runs import orchestrator_run
 from training.evaluate import compare, record
 from training.load import POLICY_OF, model_kind, resolve_policy
 from warehouse import Warehouse
@@ -98,7 +98,7 @@ async def run_evaluation(
         split=cfg.split,
         policy=cfg.policy,
         checkpoint_id=policy.checkpoint_id,
-        extra={"config": dataclasses.asdict(cfg), "flow_run_id": orchestrator_run()},
+        extra={"config": dataclasses.asdict(cfg), "flow_run_id": runs.orchestrator_run()},
     )
     return {
         **dataclasses.asdict(ev),

@@ -12,9 +12,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from stages import runs
 from stages.config import check_config, setting
 from stages.report import markdown_table
-from stages.runs import orchestrator_run, recorded_run
+from stages.runs import recorded_run
 from warehouse import Warehouse
 from warehouse.ids import run_id_for
 from warehouse.versions import MaintenanceReport, maintain
@@ -38,7 +39,7 @@ def run_maintain(wh: Warehouse, cfg: MaintainConfig) -> dict[str, Any]:
     config = {"keep_recent_minutes": cfg.keep_recent_minutes}
     started = dt.datetime.now(dt.UTC).isoformat()
     run_id = run_id_for(
-        "maintain", {**config, "flow_run_id": orchestrator_run(), "started": started}
+        "maintain", {**config, "flow_run_id": runs.orchestrator_run(), "started": started}
     )
     with recorded_run(wh, run_id, "maintain", config):
         rep = maintain(wh, keep_recent=dt.timedelta(minutes=cfg.keep_recent_minutes))

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curation.curriculum import horizon_at
+from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.config import setting
 from stages.report import markdown_table
-from stages.runs import code_version, orchestrator_run
+from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from training import registry
 from training.data import check_modality, find_dataset, sft_turns
@@ -110,7 +111,7 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         base_model=cfg.model,
         dataset_id=ds.dataset_id,
         source_run=None,
-        config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": orchestrator_run()},
+        config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": runs.orchestrator_run()},
         progress=say,
     )
     res.pop("row")
@@ -371,7 +372,7 @@ async def run_rl(
             config={
                 **cfg.identity(),
                 "start_checkpoint": start.checkpoint_id,
-                "flow_run_id": orchestrator_run(),
+                "flow_run_id": runs.orchestrator_run(),
             },
             progress=say,
             step_offset=step_offset,

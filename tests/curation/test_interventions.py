@@ -1,6 +1,6 @@
 """Interventions, pure logic: first errors on hand-made page-state paths (wrong element, skipped
 step, early answer, wrong answer, stalling), teacher replies, the replay policy's sequence, the
-verification rule and the stored record. The browser side is tests/flows/test_intervene.py."""
+verification rule and the stored record. The browser side is tests/stages/test_intervene.py."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from rollouts.localserver import ThreadedServer
 from sites.tasks import generate
-from tests.flows.cli_runner import webloop
+from tests.cli.cli_runner import webloop
 from tests.flows.integrity import duplicate_and_mismatched
 from tests.rollouts.fake_openai import last_user_text
 from warehouse import Warehouse, WarehouseConfig

@@ -28,7 +28,7 @@ from stages.score_steps import (
     run_score_steps_async,
     scorer_agreement,
 )
-from tests.flows.cli_runner import webloop
+from tests.cli.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks

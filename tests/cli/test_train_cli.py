@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.cli_runner import webloop
 from tests.curation.test_examples import engine_warehouse
-from tests.flows.cli_runner import webloop
 from warehouse import Warehouse, WarehouseConfig
 
 RECIPE = """\

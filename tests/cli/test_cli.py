@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.flows.cli_runner import webloop, webloop_subprocess
+from tests.cli.cli_runner import webloop, webloop_subprocess
 from warehouse import Warehouse, WarehouseConfig, migrations, sample
 
 

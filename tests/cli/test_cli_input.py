@@ -11,7 +11,7 @@ import pytest
 import typer
 
 from cli.app import app
-from tests.flows.cli_runner import webloop
+from tests.cli.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI
 from warehouse import Warehouse, WarehouseConfig, sample
 

@@ -26,8 +26,8 @@ from sites.tasks import generate, resolve_start_url
 from stages.collect import bundled_grader
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.runs import recorded_run
+from tests.cli.cli_runner import webloop
 from tests.curation.test_rationales import _warehouse
-from tests.flows.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.records import Intervention, Task, Trajectory, from_frame
