@@ -15,7 +15,6 @@ from rich.markup import escape
 
 from cli.common import (
     Format,
-    UserError,
     _open,
     console,
     err,
@@ -121,7 +120,7 @@ def sql(
 
     Every write is a DuckLake snapshot: `webloop warehouse rollback SNAPSHOT` undoes one."""
     if schema and not write:
-        raise UserError("--schema changes the warehouse: pass it together with --write")
+        raise ConfigError("--schema changes the warehouse: pass it together with --write")
     from warehouse.sandbox import SqlInterruptedError, open_sandboxed, run_user_sql
 
     # Sandboxed: the warehouse's tables only (no other files, network, extensions or settings);
@@ -393,9 +392,9 @@ def tasks_generate(
     from warehouse.tasks import put_tasks
 
     if suite != "bundled":
-        raise UserError(f"only the 'bundled' suite is generated; import others (got {suite!r})")
+        raise ConfigError(f"only the 'bundled' suite is generated; import others (got {suite!r})")
     if ood_site not in SITES:
-        raise UserError(f"--ood-site must be one of {sorted(SITES)}")
+        raise ConfigError(f"--ood-site must be one of {sorted(SITES)}")
     tasks = generate(n, seed, site_seed=site_seed, ood_site=ood_site)
     if adversarial:
         tasks += adversarial_variants(tasks)
@@ -430,7 +429,7 @@ def _import_tasks(fmt: str, file: Path) -> None:
         at = f"{file}:{n}" if parsed.unit == "line" else f"{file} entry {n}"
         err.print(f"[yellow]skipped[/yellow] {escape(f'{at}: {reason}')}")
     if not parsed.tasks:
-        raise UserError(f"{file}: no {fmt} task could be read (see the skipped rows above)")
+        raise ConfigError(f"{file}: no {fmt} task could be read (see the skipped rows above)")
     with _open() as wh:
         rep = put_tasks(wh, parsed.tasks)
     console.print(
@@ -528,10 +527,10 @@ def judge_agreement(
             [judge_name],
         )["judge_version"].to_list()
         if not versions:
-            raise UserError(f"no judgments from judge {judge_name!r} (run: webloop judge)")
+            raise ConfigError(f"no judgments from judge {judge_name!r} (run: webloop judge)")
         rows = [r for v in versions for r in compute_agreements(wh, judge_name, reference, v)]
     if all(r.n == 0 for r in rows):
-        raise UserError(
+        raise ConfigError(
             f"no trajectories have both a {judge_name} verdict and a {reference} outcome"
         )
     df = pl.DataFrame(
@@ -574,7 +573,7 @@ def judge_flips(
     with _open(read_only=True) as wh:
         rows = flip_rates(wh, judge_names, reference)
     if not rows:
-        raise UserError(
+        raise ConfigError(
             f"no {reference} failures judged by {', '.join(judge_names)} (collect on "
             "bundled-adversarial tasks or with --inject-answer, then run the judges)"
         )
@@ -604,7 +603,7 @@ def score_agreement(
     with _open(read_only=True) as wh:
         out = scorer_agreement(wh, scorer, reference, run)
     if not out["states"]:
-        raise UserError(f"no states have candidates scored by both {scorer} and {reference}")
+        raise ConfigError(f"no states have candidates scored by both {scorer} and {reference}")
     print_frame(pl.DataFrame([{"scorer": scorer, "reference": reference, **out}]), fmt)
 
 
@@ -647,9 +646,7 @@ def exit_code(exc: BaseException) -> int:
         duckdb.ConstraintException,
         duckdb.NotImplementedException,
     )
-    from stages.config import ConfigError as BadOption
-
-    if isinstance(exc, UserError | ConfigError | BadOption | SecretFileError):
+    if isinstance(exc, ConfigError | SecretFileError):
         return USAGE
     if isinstance(exc, duckdb.Error):
         return USAGE if isinstance(exc, bad_input) else RUNTIME
@@ -756,7 +753,7 @@ def _refuse_url_credentials(argv: list[str]) -> None:
     parameters and show in ``ps``. Keys come from the environment (``WEBLOOP_API_KEY``)."""
     for arg in argv:
         if has_url_credentials(arg):
-            raise UserError(
+            raise ConfigError(
                 f"refusing a URL with credentials in the command line ({redact(arg)}): it would "
                 "be stored with the run; put the API key in WEBLOOP_API_KEY (or OPENAI_API_KEY) "
                 "and pass the URL without user:password@"

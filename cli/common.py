@@ -14,6 +14,7 @@ from rich.table import Table
 
 from cli.terminal import SafeConsole, cell
 from warehouse import Warehouse, WarehouseConfig
+from warehouse.config import ConfigError
 
 # Lines are never wrapped at the console width: a message that names a file stays one line
 # (grep-able, and the same whatever the terminal or the COLUMNS it started with); tables still
@@ -35,10 +36,6 @@ class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
-
-
-class UserError(Exception):
-    """An error caused by input; printed without a traceback."""
 
 
 def _policies() -> list[str]:
@@ -95,7 +92,7 @@ def existing_run(value: str | None) -> str | None:
     with _open(read_only=True) as wh:
         found = wh.read(Run, "run_id = ?", [value]).height
     if not found:
-        raise UserError(f"--run: no run {value!r} in the warehouse (`webloop runs` lists them)")
+        raise ConfigError(f"--run: no run {value!r} in the warehouse (`webloop runs` lists them)")
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import Format, UserError, _open, console, print_frame
+from cli.common import ConfigError, Format, _open, console, print_frame
 from cli.options import config_command
 from stages.curate import CurateConfig
 
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         import polars as pl
 
         with _open(read_only=True) as wh:
-            row = _find(wh, ref, UserError)
+            row = _find(wh, ref, ConfigError)
             members = wh.sql(
                 "SELECT count(*) FILTER (WHERE step_idx IS NULL) AS trajectories, "
                 "count(*) FILTER (WHERE step_idx IS NOT NULL) AS steps "
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         import polars as pl
 
         with _open(read_only=True) as wh:
-            ra, rb = _find(wh, a, UserError), _find(wh, b, UserError)
+            ra, rb = _find(wh, a, ConfigError), _find(wh, b, ConfigError)
             diff = wh.sql(
                 """
                 WITH a AS (SELECT traj_id, step_idx FROM dataset_members WHERE dataset_id = $a),

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import UserError, console
+from cli.common import ConfigError, console
 from dashboards import access
 from serving.children import run_child
 from warehouse import WarehouseConfig
@@ -39,7 +39,7 @@ def dashboard_command(
     ``auth``: the app requires an access token (:mod:`dashboards.access`): the environment's
     ``WEBLOOP_DASHBOARD_TOKEN``, else a new random one, in the returned environment."""
     if not 0 < port < 65536:
-        raise UserError(f"--port {port}: a TCP port is 1-65535")
+        raise ConfigError(f"--port {port}: a TCP port is 1-65535")
     env = dict(os.environ)
     if home is not None:
         env["WEBLOOP_HOME"] = str(home.expanduser().absolute())
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
             port, home=home, address=address, headless=not open_browser, auth=auth
         )
         if not port_free(port, address):
-            raise UserError(f"port {port} on {address} is in use: choose another with --port")
+            raise ConfigError(f"port {port} on {address} is in use: choose another with --port")
         shown = WarehouseConfig.from_env(home=env.get("WEBLOOP_HOME")).describe()  # no password
         token = env.get(access.TOKEN_ENV)
         url = f"http://{address}:{port}/" + (f"?token={token}" if token else "")

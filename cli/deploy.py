@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import UserError, console
+from cli.common import ConfigError, console
 
 NO_SERVER = (
     "no Prefect server configured: start one (`prefect server start --host 127.0.0.1`) and "
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve webloop's scheduled deployments on the Prefect server (PREFECT_API_URL)."""
         if dry_run and register_only:
-            raise UserError("give --dry-run or --register-only, not both")
+            raise ConfigError("give --dry-run or --register-only, not both")
         from flows import deploy as dep
         from warehouse import WarehouseConfig
 
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
                 keep_recent_minutes=keep_recent_minutes,
             )
         except ValueError as exc:
-            raise UserError(str(exc)) from None
+            raise ConfigError(str(exc)) from None
         for s in items:
             console.print(
                 f"{s.name}: flow {s.flow}, cron '{s.cron}', parameters {s.parameters}",
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
             return
         url = dep.api_url()
         if url is None:
-            raise UserError(NO_SERVER)
+            raise ConfigError(NO_SERVER)
         if register_only:
             ids = dep.register(items)
             console.print(f"registered {len(ids)} deployments on {url}", soft_wrap=True)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import UserError, console
+from cli.common import ConfigError, console
 from cli.options import config_command
 from stages.flywheel import FlywheelConfig
 
@@ -27,7 +27,7 @@ def flywheel(cfg: FlywheelConfig) -> None:
     try:
         cfg.check()
     except RecipeError as exc:
-        raise UserError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     console.print(f"[bold]webloop flywheel[/bold] {cfg.flywheel_id}: {cfg.rounds} round(s) …")
     with lend() as lent:  # one sites server and one Chromium for every stage
         out = flywheel_flow(cfg, None, lent)

@@ -19,10 +19,10 @@ class TeacherName(StrEnum):
 
 
 def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None) -> None:
-    from cli.common import UserError
+    from cli.common import ConfigError
 
     if teacher is TeacherName.openai and not (base_url and model):
-        raise UserError("--teacher openai needs --base-url and --model")
+        raise ConfigError("--teacher openai needs --base-url and --model")
 
 
 def intervene(cfg: InterveneConfig) -> None:
@@ -66,11 +66,11 @@ def rationales(
 ) -> None:
     """Write a teacher's thought for each step of successful expert trajectories (stored apart
     from the trajectory; a recipe's include.rationales adds them); resumable."""
-    from cli.common import UserError, console
+    from cli.common import ConfigError, console
 
     _check_teacher(teacher, base_url, model)
     if concurrency < 1:
-        raise UserError("--concurrency must be at least 1")
+        raise ConfigError("--concurrency must be at least 1")
     from curation.rationales import RationalesConfig
     from flows.intervene import rationales as run_flow
 

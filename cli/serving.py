@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import UserError, console
+from cli.common import ConfigError, console
 
 
 def _engine(value: str) -> str:
@@ -69,7 +69,7 @@ def serve_model(
             timeout_s=timeout,
         )
     except ServerError as exc:
-        raise UserError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     raise typer.Exit(code)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import Format, UserError, _open, console, print_frame
+from cli.common import ConfigError, Format, _open, console, print_frame
 from cli.options import config_command
 from stages.evaluate import EvalConfig
 from stages.train import RLConfig, SFTConfig
@@ -29,21 +29,21 @@ def _estimator(value: str) -> str:
 def _horizon(text: str | None, recipe: Path | None) -> tuple[int, ...]:
     """``--horizon 10,20,30`` or a recipe's ``curriculum.horizon`` (not both)."""
     if text and recipe:
-        raise UserError("give --horizon or --recipe, not both")
+        raise ConfigError("give --horizon or --recipe, not both")
     if recipe is not None:
         from curation.recipe import RecipeError, load_recipe
 
         try:
             return tuple(load_recipe(recipe).curriculum.horizon)
         except RecipeError as exc:
-            raise UserError(str(exc)) from None
+            raise ConfigError(str(exc)) from None
     try:
         steps = tuple(int(v) for v in (text or "").split(",") if v.strip())
     except ValueError:
         msg = f"--horizon {text!r}: step budgets separated by commas, e.g. 10,20,30"
-        raise UserError(msg) from None
+        raise ConfigError(msg) from None
     if any(s < 1 for s in steps):
-        raise UserError(f"--horizon {text!r}: every step budget must be at least 1")
+        raise ConfigError(f"--horizon {text!r}: every step budget must be at least 1")
     return steps
 
 
@@ -54,7 +54,7 @@ def _user_errors(fn: Any) -> Any:
     try:
         return fn()
     except (DataMismatch, LookupError) as exc:
-        raise UserError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
 
 
 def _live(label: str) -> Any:
@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
         with _open(read_only=True) as wh:
             df = lineage(wh, checkpoint)
             if df.is_empty():
-                raise UserError(f"no checkpoint {checkpoint!r} (webloop checkpoints list)")
+                raise ConfigError(f"no checkpoint {checkpoint!r} (webloop checkpoints list)")
             print_frame(df, fmt)
             evals = wh.sql(
                 "SELECT evaluation_id, suite, split, n, success_rate, ci_low, ci_high "

@@ -14,8 +14,9 @@ Configs compose: a field whose type is itself a config is a nested mapping in YA
 
 YAML goes through :mod:`warehouse.yamlfile` (aliases refused before anything is built, line
 numbers kept), values through pydantic's validation of dataclasses (types, ``Literal`` choices,
-nested configs), bounds through the fields' metadata. :class:`ConfigError` is the one error type
-for a bad option or a bad config file: the CLI prints it on one line and exits 2.
+nested configs), bounds through the fields' metadata. :class:`ConfigError`
+(:mod:`warehouse.config`'s) is the one error type for a bad option or a bad config file: the CLI
+prints it on one line and exits 2.
 """
 
 from __future__ import annotations
@@ -30,14 +31,11 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from warehouse.config import ConfigError
 from warehouse.yamlfile import YamlError, field_path, line_of, read_yaml
 
 C = TypeVar("C")
 _MISSING = dataclasses.MISSING
-
-
-class ConfigError(ValueError):
-    """A bad option or config file; the message names the field (and the file and line)."""
 
 
 def setting(

@@ -23,7 +23,9 @@ from warehouse.secrets import register
 
 
 class ConfigError(ValueError):
-    """The warehouse configuration is invalid (bad URL, unsupported scheme)."""
+    """A bad option or configuration: the one error type for input a person can fix (a
+    warehouse URL, a stage config field, a config file; the message names it). The CLI prints
+    it on one line and exits 2."""
 
 
 @dataclass(frozen=True)

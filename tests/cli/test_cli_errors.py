@@ -151,7 +151,7 @@ def test_usage_errors_exit_2(tmp_path: Path):
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
-        (cli.UserError("x"), 2),
+        (cli.ConfigError("x"), 2),
         (ConfigError("bad WEBLOOP_WAREHOUSE"), 2),
         (SecretFileError("world-readable"), 2),
         (duckdb.ParserException("syntax error"), 2),

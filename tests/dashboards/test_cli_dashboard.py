@@ -11,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from cli import dashboard as cli_dashboard
-from cli.common import UserError
 from cli.dashboard import APP, dashboard_command
+from warehouse.config import ConfigError
 
 
 def test_command_line_and_environment(tmp_path: Path, monkeypatch):
@@ -75,7 +75,7 @@ def test_a_busy_port_is_refused(monkeypatch):
 def test_a_bad_port_is_refused():
     res = CliRunner().invoke(app(), ["dashboard", "--port", "70000"])
     assert res.exit_code == 2 and "'--port'" in res.output
-    with pytest.raises(UserError, match="a TCP port is 1-65535"):
+    with pytest.raises(ConfigError, match="a TCP port is 1-65535"):
         dashboard_command(70000)
 
 

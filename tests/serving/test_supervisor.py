@@ -16,10 +16,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.common import UserError
 from cli.serving import register
 from serving import supervisor as serving
 from serving.supervisor import ServerError, ServerSpec, command, free_port, group_members
+from warehouse.config import ConfigError
 
 CLI = (
     "import typer; from cli.serving import register\n"
@@ -123,7 +123,7 @@ def test_bad_input_is_refused_clearly(tmp_path, monkeypatch):
     bad = runner.invoke(app, ["serve-model", "--engine", "tgi", "--model", "x"])
     assert bad.exit_code != 0 and "unknown engine" in bad.output
     missing = runner.invoke(app, ["serve-model", "--model", str(tmp_path / "nope")])
-    assert isinstance(missing.exception, UserError) and "config.json" in str(missing.exception)
+    assert isinstance(missing.exception, ConfigError) and "config.json" in str(missing.exception)
 
 
 def test_vllm_command_line(monkeypatch, tmp_path):
