@@ -45,7 +45,15 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from bench.childserver import ChildServer
 from rollouts.actions import ParseError, format_action, parse_action
-from rollouts.engine import Engine, EngineConfig, Finished, Job, Outcome, make_jobs
+from rollouts.engine import (
+    Engine,
+    EngineConfig,
+    Finished,
+    Job,
+    Outcome,
+    episode_seed,
+    make_jobs,
+)
 from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of
 from rollouts.policies import ExpertPolicy, OpenAIPolicy, PolicyContext
 from rollouts.prompts import Turn
@@ -277,14 +285,22 @@ async def lockstep(envs, jobs: list[Job], policy, grader, max_steps: int, seed: 
     start = time.perf_counter()
     for i in range(0, len(jobs), batch):
         group = jobs[i : i + batch]
-        obs = list(
-            await asyncio.gather(
+        obs = [
+            ob
+            for ob, _ in await asyncio.gather(
                 *(
-                    env.reset(j.start_url, allowed_origins=j.allowed_origins, max_steps=max_steps)
+                    env.reset(
+                        seed=episode_seed(seed, j.traj_id),
+                        options={
+                            "start_url": j.start_url,
+                            "allowed_origins": j.allowed_origins,
+                            "max_steps": max_steps,
+                        },
+                    )
                     for env, j in zip(envs, group, strict=False)
                 )
             )
-        )
+        ]
         ctxs = [
             PolicyContext(
                 j.task.task_id,
@@ -317,7 +333,7 @@ async def lockstep(envs, jobs: list[Job], policy, grader, max_steps: int, seed: 
                     acting.append((k, out.action))
             results = await asyncio.gather(*(envs[k].step(a) for k, a in acting))  # wait for all
             ended = {k for k in active if invalid[k] >= 3 or n_steps[k] >= max_steps}
-            for (k, a), (ob, term, trunc, info) in zip(acting, results, strict=True):
+            for (k, a), (ob, _, term, trunc, info) in zip(acting, results, strict=True):
                 t = ctxs[k].turns[-1]
                 ctxs[k].turns[-1] = Turn(
                     t.url, t.title, t.screenshot, t.a11y, format_action(a), info["error"]

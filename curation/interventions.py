@@ -130,7 +130,9 @@ async def replay_reached(
 ) -> Reached:
     """Replay stored action texts (None: an invalid step) in a fresh context of ``env``."""
     url, allowed = start
-    obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    obs, _ = await env.reset(
+        options={"start_url": url, "allowed_origins": allowed, "max_steps": 10_000}
+    )
     first = await state(env, task, obs.a11y)
     after: list[Hashable | None] = []
     answered: list[bool] = []
@@ -146,7 +148,7 @@ async def replay_reached(
             after.append(None)
             answered.append(True)
             break
-        obs, _, _, _ = await env.step(action)
+        obs, *_ = await env.step(action)
         after.append(await state(env, task, obs.a11y))
         answered.append(False)
     return Reached(first, after, answered)

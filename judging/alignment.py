@@ -146,10 +146,12 @@ async def replay_states(
     per action, whether it failed when recorded (then it gets
     :data:`REPLAYED_FAILURE_TIMEOUT_S`)."""
     url, allowed = resolve(task)
-    obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    obs, _ = await env.reset(
+        options={"start_url": url, "allowed_origins": allowed, "max_steps": 10_000}
+    )
     states = [await page_state(env, task, probe, obs.a11y)]
     for action, timeout_s in _replayed(actions, failed):
-        obs, done, _, _ = await env.step(action, timeout_s=timeout_s)
+        obs, _, done, _, _ = await env.step(action, timeout_s=timeout_s)
         if done:
             return states, True
         states.append(await page_state(env, task, probe, obs.a11y))
@@ -166,7 +168,7 @@ async def replay_actions(
     """:func:`replay_states` without the states: reach where the actions lead (no observations,
     no probes, for a replay whose alignment is already known); whether an ``answer`` ended it."""
     url, allowed = resolve(task)
-    await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    await env.reset(options={"start_url": url, "allowed_origins": allowed, "max_steps": 10_000})
     for action, timeout_s in _replayed(actions, failed):
         done, _, _ = await env.act(action, timeout_s=timeout_s)
         if done:

@@ -94,6 +94,12 @@ class Job:
     allowed_origins: list[str] = field(default_factory=list)
 
 
+def episode_seed(seed: int, traj_id: str) -> int:
+    """The seed of a trajectory's environment (its pages' ``Math.random``): a function of the
+    run's seed and the trajectory, so a re-run of a trajectory sees the same page randomness."""
+    return int(stable_hash(seed, traj_id, "env")[:8], 16)
+
+
 @dataclass
 class Outcome:
     """What the grader decided: ``status`` (success/failure/finished) and details."""
@@ -345,8 +351,13 @@ class Engine:
         """The episode: observe, act, until a stop rule (:mod:`rollouts.stop_rules`) ends it;
         then grade it. A policy over its step timeout aborts it as ``timeout``."""
         started = utcnow()
-        obs = await env.reset(
-            job.start_url, allowed_origins=job.allowed_origins, max_steps=self.config.max_steps
+        obs, _ = await env.reset(
+            seed=episode_seed(self.config.seed, job.traj_id),
+            options={
+                "start_url": job.start_url,
+                "allowed_origins": job.allowed_origins,
+                "max_steps": self.config.max_steps,
+            },
         )
         turns: list[Turn] = []
         ctx = self._policy_context(env, job, turns)
@@ -426,7 +437,7 @@ class Engine:
         tally.invalid_run = 0
         here = repeat_key(obs, step) if self.config.max_repeats else None
         t1 = time.perf_counter()
-        obs, terminated, truncated, info = await env.step(action)
+        obs, _, terminated, truncated, info = await env.step(action)
         step = _with(
             step, latency_env_s=round(time.perf_counter() - t1, 4), action_error=info["error"]
         )

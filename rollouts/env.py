@@ -1,13 +1,14 @@
 """The browser environment: Gymnasium-shaped and async, one fresh browser context per episode.
 
     env = BrowserEnv(browser_slot, EnvConfig())
-    obs = await env.reset(start_url, allowed_origins=[...], seed=0)
-    obs, terminated, truncated, info = await env.step(action)
+    obs, info = await env.reset(seed=0, options={"start_url": url, "allowed_origins": [...]})
+    obs, reward, terminated, truncated, info = await env.step(action)
     await env.close()
 
 * ``obs`` (:class:`Observation`): PNG screenshot bytes, the accessibility snapshot
   (``aria_snapshot(mode="ai")``, refs ``[ref=eN]`` usable as ``click(eN)``), URL, title, and —
   with ``set_of_marks`` — the number of marked elements (``click([N])``).
+* ``reward``: 0.0 (success is graded when the episode ends, by the site's checker or a judge).
 * ``terminated``: the action was ``answer(...)`` (``info["answer"]`` holds it).
 * ``truncated``: the step budget is spent.
 * ``info``: ``error`` (the action failed on the page), ``answer``, ``blocked`` (off-origin
@@ -153,6 +154,22 @@ class BrowserSlot:
             self.browser = None
 
 
+# ``Math.random`` of every page of a seeded episode: mulberry32 (a small, well-mixed 32-bit
+# generator) from the episode's seed, installed before any page script runs
+_SEEDED_RANDOM_JS = """
+(() => {
+  let a = %d >>> 0;
+  Math.random = function () {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+})();
+"""
+
+
 def origin_of(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}"
@@ -185,18 +202,25 @@ class BrowserEnv:
         self.max_steps = 0
 
     async def reset(
-        self,
-        start_url: str,
-        *,
-        allowed_origins: list[str] | None = None,
-        max_steps: int = 30,
-        seed: int | None = None,
-    ) -> Observation:
-        """Start an episode at ``start_url`` in a fresh context. ``seed`` is recorded only: the
-        bundled sites are deterministic and a browser has no RNG to seed."""
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        """Start an episode in a fresh context (Gymnasium's signature): ``(obs, info)``.
+
+        ``options``: ``start_url`` (required), ``allowed_origins`` (besides the start URL's own
+        origin) and ``max_steps`` (the step budget, default 30). ``seed``: the page's
+        ``Math.random`` becomes a generator seeded with it (every page of the episode), so a
+        page that draws random numbers draws the same ones again; None leaves the browser's.
+        ``info``: ``start_url`` and ``allowed_origins`` as the episode uses them."""
+        opts = dict(options or {})
+        start_url = opts.pop("start_url", None)
+        if not start_url:
+            raise ValueError("reset(options={'start_url': ...}) needs the start URL")
+        allowed_origins = opts.pop("allowed_origins", None) or []
+        max_steps = opts.pop("max_steps", 30)
+        if opts:
+            raise ValueError(f"reset: unknown options {sorted(opts)}")
         await self.close()
-        del seed
-        self.allowed = {origin_of(start_url), *(origin_of(o) for o in allowed_origins or [])}
+        self.allowed = {origin_of(start_url), *(origin_of(o) for o in allowed_origins)}
         self.blocked, self.step_idx, self.max_steps = [], 0, max_steps
         try:
             # the proxy appends refusals from its own thread, straight into this episode's list
@@ -210,15 +234,18 @@ class BrowserEnv:
             )
             await self.context.route("**/*", self._route)
             await self.context.add_init_script(_REQUESTS_JS)
+            if seed is not None:
+                await self.context.add_init_script(_SEEDED_RANDOM_JS % (seed & 0xFFFFFFFF))
             self.page = await self.context.new_page()
             self._track_requests(self.page)
             # opening the start page is set-up, not an action: a short action timeout (local
             # sites answer in milliseconds) must not turn a slow first load into an infra error
             timeout_s = max(self.config.action_timeout_s, RESET_TIMEOUT_S)
             await self.page.goto(start_url, timeout=timeout_s * 1000)
-            return await self.observe()
+            obs = await self.observe()
         except Exception as exc:
             raise BrowserCrashed(f"reset failed: {exc}") from exc
+        return obs, {"start_url": start_url, "allowed_origins": sorted(self.allowed)}
 
     async def _route(self, route: Any) -> None:
         """The allowlist's first layer: aborts a request the page starts to another origin
@@ -234,13 +261,15 @@ class BrowserEnv:
 
     async def step(
         self, action: Action, *, timeout_s: float | None = None
-    ) -> tuple[Observation, bool, bool, dict[str, Any]]:
-        """Apply ``action``; ``(obs, terminated, truncated, info)`` with ``info["error"]`` (the
-        action's failure, or None), ``info["answer"]`` and ``info["blocked"]`` (requests aborted
-        by the origin allowlist). ``timeout_s``: this action's timeout instead of the config's
-        (a replay gives an action that failed when recorded a short one)."""
+    ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """Apply ``action`` (Gymnasium's signature): ``(obs, reward, terminated, truncated,
+        info)``. ``reward`` is 0.0: success is graded when the episode ends, by the site's
+        checker or a judge (the environment does not know the site's state). ``info``:
+        ``error`` (the action's failure, or None), ``answer`` and ``blocked`` (requests the
+        origin allowlist refused). ``timeout_s``: this action's timeout instead of the
+        config's (a replay gives an action that failed when recorded a short one)."""
         terminated, truncated, info = await self.act(action, timeout_s=timeout_s)
-        return await self.observe(), terminated, truncated, info
+        return await self.observe(), 0.0, terminated, truncated, info
 
     async def act(
         self, action: Action, *, timeout_s: float | None = None

@@ -62,13 +62,15 @@ async def reference_states(
     the page (the path then ends at the last state the reference reached). Page-state alignment
     (judging) and the intervention finder (curation) both measure against this path."""
     url, allowed = start
-    obs = await env.reset(url, allowed_origins=allowed, max_steps=10_000)
+    obs, _ = await env.reset(
+        options={"start_url": url, "allowed_origins": allowed, "max_steps": 10_000}
+    )
     path = [await state(env, obs.a11y)]
     for text in reference:
         action = parse_action(text)
         if isinstance(action, ParseError | Answer):
             break
-        obs, _, _, info = await env.step(action)
+        obs, _, _, _, info = await env.step(action)
         if info["error"]:
             break
         path.append(await state(env, obs.a11y))

@@ -83,20 +83,17 @@ class SimEnv:
         return random.Random(stable_hash(self.seed, self.url, k))
 
     async def reset(
-        self,
-        start_url: str,
-        *,
-        allowed_origins: list[str] | None = None,
-        max_steps: int = 30,
-        seed: int | None = None,
-    ) -> Observation:
-        del allowed_origins, seed
-        self.url, self.step_idx, self.max_steps = start_url, 0, max_steps
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        del seed
+        opts = options or {}
+        self.url, self.step_idx = opts["start_url"], 0
+        self.max_steps = opts.get("max_steps", 30)
         self.resets += 1
         await asyncio.sleep(self.reset_s(self._rng(-1)))
-        return await self.observe()
+        return await self.observe(), {"start_url": self.url}
 
-    async def step(self, action: Action) -> tuple[Observation, bool, bool, dict[str, Any]]:
+    async def step(self, action: Action) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         if not self.url:
             raise RuntimeError("step() before reset()")
         await asyncio.sleep(self.step_s(self._rng(self.step_idx)))
@@ -109,7 +106,7 @@ class SimEnv:
             "answer": action.text if terminated else None,
             "blocked": [],
         }
-        return await self.observe(), terminated, truncated, info
+        return await self.observe(), 0.0, terminated, truncated, info
 
     async def observe(self) -> Observation:
         assert _SHOT is not None

@@ -54,7 +54,7 @@ async def _model_facing_prefix(browser, server, task, n: int, space: str) -> lis
     elements into view included), as a collected trajectory has them."""
     env = BrowserEnv(SharedSlot(browser))
     url, allowed = _resolve(server)(task)
-    obs = await env.reset(url, allowed_origins=allowed)
+    obs, _ = await env.reset(options={"start_url": url, "allowed_origins": allowed})
     turns: list[Turn] = []
     ctx = PolicyContext(
         task.task_id, task.instruction, list(task.reference), turns, random.Random(0), page=env.page
@@ -65,7 +65,7 @@ async def _model_facing_prefix(browser, server, task, n: int, space: str) -> lis
             turns.append(Turn(obs.url, obs.title, None, obs.a11y))
             out = await policy.act(ctx)
             texts.append(format_action(out.action))
-            obs, _, _, info = await env.step(out.action)
+            obs, _, _, _, info = await env.step(out.action)
             assert info["error"] is None, texts
         cart = await ground(env.page, parse_action('click(css="#cart-link")'), space)
         return [*texts, format_action(cart.action)]  # the last one leaves the path
@@ -131,7 +131,7 @@ class _Recording(BrowserEnv):
 
     async def step(self, action, *, timeout_s=None):
         out = await super().step(action, timeout_s=timeout_s)
-        self.errors.append(out[3]["error"])
+        self.errors.append(out[4]["error"])
         return out
 
 
@@ -167,7 +167,7 @@ def test_the_expert_waits_for_a_missing_element_as_long_as_an_action_would(chrom
     async def go() -> tuple[str, str]:
         env = BrowserEnv(SharedSlot(chromium.browser))
         url, allowed = _resolve(server)(task)
-        obs = await env.reset(url, allowed_origins=allowed)
+        obs, _ = await env.reset(options={"start_url": url, "allowed_origins": allowed})
         try:
             ctx = PolicyContext(
                 task.task_id,

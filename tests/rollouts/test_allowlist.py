@@ -150,7 +150,7 @@ async def episode(chromium: Any, start_url: str):
     origin; the first observation."""
     env = BrowserEnv(SharedSlot(chromium.browser), EnvConfig(action_timeout_s=5))
     try:
-        obs = await env.reset(start_url, max_steps=10)
+        obs, _ = await env.reset(options={"start_url": start_url, "max_steps": 10})
         yield env, obs
     finally:
         await env.close()
@@ -159,7 +159,7 @@ async def episode(chromium: Any, start_url: str):
 async def click_and_read(env: BrowserEnv, button: str) -> tuple[str, dict[str, Any]]:
     """Click ``button`` on A's home page; what the page wrote to its output (waits for the
     page's own fetch / socket event), and the step's info."""
-    _, _, _, info = await env.step(parse_action(f'click(css="#{button}")'))
+    *_, info = await env.step(parse_action(f'click(css="#{button}")'))
     await env.page.wait_for_function("document.getElementById('out').textContent !== ''")
     return await env.page.text_content("#out"), info
 
@@ -171,7 +171,7 @@ async def click_and_read(env: BrowserEnv, button: str) -> tuple[str, dict[str, A
 def test_a_redirect_to_another_origin_is_refused_and_recorded(a, b, chromium):
     async def go():
         async with episode(chromium, a + "/") as (env, _):
-            obs, _, _, info = await env.step(parse_action(f'goto("{a}/to-b")'))
+            obs, *_, info = await env.step(parse_action(f'goto("{a}/to-b")'))
             return obs, info
 
     obs, info = chromium.run(go())
@@ -313,7 +313,7 @@ def test_the_allowed_origin_still_works_through_the_proxy(a, b, chromium):
             fetched, _ = await click_and_read(env, "fetch-a")
             await env.page.evaluate("document.getElementById('out').textContent = ''")
             socket_, _ = await click_and_read(env, "socket-a")
-            landed, _, _, info = await env.step(parse_action(f'goto("{a}/to-a")'))
+            landed, *_, info = await env.step(parse_action(f'goto("{a}/to-a")'))
             data_url = "data:text/html,<title>inline</title>"
             inline = await env.page.evaluate(f"fetch('{data_url}').then(r => r.text())")
             return obs, pixel, fetched, socket_, landed, info, inline, list(env.blocked)

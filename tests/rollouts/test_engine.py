@@ -215,20 +215,20 @@ def test_set_of_marks_and_normalized_coordinates(server, chromium):
         slot = SharedSlot(chromium.browser)
         env = BrowserEnv(slot, EnvConfig(set_of_marks=True, coords="norm1000"))
         wiki = server.url("wiki")
-        obs = await env.reset(wiki + "/", max_steps=5)
+        obs, _ = await env.reset(options={"start_url": wiki + "/", "max_steps": 5})
         assert obs.marks > 5
         mark = await env.page.evaluate(
             "() => document.querySelector('a[href^=\"/wiki/\"]').getAttribute('data-webloop-mark')"
         )
-        obs, _, _, info = await env.step(parse_action(f"click([{mark}])"))
+        obs, _, _, _, info = await env.step(parse_action(f"click([{mark}])"))
         assert info["error"] is None and "/wiki/" in obs.url
         box = await env.page.locator("#twin-link").bounding_box()
         x = (box["x"] + box["width"] / 2) / 1280 * 1000
         y = (box["y"] + box["height"] / 2) / 800 * 1000
         before = obs.url
-        obs, _, _, info = await env.step(parse_action(f"click({x:.0f}, {y:.0f})"))
+        obs, _, _, _, info = await env.step(parse_action(f"click({x:.0f}, {y:.0f})"))
         assert obs.url != before and "/wiki/" in obs.url
-        obs, term, _, info = await env.step(parse_action('answer("x")'))
+        obs, _, term, _, info = await env.step(parse_action('answer("x")'))
         assert term and info["answer"] == "x"
         await env.close()
         await slot.close()

@@ -30,7 +30,9 @@ async def typed_into_from(server, chromium, cfg: EnvConfig, delay=None, calls=No
     start = server.url("travel") + "/"
     env = BrowserEnv(SharedSlot(chromium.browser), cfg)
     try:
-        obs = await env.reset(start, allowed_origins=[origin_of(start)], max_steps=5)
+        obs, _ = await env.reset(
+            options={"start_url": start, "allowed_origins": [origin_of(start)], "max_steps": 5}
+        )
         assert not options_in(obs.a11y)
         if delay is not None:
 
