@@ -58,7 +58,7 @@ from stages.report import markdown_table
 from stages.runs import recorded_run
 from stages.score_steps import bundled_probe
 from warehouse import Warehouse, WarehouseError
-from warehouse.ids import make_id, run_id_for
+from warehouse.ids import make_id, run_id_for, stable_hash
 from warehouse.records import Intervention
 
 
@@ -94,6 +94,14 @@ class InterveneConfig:
     @property
     def teacher_name(self) -> str:
         return "expert" if self.teacher == "expert" else f"openai:{self.model}"
+
+
+def replay_sample_idx(corrected: str) -> int:
+    """The sample index of the replay that verifies a correction of trajectory ``corrected``:
+    a function of that trajectory (its replays in one run are told apart by what they correct;
+    all at sample 0, two corrections of one task looked like duplicates of one sample). The
+    replay's ``meta.corrects`` names the trajectory too."""
+    return int(stable_hash("replay-of", corrected)[:7], 16)
 
 
 def check_config(wh: Warehouse, cfg: InterveneConfig) -> None:
@@ -348,7 +356,8 @@ class Verifier:
             env_factory=lambda: BrowserEnv(self.slot, item.env),
         )  # fmt: skip
         try:
-            await engine.run([Job(job_task, 0, replay_id, group, url, allowed)])
+            sample = replay_sample_idx(v.traj_id)
+            await engine.run([Job(job_task, sample, replay_id, group, url, allowed)])
         finally:
             if hasattr(teacher, "aclose"):
                 await teacher.aclose()
@@ -372,7 +381,11 @@ class Verifier:
             **common, error=error, correction=correction, verified=verified, outcome=outcome,
             replay_traj_id=replay_id, run_id=self.run_id, detail=detail,
         )  # fmt: skip
-        return rec, done[0]
+        replay = done[0]
+        meta = {**(replay.trajectory.meta or {}), "corrects": v.traj_id}
+        return rec, dataclasses.replace(
+            replay, trajectory=dataclasses.replace(replay.trajectory, meta=meta)
+        )
 
 
 async def run_intervene_async(

@@ -143,6 +143,14 @@ def test_first_error_found_corrected_and_verified_by_replay(tmp_path, sites, chr
             )["action_text"].to_list()
             assert replayed[:m] == original[:m]
             assert replayed[m] == rec.proposed_action["text"]
+        # three corrections of one task: their replays are three samples, each naming the
+        # trajectory it corrects (at sample 0 each, they looked like one sample stored thrice)
+        replays = wh.sql(
+            "SELECT task_id, sample_idx, json_extract_string(meta, '$.corrects') FROM "
+            "trajectories WHERE policy = 'intervention:expert'"
+        ).rows()
+        assert len({(t, k) for t, k, _ in replays}) == len(replays) == 3
+        assert {c for *_, c in replays} == set(made)
         again = chromium.run(run_intervene_async(wh, cfg, **shared))
         assert again.selected == 0  # resumable: nothing left for this teacher
         if site == OPENAI_SITE:
