@@ -338,12 +338,13 @@ def _known(names: set[str]) -> str:
     return ", ".join(shown[:10]) + more if shown else "none"
 
 
-def validate_against(recipe: Recipe, wh: Warehouse) -> None:
+def validate_against(recipe: Recipe, wh: Warehouse) -> dict[str, set[str]]:
     """Check the recipe's warehouse names (current snapshot) before any work starts.
 
     Runs (run id or name, or a run id some trajectory carries), splits (the usual four or one
     a task carries), suites, judges (``judgments.judge``), PRM scorers (``step_scores.scorer``)
-    and the rationale teacher (``rationales.teacher``). RecipeError on the first unknown one.
+    and the rationale teacher (``rationales.teacher``). RecipeError on the first unknown one;
+    otherwise the names checked, by kind (``{"run": {...}, "judge": {...}, …}``).
     """
     src = recipe.sources
     checks: list[tuple[Loc, str, Any]] = []
@@ -361,6 +362,10 @@ def validate_against(recipe: Recipe, wh: Warehouse) -> None:
             cache[kind] = _names(wh, kind)
         if value not in cache[kind]:
             raise recipe.error(loc, f"unknown {kind} {value!r} (known: {_known(cache[kind])})")
+    checked: dict[str, set[str]] = {}
+    for _, kind, value in checks:
+        checked.setdefault(kind, set()).add(value)
+    return checked
 
 
 def _names(wh: Warehouse, kind: str) -> set[str]:

@@ -145,11 +145,21 @@ FIXTURE_MARKERS = {
 }
 
 
+def _no_cuda() -> str | None:
+    """Why ``gpu`` tests cannot run here (None on a machine with a CUDA device)."""
+    import torch
+
+    return None if torch.cuda.is_available() else "needs a CUDA device (marker gpu)"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use a fixture of :data:`FIXTURE_MARKERS` carry its marker (``make test-fast``
     deselects them). Tests of a ``--quick`` benchmark (marker ``bench``) run last: their
     benchmarks start in the background when the session begins (``tests/bench/early.py``)."""
+    no_cuda = _no_cuda() if any(i.get_closest_marker("gpu") for i in items) else None
     for item in items:
+        if no_cuda and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason=no_cuda))
         names = getattr(item, "fixturenames", ())
         for mark in {m for f, m in FIXTURE_MARKERS.items() if f in names}:
             item.add_marker(getattr(pytest.mark, mark))

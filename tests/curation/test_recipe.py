@@ -202,7 +202,14 @@ def test_validate_against_known_names_pass(shared_wh) -> None:
         "  - prm_threshold: {scorer: exact, min_score: 0.5}\n"
         "include: {rationales: teacher-b}\n"
     )
-    assert validate_against(recipe, wh) is None
+    assert validate_against(recipe, wh) == {
+        "run": {"expert-collect", "run-model"},
+        "split": {"train", "valid", "ood"},
+        "suite": {"bundled"},
+        "judge": {"programmatic", "vlm"},
+        "scorer": {"exact"},
+        "teacher": {"teacher-b"},
+    }
 
 
 # -- hashing ------------------------------------------------------------------------------------

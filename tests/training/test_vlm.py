@@ -4,6 +4,7 @@ of the advantage, λ weights the thought, checkpoints round-trip, bad data is re
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -260,6 +261,25 @@ def test_gpu_check_skips_cleanly_without_cuda():
     )
     assert proc.returncode == 0, proc.stderr
     assert "skipped: no CUDA device" in proc.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_check_trains_a_qwen_vl_shaped_model_on_cuda():
+    """On a CUDA machine (``pytest -m gpu``): the GPU check's SFT and PPO-clip steps run on the
+    device and report their throughput."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--size", "tiny", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ", cuda, built in" in proc.stdout and "skipped" not in proc.stdout
+    for phase in ("sft:", "rl-ppo-clip:"):
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(phase))
+        assert float(line.split(" examples/s")[0].rsplit(" ", 1)[-1]) > 0
 
 
 def test_cuda_only_options_are_ignored_with_a_warning_on_the_cpu(tiny):
