@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from curation.curriculum import horizon_at
 from stages import runs
@@ -31,8 +31,10 @@ from training.data import check_modality, find_dataset, sft_turns
 from training.interface import DataMismatch
 from training.load import load_trainable, model_kind, resolve_policy
 from training.rl import STEP_LEVEL, WEIGHTED, prepare
-from training.trainer import TrainConfig, fit
 from warehouse import Warehouse
+
+if TYPE_CHECKING:  # (the trainer imports torch: only when a stage trains)
+    from training.trainer import TrainConfig
 
 Progress = Callable[[str], None]
 
@@ -79,6 +81,8 @@ def _vlm_options(reasoning_weight: float, lora_r: int | None) -> dict[str, Any]:
 
 def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Train (or resume) the SFT run of ``cfg``; a summary with the final checkpoint."""
+    from training.trainer import TrainConfig
+
     say = progress or (lambda _line: None)
     ds = find_dataset(wh, cfg.dataset)
     turns = sft_turns(ds.export_path, cfg.splits)
@@ -137,6 +141,8 @@ def _fit(
     anchor: list | None = None,
 ) -> dict[str, Any]:
     """One ``fit`` with the warehouse bookkeeping around it."""
+    from training.trainer import fit
+
     row = registry.start_run(
         wh,
         run_id,
@@ -525,6 +531,8 @@ def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> Collect
 
 
 def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
+    from training.trainer import TrainConfig
+
     return TrainConfig(
         objective="awr" if cfg.estimator in WEIGHTED else "ppo",
         epochs=cfg.ppo_epochs,
