@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import traceback
+from collections import Counter
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -122,11 +123,12 @@ def sql(
     if schema and not write:
         raise ConfigError("--schema changes the warehouse: pass it together with --write")
     from warehouse.sandbox import SqlInterruptedError, open_sandboxed, run_user_sql
+    from warehouse.versions import current_snapshot
 
     # Sandboxed: the warehouse's tables only (no other files, network, extensions or settings);
     # read-only opens create, migrate and write nothing.
     with open_sandboxed(WarehouseConfig.from_env(), write=write) as wh:
-        before = _latest_snapshot(wh) if write else None
+        before = current_snapshot(wh) if write else None
         notice = threading.Timer(
             2.0,
             lambda: sys.stderr.write(
@@ -148,12 +150,8 @@ def sql(
             print_frame(frame, fmt)
         elif fmt is Format.table:
             console.print(f"ok ({n_statements} statement(s))")
-        if write and fmt is Format.table and (after := _latest_snapshot(wh)) != before:
+        if write and fmt is Format.table and (after := current_snapshot(wh)) != before:
             console.print(f"snapshot {after}; undo with: webloop warehouse rollback {before}")
-
-
-def _latest_snapshot(wh: Any) -> int:
-    return int(wh.sql("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')").item())
 
 
 # -- warehouse --------------------------------------------------------------------------------
@@ -184,9 +182,9 @@ def warehouse_info(
         f"data files {report['data_files']} ({_size(report['data_bytes'])}), "
         f"blobs {report['blob_count']} ({_size(report['blob_bytes'])})"
     )
-    import polars as pl
+    from warehouse.frames import rows_frame
 
-    print_frame(pl.DataFrame(report["tables"]), title="rows per table")
+    print_frame(rows_frame(report["tables"]), title="rows per table")
 
 
 def _size(n: int) -> str:
@@ -404,15 +402,12 @@ def tasks_generate(
         f"{len(tasks)} tasks: {len(rep.new)} new, {len(rep.new_version)} new versions, "
         f"{len(rep.unchanged)} unchanged"
     )
-    import polars as pl
+    from warehouse.frames import rows_frame
 
-    counts = (
-        pl.DataFrame([{"suite": t.suite, "site": t.site, "split": t.split} for t in tasks])
-        .group_by("suite", "site", "split")
-        .len()
-        .sort("suite", "site", "split")
-    )
-    print_frame(counts, title="tasks by site and split")
+    counts = Counter((t.suite, t.site, t.split) for t in tasks)
+    columns = ("suite", "site", "split", "len")
+    rows = [dict(zip(columns, (*key, n), strict=True)) for key, n in sorted(counts.items())]
+    print_frame(rows_frame(rows), title="tasks by site and split")
 
 
 @tasks_import_app.callback(invoke_without_command=False)
@@ -477,26 +472,20 @@ def tasks_list(
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """List tasks (latest versions) with filters."""
-    from warehouse.tasks import latest_tasks
+    from warehouse.listings import matching_tasks
 
-    where = (
-        "($suite IS NULL OR suite = $suite) AND ($site IS NULL OR site = $site) "
-        "AND ($split IS NULL OR split = $split) AND ($d IS NULL OR difficulty = $d) "
-        "AND ($lo IS NULL OR difficulty >= $lo) AND ($hi IS NULL OR difficulty <= $hi)"
-    )
-    params = {
-        "suite": suite,
-        "site": site,
-        "split": split,
-        "d": difficulty,
-        "lo": min_difficulty,
-        "hi": max_difficulty,
-    }
     with _open(read_only=True) as wh:
-        df = latest_tasks(wh, where, params).sort("task_id")
-    total = df.height
-    df = df.select("task_id", "version", "site", "split", "difficulty", "instruction").head(limit)
-    print_frame(df, fmt)
+        df = matching_tasks(
+            wh,
+            suite=suite,
+            site=site,
+            split=split,
+            difficulty=difficulty,
+            min_difficulty=min_difficulty,
+            max_difficulty=max_difficulty,
+        )
+    total = len(df)
+    print_frame(df.head(limit), fmt)
     if fmt is Format.table:
         console.print(f"{total} task(s) match" + (f"; showing {limit}" if total > limit else ""))
 
@@ -517,15 +506,12 @@ def judge_agreement(
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Accuracy, precision/recall/F1, Cohen's kappa and success-rate gap, per site (stored)."""
-    import polars as pl
-
     from judging.agreement import compute_agreements
+    from warehouse.frames import rows_frame
+    from warehouse.listings import judge_versions
 
     with _open() as wh:
-        versions = wh.sql(
-            "SELECT DISTINCT judge_version FROM judgments WHERE judge = ? ORDER BY 1",
-            [judge_name],
-        )["judge_version"].to_list()
+        versions = judge_versions(wh, judge_name)
         if not versions:
             raise ConfigError(f"no judgments from judge {judge_name!r} (run: webloop judge)")
         rows = [r for v in versions for r in compute_agreements(wh, judge_name, reference, v)]
@@ -533,26 +519,16 @@ def judge_agreement(
         raise ConfigError(
             f"no trajectories have both a {judge_name} verdict and a {reference} outcome"
         )
-    df = pl.DataFrame(
-        [
-            {
-                k: getattr(r, k)
-                for k in (
-                    "judge_version",
-                    "site",
-                    "n",
-                    "accuracy",
-                    "precision",
-                    "recall",
-                    "f1",
-                    "kappa",
-                    "success_rate_gap",
-                )
-            }
-            for r in rows
-        ]
-    )
-    print_frame(df.with_columns(pl.col("site").fill_null("(all)")), fmt)
+    columns = ("n", "accuracy", "precision", "recall", "f1", "kappa", "success_rate_gap")
+    table = [
+        {
+            "judge_version": r.judge_version,
+            "site": "(all)" if r.site is None else r.site,
+            **{k: getattr(r, k) for k in columns},
+        }
+        for r in rows
+    ]
+    print_frame(rows_frame(table), fmt)
 
 
 @judge_app.command("flips")
@@ -566,9 +542,8 @@ def judge_flips(
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Prompt-injection flip rates: reference failures a judge calls success, per injection."""
-    import polars as pl
-
     from judging.adversarial import flip_rates
+    from warehouse.frames import rows_frame
 
     with _open(read_only=True) as wh:
         rows = flip_rates(wh, judge_names, reference)
@@ -577,7 +552,7 @@ def judge_flips(
             f"no {reference} failures judged by {', '.join(judge_names)} (collect on "
             "bundled-adversarial tasks or with --inject-answer, then run the judges)"
         )
-    print_frame(pl.DataFrame(rows), fmt)
+    print_frame(rows_frame(rows), fmt)
 
 
 # -- score-steps ------------------------------------------------------------------------------
@@ -596,15 +571,14 @@ def score_agreement(
     fmt: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Pairwise ranking accuracy and top-1 agreement of a PRM with the exact scorer."""
-    import polars as pl
-
     from stages.score_steps import scorer_agreement
+    from warehouse.frames import rows_frame
 
     with _open(read_only=True) as wh:
         out = scorer_agreement(wh, scorer, reference, run)
     if not out["states"]:
         raise ConfigError(f"no states have candidates scored by both {scorer} and {reference}")
-    print_frame(pl.DataFrame([{"scorer": scorer, "reference": reference, **out}]), fmt)
+    print_frame(rows_frame([{"scorer": scorer, "reference": reference, **out}]), fmt)
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -630,26 +604,15 @@ USAGE, RUNTIME = 2, 1
 def exit_code(exc: BaseException) -> int:
     """2 for usage and bad input (unknown choice, bad SQL, malformed file, missing data the
     command needs), 1 for runtime failures (I/O, a crashed browser or server, a bug)."""
-    import duckdb
-
     from sites.secret_files import SecretFileError
     from warehouse.blobs import BlobCorruptError, BlobError, BlobNotFoundError
     from warehouse.connection import WarehouseError
+    from warehouse.errors import is_bad_input, is_database_error
 
-    bad_input = (
-        duckdb.ParserException,
-        duckdb.BinderException,
-        duckdb.CatalogException,
-        duckdb.SyntaxException,
-        duckdb.InvalidInputException,
-        duckdb.ConversionException,
-        duckdb.ConstraintException,
-        duckdb.NotImplementedException,
-    )
     if isinstance(exc, ConfigError | SecretFileError):
         return USAGE
-    if isinstance(exc, duckdb.Error):
-        return USAGE if isinstance(exc, bad_input) else RUNTIME
+    if is_database_error(exc):
+        return USAGE if is_bad_input(exc) else RUNTIME
     if isinstance(exc, BlobCorruptError | BlobNotFoundError):
         return RUNTIME  # stored data is damaged or missing
     if isinstance(exc, BlobError):

@@ -87,17 +87,22 @@ def existing_run(value: str | None) -> str | None:
     misspelt run id otherwise selected nothing and the command said "judged 0", exit 0)."""
     if value is None:
         return None
-    from warehouse.records import Run
+    from warehouse.listings import run_exists
 
     with _open(read_only=True) as wh:
-        found = wh.read(Run, "run_id = ?", [value]).height
+        found = run_exists(wh, value)
     if not found:
         raise ConfigError(f"--run: no run {value!r} in the warehouse (`webloop runs` lists them)")
     return value
 
 
 def print_frame(df: Any, fmt: Format = Format.table, title: str | None = None) -> None:
-    """Print a polars frame as a rich table, CSV or JSON rows."""
+    """Print a frame as a rich table, CSV or JSON rows.
+
+    ``df``: any frame with ``columns`` (names), ``iter_rows()`` (value tuples), ``write_csv()``
+    and ``write_json()`` (text): the polars frames the warehouse's queries return
+    (:mod:`warehouse.listings`, ``Warehouse.sql``) and :func:`warehouse.frames.rows_frame`
+    builds. The CLI imports no polars (an import-linter contract)."""
     if fmt is Format.csv:
         sys.stdout.write(df.write_csv())
     elif fmt is Format.json:

@@ -37,11 +37,10 @@ def register(app: typer.Typer) -> None:
     @datasets_app.command("list")
     def datasets_list(fmt: Annotated[Format, typer.Option("--format")] = Format.table) -> None:
         """Registered datasets, newest first."""
+        from warehouse.listings import registered_datasets
+
         with _open(read_only=True) as wh:
-            df = wh.sql(
-                "SELECT dataset_id, name, snapshot_id, counts, export_path, code_version, "
-                "created_at FROM datasets ORDER BY created_at DESC, dataset_id"
-            )
+            df = registered_datasets(wh)
         print_frame(df, fmt)
 
     @datasets_app.command("show")
@@ -50,16 +49,12 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[Format, typer.Option("--format")] = Format.table,
     ) -> None:
         """One dataset: ids, snapshot, counts, members, export folder, recipe."""
-        import polars as pl
+        from warehouse.frames import rows_frame
+        from warehouse.listings import dataset_member_counts
 
         with _open(read_only=True) as wh:
             row = _find(wh, ref, ConfigError)
-            members = wh.sql(
-                "SELECT count(*) FILTER (WHERE step_idx IS NULL) AS trajectories, "
-                "count(*) FILTER (WHERE step_idx IS NOT NULL) AS steps "
-                "FROM dataset_members WHERE dataset_id = ?",
-                [row["dataset_id"]],
-            ).row(0, named=True)
+            members = dataset_member_counts(wh, row["dataset_id"])
         fields = {
             "dataset_id": row["dataset_id"],
             "name": row["name"],
@@ -72,7 +67,7 @@ def register(app: typer.Typer) -> None:
             "export_path": row["export_path"],
             "created_at": row["created_at"],
         }
-        df = pl.DataFrame({"field": list(fields), "value": [str(v) for v in fields.values()]})
+        df = rows_frame([{"field": k, "value": str(v)} for k, v in fields.items()])
         print_frame(df, fmt, title=f"dataset {row['name']}")
         if fmt is Format.table and row["recipe"]:
             console.print(json.dumps(json.loads(row["recipe"]), indent=2), soft_wrap=True)
@@ -84,21 +79,12 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[Format, typer.Option("--format")] = Format.table,
     ) -> None:
         """Members added and removed from A to B, counts and recipe differences."""
-        import polars as pl
+        from warehouse.frames import rows_frame
+        from warehouse.listings import dataset_member_diff
 
         with _open(read_only=True) as wh:
             ra, rb = _find(wh, a, ConfigError), _find(wh, b, ConfigError)
-            diff = wh.sql(
-                """
-                WITH a AS (SELECT traj_id, step_idx FROM dataset_members WHERE dataset_id = $a),
-                     b AS (SELECT traj_id, step_idx FROM dataset_members WHERE dataset_id = $b)
-                SELECT 'added' AS change, * FROM (SELECT * FROM b EXCEPT SELECT * FROM a)
-                UNION ALL
-                SELECT 'removed' AS change, * FROM (SELECT * FROM a EXCEPT SELECT * FROM b)
-                ORDER BY change, traj_id, step_idx NULLS FIRST
-                """,
-                {"a": ra["dataset_id"], "b": rb["dataset_id"]},
-            )
+            diff = dataset_member_diff(wh, ra["dataset_id"], rb["dataset_id"])
         summary = member_summary(diff)
         rows = [
             {"what": f"{kind} {change}", "a": None, "b": None, "n": str(n)}
@@ -122,9 +108,8 @@ def register(app: typer.Typer) -> None:
                 "n": None,
             }
         )
-        schema = {"what": pl.Utf8, "a": pl.Utf8, "b": pl.Utf8, "n": pl.Utf8}
-        print_frame(pl.DataFrame(rows, schema=schema), fmt, title=f"{a} → {b}")
-        if fmt is Format.table and diff.height:
+        print_frame(rows_frame(rows, text=True), fmt, title=f"{a} → {b}")
+        if fmt is Format.table and len(diff):
             print_frame(diff.head(50), fmt, title="members (first 50)")
 
 
@@ -135,18 +120,16 @@ def _json(value: Any) -> dict[str, Any]:
 
 
 def _find(wh: Any, ref: str, error: type[Exception]) -> dict[str, Any]:
-    """The dataset with id ``ref``, else the newest named ``ref``."""
-    df = wh.sql(
-        "SELECT * FROM datasets WHERE dataset_id = $r OR name = $r "
-        "ORDER BY dataset_id = $r DESC, created_at DESC, dataset_id LIMIT 1",
-        {"r": ref},
-    )
-    if df.is_empty():
-        known = wh.sql("SELECT DISTINCT name FROM datasets ORDER BY name")["name"].to_list()
+    """The dataset with id ``ref``, else the newest named ``ref``; ``error`` when neither."""
+    from warehouse.listings import dataset_names, find_dataset
+
+    row = find_dataset(wh, ref)
+    if row is None:
+        known = dataset_names(wh)
         raise error(
             f"no dataset with id or name {ref!r} (known names: {', '.join(known) or 'none'})"
         )
-    return df.row(0, named=True)
+    return row
 
 
 def member_summary(diff: Any) -> dict[tuple[str, str], int]:

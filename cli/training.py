@@ -206,16 +206,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Which data trained a checkpoint: run, dataset, snapshot, evaluations."""
         from training.registry import lineage
+        from warehouse.listings import checkpoint_evaluations
 
         with _open(read_only=True) as wh:
             df = lineage(wh, checkpoint)
             if df.is_empty():
                 raise ConfigError(f"no checkpoint {checkpoint!r} (webloop checkpoints list)")
             print_frame(df, fmt)
-            evals = wh.sql(
-                "SELECT evaluation_id, suite, split, n, success_rate, ci_low, ci_high "
-                "FROM evaluations WHERE checkpoint_id = ? ORDER BY created_at",
-                [checkpoint],
-            )
+            evals = checkpoint_evaluations(wh, checkpoint)
             if not evals.is_empty():
                 print_frame(evals, fmt)

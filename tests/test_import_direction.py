@@ -1,7 +1,7 @@
 """The import direction of DESIGN.md, enforced by the import-linter contracts in pyproject.toml
 (``[tool.importlinter]``): layers, site code only in flows, prefect only in flows, streamlit only
-in dashboards, and no import cycles inside a package. ``lint-imports`` runs them here, so CI
-fails on a violation."""
+in dashboards, no duckdb or polars (no SQL) in flows and cli, and no import cycles inside a
+package. ``lint-imports`` runs them here, so CI fails on a violation."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_the_contracts_catch_violations(tmp_path: Path):
         "dashboards/page.py": "import rollouts\n",  # dashboards read the warehouse only
         "rollouts/flow.py": "import prefect\n",  # prefect only in flows
         "flows/ui.py": "import streamlit\n",  # streamlit only in dashboards
+        "flows/query.py": "import duckdb\n",  # no SQL in flows (or cli)
         "training/a.py": "import training.b\n",  # a cycle inside a package
         "training/b.py": "import training.a\n",
     }
@@ -55,7 +56,7 @@ def test_the_contracts_catch_violations(tmp_path: Path):
     result = lint_imports(tmp_path)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
-    assert "Contracts: 0 kept, 6 broken." in out, out
+    assert "Contracts: 0 kept, 7 broken." in out, out
     for line in (
         "warehouse is not allowed to import sites",
         "sites is not allowed to import rollouts",
@@ -63,6 +64,7 @@ def test_the_contracts_catch_violations(tmp_path: Path):
         "dashboards is not allowed to import rollouts",
         "rollouts is not allowed to import prefect",
         "flows is not allowed to import streamlit",
+        "flows is not allowed to import duckdb",
         "No cycles are allowed in training",
     ):
         assert line in out, f"{line!r} not reported:\n{out}"
