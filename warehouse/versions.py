@@ -17,8 +17,12 @@ from warehouse.store import Warehouse
 
 
 def current_snapshot(wh: Warehouse) -> int:
-    """The id of the latest committed snapshot."""
-    return int(wh.sql(f"SELECT max(snapshot_id) AS s FROM {LAKE}.snapshots()").item())
+    """The id of the latest committed snapshot (read through ``ducklake_snapshots``, which
+    answers even when the lake's ``main`` schema is gone: ``lake.snapshots()`` resolves in it,
+    and a mistaken ``DROP SCHEMA main`` must still be undoable)."""
+    return int(
+        wh.sql(f"SELECT max(snapshot_id) AS s FROM ducklake_snapshots('{LAKE}')").item()
+    )
 
 
 BOOKKEEPING_TABLES = (
