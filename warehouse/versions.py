@@ -20,9 +20,7 @@ def current_snapshot(wh: Warehouse) -> int:
     """The id of the latest committed snapshot (read through ``ducklake_snapshots``, which
     answers even when the lake's ``main`` schema is gone: ``lake.snapshots()`` resolves in it,
     and a mistaken ``DROP SCHEMA main`` must still be undoable)."""
-    return int(
-        wh.sql(f"SELECT max(snapshot_id) AS s FROM ducklake_snapshots('{LAKE}')").item()
-    )
+    return int(wh.sql(f"SELECT max(snapshot_id) AS s FROM ducklake_snapshots('{LAKE}')").item())
 
 
 BOOKKEEPING_TABLES = (
