@@ -152,10 +152,11 @@ def _no_cuda() -> str | None:
     return None if torch.cuda.is_available() else "needs a CUDA device (marker gpu)"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use a fixture of :data:`FIXTURE_MARKERS` carry its marker (``make test-fast``
-    deselects them). Tests of a ``--quick`` benchmark (marker ``bench``) run last: their
-    benchmarks start in the background when the session begins (``tests/bench/early.py``)."""
+    deselects them). In one process, tests of a ``--quick`` benchmark (marker ``bench``) run
+    last: their benchmarks start in the background when the session begins
+    (``tests/bench/early.py``); under pytest-xdist the longest files go first."""
     no_cuda = _no_cuda() if any(i.get_closest_marker("gpu") for i in items) else None
     for item in items:
         if no_cuda and item.get_closest_marker("gpu"):
@@ -163,7 +164,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = getattr(item, "fixturenames", ())
         for mark in {m for f, m in FIXTURE_MARKERS.items() if f in names}:
             item.add_marker(getattr(pytest.mark, mark))
-    items[:] = [i for i in items if not _bench(i)] + [i for i in items if _bench(i)]
+    if _xdist(config):
+        # pytest-xdist hands out whole files in this order: the longest first (measured,
+        # tests/weights.txt), so the run does not end on one worker finishing the flywheel
+        weights = _file_weights()
+        items.sort(key=lambda i: -weights.get(_unit(i.nodeid), 0.0))  # stable: files stay whole
+    else:  # one process: the benchmarks run early in the background, their tests read them last
+        items[:] = [i for i in items if not _bench(i)] + [i for i in items if _bench(i)]
+
+
+def _xdist(config: pytest.Config) -> bool:
+    return getattr(config, "workerinput", None) is not None or bool(
+        config.getoption("numprocesses", None)
+    )
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under pytest-xdist (its file; the serving tier)."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/serving/" if path.startswith("tests/serving/") else path
+
+
+def _file_weights() -> dict[str, float]:
+    """Seconds per unit of a measured run (``scripts/test_weights.py`` writes the file)."""
+    weights: dict[str, float] = {}
+    for line in (Path(__file__).parent / "weights.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            seconds, unit = line.split(maxsplit=1)
+            weights[unit] = float(seconds)
+    return weights
 
 
 def _bench(item: pytest.Item) -> tuple[str, ...] | None:
@@ -214,8 +243,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "tests/serving/" if path.startswith("tests/serving/") else path
+            return _unit(nodeid)
 
     return ByFile(config, log)
 
