@@ -22,11 +22,9 @@ import datetime as dt
 import fnmatch
 import hashlib
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,6 +42,7 @@ from pydantic import (
 from curation.filters import FilterParams, params_model
 from warehouse.connection import LAKE
 from warehouse.store import Warehouse
+from warehouse.yamlfile import YamlError, field_path, line_of, read_yaml
 
 KNOWN_SPLITS = ("train", "valid", "test", "ood")
 """Splits every warehouse knows; other values are accepted if some task carries them."""
@@ -110,7 +109,7 @@ class FilterSpec(_Frozen):
             return {"name": name, "params": model.model_validate(raw)}
         except ValidationError as exc:  # parse_recipe reports these with their exact field
             first = exc.errors()[0]
-            raise ValueError(f"{name}.{_path(first['loc'])}: {first['msg']}") from None
+            raise ValueError(f"{name}.{field_path(first['loc'])}: {first['msg']}") from None
 
     @model_serializer
     def _as_mapping(self) -> dict[str, Any]:
@@ -184,10 +183,10 @@ class Recipe(_Frozen):
 
     def where(self, loc: Loc) -> str:
         """``source:line`` of a field path (the nearest enclosing node that has a line)."""
-        return f"{self._source}:{_line_of(self._lines, loc)}"
+        return f"{self._source}:{line_of(self._lines, loc)}"
 
     def error(self, loc: Loc, problem: str) -> RecipeError:
-        return RecipeError(f"{self.where(loc)}: {_path(loc)}: {problem}")
+        return RecipeError(f"{self.where(loc)}: {field_path(loc)}: {problem}")
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -205,20 +204,17 @@ def load_recipe(path: Path) -> Recipe:
 
 def parse_recipe(text: str, source: str) -> Recipe:
     """Validate recipe YAML ``text``; ``source`` names it in errors (usually the file path)."""
-    _refuse_aliases(text, source)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(_yaml_error(exc, text, source)) from None
-    lines: dict[Loc, int] = {}
-    if node is not None:
-        _index(node, (), lines)
+        data, lines = read_yaml(text, source)  # anchors and aliases refused before building
+    except YamlError as exc:
+        raise RecipeError(str(exc)) from None
     if not isinstance(data, dict):
         raise RecipeError(f"{source}:1: the recipe must be a mapping of fields (name, filters, …)")
 
     def fail(loc: Loc, msg: str) -> RecipeError:
-        return RecipeError(f"{source}:{_line_of(lines, loc)}: {_path(loc) or '<recipe>'}: {msg}")
+        return RecipeError(
+            f"{source}:{line_of(lines, loc)}: {field_path(loc) or '<recipe>'}: {msg}"
+        )
 
     _check_filters(data.get("filters"), fail)
     try:
@@ -229,24 +225,6 @@ def parse_recipe(text: str, source: str) -> Recipe:
     recipe._source = source
     recipe._lines = lines
     return recipe
-
-
-def _refuse_aliases(text: str, source: str) -> None:
-    """Refuse YAML anchors and aliases before anything is built: a 600-byte "billion laughs"
-    recipe (nested aliases) would otherwise expand to gigabytes. Recipes need neither. The
-    event stream is read lazily, so this costs one pass over the text."""
-    try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            alias = isinstance(event, yaml.AliasEvent)
-            if alias or getattr(event, "anchor", None) is not None:
-                line = event.start_mark.line + 1
-                what = "an alias (*)" if alias else "an anchor (&)"
-                raise RecipeError(
-                    f"{source}:{line}: {what}: recipes may not use YAML anchors or aliases "
-                    "(write the values out)"
-                )
-    except yaml.YAMLError as exc:
-        raise RecipeError(_yaml_error(exc, text, source)) from None
 
 
 def _check_filters(items: Any, fail) -> None:
@@ -275,47 +253,6 @@ def _filter_item(data: Any) -> tuple[str, Any]:
     if not isinstance(name, str):
         raise ValueError("a filter name must be a string")
     return name, raw
-
-
-def _index(node: yaml.Node, loc: Loc, out: dict[Loc, int]) -> None:
-    """Map each field path to its 1-based YAML line (keys: the key's line)."""
-    out.setdefault(loc, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            sub = (*loc, key.value)
-            out[sub] = key.start_mark.line + 1
-            _index(value, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index(item, (*loc, i), out)
-
-
-def _line_of(lines: dict[Loc, int], loc: Loc) -> int:
-    for n in range(len(loc), -1, -1):
-        if tuple(loc[:n]) in lines:
-            return lines[tuple(loc[:n])]
-    return 1
-
-
-def _path(loc: Sequence[str | int]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> str:
-    """``source:line: YAML syntax error: …`` with the text of the offending line, and where the
-    construct it was inside started (an unclosed ``{`` is found lines later)."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    line = mark.line + 1 if mark is not None else 1
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-    if context and cmark is not None and cmark.line + 1 != line:
-        problem = f"{problem} ({context} that started at line {cmark.line + 1})"
-    rows = text.splitlines()
-    near = rows[line - 1].strip() if 0 < line <= len(rows) else ""
-    return f"{source}:{line}: YAML syntax error: {problem} (at {near!r})"
 
 
 def recipe_hash(recipe: Recipe) -> str:

@@ -73,6 +73,20 @@ def stored(home: Path) -> dict[str, tuple]:
     return {r[0]: r[1:] for r in rows.iter_rows()}
 
 
+def wait_until_held(proc: subprocess.Popen, model: GatedModel, home: Path) -> None:
+    """Wait (a generous deadline, not a fixed sleep) until the allowed trajectories are stored
+    and the next one is held at its answer; the model holds the rest, so the run cannot end
+    meanwhile."""
+    deadline = time.monotonic() + 300
+    before: dict[str, tuple] = {}
+    while len(before) < FINISH_BEFORE_KILL or model.answered <= FINISH_BEFORE_KILL:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"stored {len(before)} in 300 s"
+        if (home / "lake").exists():
+            before = stored(home)
+        time.sleep(0.2)
+
+
 def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
     prefect_subprocess_env: dict[str, str], tmp_path: Path
 ):
@@ -97,17 +111,7 @@ def test_collect_killed_and_rerun_keeps_every_finished_trajectory_once(
             start_new_session=True,
         )
         try:
-            # wait (generous deadline, not a fixed sleep) until the allowed trajectories are
-            # stored and the next one is held at its answer; the model holds the rest, so the
-            # run cannot end meanwhile
-            deadline = time.monotonic() + 300
-            before: dict[str, tuple] = {}
-            while len(before) < FINISH_BEFORE_KILL or model.answered <= FINISH_BEFORE_KILL:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, f"stored {len(before)} in 300 s"
-                if (home / "lake").exists():
-                    before = stored(home)
-                time.sleep(0.2)
+            wait_until_held(proc, model, home)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # the collector, its browsers, its sites
             proc.wait(30)
@@ -192,14 +196,7 @@ def test_ctrl_c_stops_collect_promptly_and_a_rerun_redoes_the_episodes_in_flight
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
-            deadline = time.monotonic() + 300
-            before: dict[str, tuple] = {}
-            while len(before) < FINISH_BEFORE_KILL or model.answered <= FINISH_BEFORE_KILL:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, f"stored {len(before)} in 300 s"
-                if (home / "lake").exists():
-                    before = stored(home)
-                time.sleep(0.2)
+            wait_until_held(proc, model, home)
             sent = time.monotonic()
             os.killpg(proc.pid, signal.SIGINT)
             _, err = proc.communicate(timeout=120)
