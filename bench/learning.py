@@ -272,16 +272,12 @@ def untrained(b: Bench) -> str:
 
 
 async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[str, Any]:
+    from stages.config import config_from_mapping
     from stages.evaluate import EvalConfig, run_evaluation
 
     t0 = time.perf_counter()
-    cfg = EvalConfig(
-        policy="ranker",
-        checkpoint=checkpoint,
-        split=split,
-        n=b.a.eval_n,
-        max_steps=b.a.eval_max_steps,
-    )
+    rollout = {"split": split, "n_tasks": b.a.eval_n, "max_steps": b.a.eval_max_steps}
+    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
     res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
     b.timed("evaluate", t0)
     s = res["summary"]
@@ -308,27 +304,33 @@ async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
     signal makes no update; as an RL
     loop would, draw another (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say
     so. If no attempt had a signal, the result is the unchanged start checkpoint (said)."""
+    from stages.config import config_from_mapping
     from stages.train import RLConfig, run_rl
 
     t0 = time.perf_counter()
     a = b.a
     for seed in range(RL_ATTEMPTS):
-        cfg = RLConfig(
-            policy=start,
-            estimator=a.rl_estimator,
-            iterations=a.rl_iterations,
-            group_size=a.group,
-            n_tasks=a.rl_tasks,
-            max_steps=a.rl_max_steps,
-            temperature=a.rl_temperature,
-            lr=a.rl_lr,
-            ppo_epochs=2,
-            seed=seed,
-            prm_k=a.prm_k,
-            prm_max_states=a.prm_max_states,
-            anchor_dataset=anchor if a.rl_anchor_coef else None,
-            anchor_coef=a.rl_anchor_coef,
-            task_pool=a.rl_task_pool,
+        rollout = {
+            "samples": a.group,
+            "n_tasks": a.rl_tasks,
+            "max_steps": a.rl_max_steps,
+            "temperature": a.rl_temperature,
+            "seed": seed,
+        }
+        cfg = config_from_mapping(
+            RLConfig,
+            {
+                "policy": start,
+                "estimator": a.rl_estimator,
+                "iterations": a.rl_iterations,
+                "lr": a.rl_lr,
+                "ppo_epochs": 2,
+                "anchor_dataset": anchor if a.rl_anchor_coef else None,
+                "anchor_coef": a.rl_anchor_coef,
+                "task_pool": a.rl_task_pool,
+                "rollout": rollout,
+                "prm": {"k": a.prm_k, "max_states": a.prm_max_states},
+            },
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
         if any(r["nonzero_advantage"] for r in res["iterations"]):

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from cli.common import (
     Format,
+    FormatOption,
     _open,
     console,
     err,
@@ -115,7 +116,7 @@ def sql(
         float,
         typer.Option(min=0.1, max=86_400, help="Stop the query after this many seconds."),
     ] = 120.0,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Run SQL against the warehouse; read-only unless --write (an allow-list: see Security).
 
@@ -159,7 +160,7 @@ def sql(
 
 @warehouse_app.command("info")
 def warehouse_info(
-    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Counts per table, snapshots, pinned versions, sizes."""
     from warehouse import info
@@ -469,7 +470,7 @@ def tasks_list(
     min_difficulty: Annotated[int | None, typer.Option(min=0, max=100)] = None,
     max_difficulty: Annotated[int | None, typer.Option(min=0, max=100)] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows.", min=1)] = 50,
-    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """List tasks (latest versions) with filters."""
     from warehouse.listings import matching_tasks
@@ -503,7 +504,7 @@ app.add_typer(judge_app, name="judge")
 def judge_agreement(
     judge_name: Annotated[str, typer.Option("--judge", help="The judge to calibrate.")],
     reference: Annotated[str, typer.Option(help="human, programmatic, or a judge name.")],
-    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Accuracy, precision/recall/F1, Cohen's kappa and success-rate gap, per site (stored)."""
     from judging.agreement import compute_agreements
@@ -539,7 +540,7 @@ def judge_flips(
     reference: Annotated[str, typer.Option(help="Ground truth (default: the checker).")] = (
         "programmatic"
     ),
-    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Prompt-injection flip rates: reference failures a judge calls success, per injection."""
     from judging.adversarial import flip_rates
@@ -568,7 +569,7 @@ def score_agreement(
     run: Annotated[
         str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
     ] = None,
-    fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Pairwise ranking accuracy and top-1 agreement of a PRM with the exact scorer."""
     from stages.score_steps import scorer_agreement

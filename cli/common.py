@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -36,6 +36,12 @@ class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
+
+
+#: The ``--format`` option of every listing command (declared once).
+FormatOption = Annotated[
+    Format, typer.Option("--format", help="Output format: table, csv or json.")
+]
 
 
 def _policies() -> list[str]:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigError, Format, _open, console, print_frame
+from cli.common import ConfigError, Format, FormatOption, _open, console, print_frame
 from cli.options import config_command
 from stages.curate import CurateConfig
 
@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
     config_command(app, "curate", CurateConfig, curate, help=curate.__doc__)
 
     @datasets_app.command("list")
-    def datasets_list(fmt: Annotated[Format, typer.Option("--format")] = Format.table) -> None:
+    def datasets_list(fmt: FormatOption = Format.table) -> None:
         """Registered datasets, newest first."""
         from warehouse.listings import registered_datasets
 
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
     @datasets_app.command("show")
     def datasets_show(
         ref: Annotated[str, typer.Argument(help="Dataset id or name (a name: its newest).")],
-        fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+        fmt: FormatOption = Format.table,
     ) -> None:
         """One dataset: ids, snapshot, counts, members, export folder, recipe."""
         from warehouse.frames import rows_frame
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
     def datasets_diff(
         a: Annotated[str, typer.Argument(help="Dataset id or name.")],
         b: Annotated[str, typer.Argument(help="Dataset id or name.")],
-        fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+        fmt: FormatOption = Format.table,
     ) -> None:
         """Members added and removed from A to B, counts and recipe differences."""
         from warehouse.frames import rows_frame

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from cli.common import existing_run
 from cli.options import config_command
+from curation.rationales import RationalesConfig
 from stages.intervene import InterveneConfig
 
 
@@ -47,42 +48,13 @@ def intervene(cfg: InterveneConfig) -> None:
         console.print(f"  error: {example}")
 
 
-def rationales(
-    teacher: Annotated[
-        TeacherName, typer.Option(help="expert (template) or openai (any compatible model).")
-    ] = TeacherName.expert,
-    run: Annotated[
-        str | None, typer.Option(help="Only trajectories of this run.", callback=existing_run)
-    ] = None,
-    base_url: Annotated[str | None, typer.Option(help="openai teacher: endpoint URL.")] = None,
-    model: Annotated[str | None, typer.Option(help="openai teacher: model name.")] = None,
-    max_steps: Annotated[
-        int | None, typer.Option(help="At most this many steps now.", min=1)
-    ] = None,
-    k_images: Annotated[
-        int, typer.Option(help="openai: screenshots of the last k steps.", min=0, max=32)
-    ] = 3,
-    concurrency: Annotated[int, typer.Option(help="Model requests at once.", min=1, max=256)] = 4,
-) -> None:
+def rationales(cfg: RationalesConfig) -> None:
     """Write a teacher's thought for each step of successful expert trajectories (stored apart
     from the trajectory; a recipe's include.rationales adds them); resumable."""
-    from cli.common import ConfigError, console
-
-    _check_teacher(teacher, base_url, model)
-    if concurrency < 1:
-        raise ConfigError("--concurrency must be at least 1")
-    from curation.rationales import RationalesConfig
+    from cli.common import console
     from flows.intervene import rationales as run_flow
 
-    cfg = RationalesConfig(
-        teacher=teacher.value,
-        run=run,
-        base_url=base_url,
-        model=model,
-        max_steps=max_steps,
-        k_images=k_images,
-        concurrency=concurrency,
-    )
+    _check_teacher(TeacherName(cfg.teacher), cfg.base_url, cfg.model)
 
     def progress(summary: Any) -> None:
         console.print(f"  … {summary.written} written, {summary.errors} errors")
@@ -99,4 +71,4 @@ def rationales(
 def register(app: typer.Typer) -> None:
     """Add the intervention and rationale commands to the ``webloop`` app."""
     config_command(app, "intervene", InterveneConfig, intervene, callbacks={"run": existing_run})
-    app.command("rationales")(rationales)
+    config_command(app, "rationales", RationalesConfig, rationales, callbacks={"run": existing_run})

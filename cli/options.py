@@ -24,7 +24,15 @@ from typing import Annotated, Any
 
 import typer
 
-from stages.config import ConfigError, check_config, fields_of, is_config, load_config
+from stages.config import (
+    ConfigError,
+    check_config,
+    default_of,
+    fields_of,
+    is_config,
+    load_config,
+    nested_fields,
+)
 
 CONFIG_HELP = "A YAML file of this command's settings (options given here override it)."
 
@@ -57,48 +65,88 @@ def _flag(f: dataclasses.Field) -> str:
 def config_parameters(
     cls: type, callbacks: dict[str, Callable[..., Any]] | None = None
 ) -> list[inspect.Parameter]:
-    """Keyword-only parameters, one per CLI field of ``cls`` (see the module docstring)."""
-    hints = typing.get_type_hints(cls)
-    params = []
-    for f in fields_of(cls):
-        tp = hints[f.name]
-        if not f.metadata.get("cli", True) or is_config(tp):
+    """Keyword-only parameters, one per CLI field of ``cls`` (see the module docstring), then
+    one per CLI field of each nested config (named ``outer__inner``)."""
+    params = [
+        _parameter(f.name, f, tp, _flag(f), default_of(f), (callbacks or {}).get(f.name))
+        for f, tp in _cli_fields(cls)
+    ]
+    for outer, sub in nested_fields(cls):
+        if not outer.metadata.get("cli", True):
             continue
-        flag = _flag(f)
-        decls = [flag]
-        if tp in (bool, bool | None):  # --x / --no-x (a file's True can be turned off)
-            decls = [f"{flag}/--no-{flag.removeprefix('--')}"]
-        option = typer.Option(
-            *decls,
-            help=f.metadata.get("help", ""),
-            min=f.metadata.get("min"),
-            max=f.metadata.get("max"),
-            callback=(callbacks or {}).get(f.name),
-        )
-        default = None if f.default is dataclasses.MISSING else f.default
-        if isinstance(default, tuple):
-            default = None  # a repeatable option: none given
-        params.append(
-            inspect.Parameter(
-                f.name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=default,
-                annotation=Annotated[_option_type(tp), option],
-            )
-        )
+        nested = default_of(outer)
+        for f, tp in _cli_fields(sub, outer.metadata.get("cli_fields")):
+            name = f"{outer.name}{NESTED}{f.name}"
+            default = getattr(nested, f.name) if dataclasses.is_dataclass(nested) else default_of(f)
+            callback = (callbacks or {}).get(name)
+            params.append(_parameter(name, f, tp, _nested_flag(outer, f), default, callback))
     return params
+
+
+NESTED = "__"  # parameter name of a nested config's option: ``rollout__n_tasks``
+
+
+def _cli_fields(cls: type, only: Sequence[str] | None = None) -> list[tuple[Any, Any]]:
+    """(field, type) of ``cls``'s plain CLI fields (``only``: just these, in this order)."""
+    hints = typing.get_type_hints(cls)
+    by_name = {f.name: f for f in fields_of(cls)}
+    names = list(only) if only is not None else list(by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {unknown} (cli_fields)")
+    picked = [(by_name[n], hints[n]) for n in names]
+    return [(f, tp) for f, tp in picked if f.metadata.get("cli", True) and not is_config(tp)]
+
+
+def _nested_flag(outer: dataclasses.Field, f: dataclasses.Field) -> str:
+    renamed = outer.metadata.get("flags", {}).get(f.name)
+    return renamed or "--" + outer.metadata.get("prefix", "") + _flag(f).removeprefix("--")
+
+
+def _parameter(
+    name: str,
+    f: dataclasses.Field,
+    tp: Any,
+    flag: str,
+    default: Any,
+    callback: Callable[..., Any] | None,
+) -> inspect.Parameter:
+    decls = [flag]
+    if tp in (bool, bool | None):  # --x / --no-x (a file's True can be turned off)
+        decls = [f"{flag}/--no-{flag.removeprefix('--')}"]
+    option = typer.Option(
+        *decls,
+        help=f.metadata.get("help", ""),
+        min=f.metadata.get("min"),
+        max=f.metadata.get("max"),
+        callback=callback,
+    )
+    if default is dataclasses.MISSING or isinstance(default, tuple | dict):
+        default = None  # required, or a repeatable option with none given
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[_option_type(tp), option],
+    )
 
 
 def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[str, Any]) -> Any:
     """``cls`` from the YAML file at ``path`` (else the defaults), then the options the command
     line gave (:class:`ConfigError` for a bad value, naming the option)."""
-    hints = typing.get_type_hints(cls)
     given: dict[str, Any] = {}
+    inner: dict[str, dict[str, Any]] = {}
     for name, value in values.items():
         source = ctx.get_parameter_source(name)
         if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
             continue
-        given[name] = _field_value(hints[name], value)
+        outer, _, field = name.rpartition(NESTED)
+        owner = _nested_class(cls, outer) if outer else cls
+        held = _field_value(typing.get_type_hints(owner)[field], value)
+        if outer:
+            inner.setdefault(outer, {})[field] = held
+        else:
+            given[field] = held
     if path is not None:
         cfg = dataclasses.replace(load_config(cls, path), **given)
     else:
@@ -107,13 +155,36 @@ def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[
             flags = ", ".join(_flag(f) for f in missing)
             raise ConfigError(f"missing {flags} (or a --config file that sets it)")
         cfg = cls(**given)
+    for outer, changes in inner.items():
+        cfg = dataclasses.replace(
+            cfg, **{outer: dataclasses.replace(getattr(cfg, outer), **changes)}
+        )
     try:
         check_config(cfg)
     except ConfigError as exc:
-        field = str(exc).split(":", 1)[0]
-        flags = {f.name: _flag(f) for f in fields_of(cls)}
-        raise ConfigError(f"{flags.get(field, field)}: {str(exc).split(': ', 1)[1]}") from None
+        field, _, problem = str(exc).partition(": ")
+        raise ConfigError(f"{_flag_of_path(cls, field)}: {problem}") from None
     return cfg
+
+
+def _nested_class(cls: type, outer: str) -> type:
+    return dict((f.name, tp) for f, tp in nested_fields(cls))[outer]
+
+
+def _flag_of_path(cls: type, path: str) -> str:
+    """The option of a field path (``rollout.n_tasks`` → ``--n``), else the path itself."""
+    outer, _, name = path.rpartition(".")
+    fields = {f.name: f for f in fields_of(cls)}
+    if not outer:
+        return _flag(fields[name]) if name in fields else path
+    nested = dict((f.name, tp) for f, tp in nested_fields(cls))
+    if outer not in nested:
+        return path
+    inner = {f.name: f for f in fields_of(nested[outer])}
+    only = fields[outer].metadata.get("cli_fields")
+    if name not in inner or (only is not None and name not in only):
+        return path
+    return _nested_flag(fields[outer], inner[name])
 
 
 def _required(f: dataclasses.Field) -> bool:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigError, Format, _open, console, print_frame
+from cli.common import ConfigError, Format, FormatOption, _open, console, print_frame
 from cli.options import config_command
 from stages.evaluate import EvalConfig
 from stages.train import RLConfig, SFTConfig
@@ -192,7 +192,7 @@ def register(app: typer.Typer) -> None:
         )
 
     @ckpt_app.command("list")
-    def ckpt_list(fmt: Annotated[Format, typer.Option("--format")] = Format.table) -> None:
+    def ckpt_list(fmt: FormatOption = Format.table) -> None:
         """Checkpoints with their training run, dataset and pinned snapshot."""
         from training.registry import lineage
 
@@ -202,7 +202,7 @@ def register(app: typer.Typer) -> None:
     @ckpt_app.command("lineage")
     def ckpt_lineage(
         checkpoint: Annotated[str, typer.Argument(help="Checkpoint id.")],
-        fmt: Annotated[Format, typer.Option("--format")] = Format.table,
+        fmt: FormatOption = Format.table,
     ) -> None:
         """Which data trained a checkpoint: run, dataset, snapshot, evaluations."""
         from training.registry import lineage

@@ -20,7 +20,7 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rollouts.actions import Answer, Click, ParseError, Select, Type, format_action, parse_action
 from rollouts.chat import ChatClient, ModelUnavailable
@@ -34,17 +34,26 @@ class RationaleError(ValueError):
     """No usable rationale for one step (the run goes on)."""
 
 
+def _setting(default: Any, help: str, **bounds: float) -> Any:
+    """A config field with its help text and bounds in the metadata the stage configs use
+    (:func:`stages.config.setting`'s, which a library below ``stages`` cannot import): the
+    ``webloop rationales`` options and the YAML loader come from it."""
+    return field(default=default, metadata={"help": help, **bounds})
+
+
 @dataclass(frozen=True)
 class RationalesConfig:
     """Which steps, which teacher (stored with the run)."""
 
-    teacher: str = "expert"  # expert | openai
-    run: str | None = None  # only trajectories of this run
-    base_url: str | None = None  # openai teacher
-    model: str | None = None
-    max_steps: int | None = None
-    k_images: int = 3
-    concurrency: int = 4
+    teacher: Literal["expert", "openai"] = _setting(
+        "expert", "expert (template) or openai (any compatible model)."
+    )
+    run: str | None = _setting(None, "Only trajectories of this run.")
+    base_url: str | None = _setting(None, "openai teacher: endpoint URL.")
+    model: str | None = _setting(None, "openai teacher: model name.")
+    max_steps: int | None = _setting(None, "At most this many steps now.", min=1)
+    k_images: int = _setting(3, "openai: screenshots of the last k steps.", min=0, max=32)
+    concurrency: int = _setting(4, "Model requests at once.", min=1, max=256)
 
     @property
     def teacher_name(self) -> str:

@@ -13,6 +13,7 @@ from prefect import flow, task
 from flows import prefect_env
 from flows.artifacts import artifact_key, publish
 from stages import evaluate as stage
+from stages.config import config_from_mapping
 from stages.evaluate import EvalConfig
 from warehouse import Warehouse, WarehouseConfig
 
@@ -53,15 +54,9 @@ def evaluate_newest_flow(
 ) -> dict[str, Any]:
     """Evaluate the newest registered checkpoint on a split (the nightly schedule)."""
     policy, checkpoint = find_newest_checkpoint(home)
-    cfg = EvalConfig(
-        policy=policy,
-        checkpoint=checkpoint,
-        split=split,
-        n=n,
-        suite=suite,
-        max_steps=max_steps,
-        concurrency=concurrency,
-    )
+    rollout = {"policy": policy, "suite": suite, "split": split, "n_tasks": n}
+    rollout.update(max_steps=max_steps, concurrency=concurrency)
+    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
     return evaluate_policy(cfg, home)
 
 

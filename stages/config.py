@@ -47,12 +47,21 @@ def setting(
     max: float | None = None,
     flag: str | None = None,
     cli: bool = True,
+    cli_fields: tuple[str, ...] | None = None,
+    flags: Mapping[str, str] | None = None,
+    prefix: str = "",
 ) -> Any:
     """A config field: its default (or ``factory`` for a mutable one), its ``help`` text, the
     bounds of a number (``min``/``max``, inclusive), the CLI flag when it is not
     ``--field-name`` (kept as users know it, e.g. ``--run`` for ``run_name``), and ``cli=False``
-    for a field only a config file or a library caller sets (a mapping, a task list)."""
+    for a field only a config file or a library caller sets (a mapping, a task list).
+
+    A field that holds another stage's config (an evaluation's rollouts are a collect config)
+    defaults through ``factory`` to that config with the defaults this stage wants; its fields
+    named in ``cli_fields`` become this command's options too, as ``--{prefix}{flag}`` unless
+    ``flags`` renames them (``{"samples": "--group-size"}``)."""
     meta = {"help": help, "min": min, "max": max, "flag": flag, "cli": cli}
+    meta.update(cli_fields=cli_fields, flags=dict(flags or {}), prefix=prefix)
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -75,6 +84,35 @@ def type_hints(cls: type) -> dict[str, Any]:
 def is_config(tp: Any) -> bool:
     """Whether ``tp`` is a config class (a dataclass), as opposed to a value type."""
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The default value of field ``f`` (its factory called), or ``MISSING``."""
+    if f.default_factory is not _MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def nested_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+    """The fields of ``cls`` that hold another config, with that config's class."""
+    hints = type_hints(cls)
+    return [(f, hints[f.name]) for f in fields_of(cls) if is_config(hints[f.name])]
+
+
+def with_nested_defaults(cls: type, data: Any) -> Any:
+    """``data`` (a mapping of ``cls``'s fields) with each nested config's mapping laid over that
+    field's own default: ``rollout: {n_tasks: 4}`` in an RL file keeps the RL rollouts' other
+    defaults (temperature 1), not the collect stage's."""
+    if not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    for f, sub in nested_fields(cls):
+        value = out.get(f.name)
+        default = default_of(f)
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
+            base = {k.name: getattr(default, k.name) for k in fields_of(sub)}
+            out[f.name] = {**base, **with_nested_defaults(sub, value)}
+    return out
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -158,7 +196,7 @@ def config_from_mapping(cls: type[C], data: Any, where: Any = None) -> C:
 
     _check_keys(cls, data, (), fail)
     try:
-        cfg = TypeAdapter(cls).validate_python(data)
+        cfg = TypeAdapter(cls).validate_python(with_nested_defaults(cls, data))
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(first["loc"])

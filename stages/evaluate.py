@@ -24,31 +24,23 @@ from training.load import POLICY_OF, model_kind, resolve_policy
 from warehouse import Warehouse
 
 
+def eval_rollout() -> CollectConfig:
+    """An evaluation's rollouts by default: the ranker, greedy, on 100 ``test`` tasks of the
+    bundled suite, actions waiting 3 s (local sites answer in ms)."""
+    return CollectConfig(policy="ranker", split="test", n_tasks=100, action_timeout_s=3.0)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
-    """What to evaluate: a policy on a split's tasks. ``checkpoint``: a checkpoint id,
-    training run id or folder (for the ``ranker`` / ``hf`` policies); ``model``/``base_url``:
-    the ``openai`` policy's endpoint."""
+    """What to evaluate: a policy on a split's tasks. The rollouts are a collect config
+    (``rollout``: policy, suite, split, tasks, step budget, …); ``checkpoint`` is a checkpoint
+    id, training run id or folder for the ``ranker`` / ``hf`` policies, which then set the
+    rollouts' model and prompt mode; the ``openai`` policy takes ``base_url`` and ``model``."""
 
-    policy: str = setting("ranker", help="ranker, hf, openai, expert or random.")
     checkpoint: str | None = setting(None, help="Checkpoint id, training run id or folder.")
-    split: str = setting("test", help="test, ood or train.")
-    n: int = setting(100, help="Tasks (episodes per sample).", min=1, max=1_000_000)
-    suite: str = setting("bundled", help="Task suite.", cli=False)
-    samples: int = setting(1, help="Samples per task.", min=1, max=1000, cli=False)
-    temperature: float = setting(0.0, help="Sampling temperature (0 = greedy).", min=0.0, max=5.0)
-    max_steps: int = setting(30, help="Step budget per episode.", min=1, max=1000)
-    seed: int = setting(0, help="Task order seed.", min=0, max=2**32 - 1)
-    site_seed: int = setting(0, help="Seed of the bundled sites.", min=0, cli=False)
     prompt_mode: Literal["screenshot", "a11y", "both"] | None = setting(
         None, help="The policy's prompt mode (default: its own; a11y for the ranker).", cli=False
     )
-    base_url: str | None = setting(None, help="openai: the endpoint.")
-    model: str | None = setting(None, help="openai: the model name.")
-    action_timeout_s: float = setting(
-        3.0, help="Seconds an action waits.", min=0.1, max=600.0, cli=False
-    )
-    concurrency: int = setting(8, help="Episodes in flight.", min=1, max=256)
     max_repeats: int = setting(
         3,
         help="End an episode at this many equal actions on one page (0 = never): a greedy "
@@ -56,27 +48,46 @@ class EvalConfig:
         min=0,
         max=1000,
     )
+    rollout: CollectConfig = setting(
+        factory=eval_rollout,
+        help="The evaluation's rollouts (a collect config; defaults: eval_rollout).",
+        cli_fields=(
+            "policy",
+            "suite",
+            "split",
+            "n_tasks",
+            "samples",
+            "temperature",
+            "max_steps",
+            "seed",
+            "base_url",
+            "model",
+            "allow_origins",
+            "concurrency",
+        ),
+        flags={"n_tasks": "--n"},
+    )
+
+    @property
+    def policy(self) -> str:
+        return self.rollout.policy
+
+    @property
+    def suite(self) -> str:
+        return self.rollout.suite
+
+    @property
+    def split(self) -> str | None:
+        return self.rollout.split
 
 
 def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> CollectConfig:
-    """The collect run an evaluation rolls out (its id names the evaluation)."""
-    return CollectConfig(
-        suite=cfg.suite,
-        split=cfg.split,
-        n_tasks=cfg.n,
-        samples=cfg.samples,
-        policy=cfg.policy,
-        base_url=cfg.base_url,
-        model=model,
-        max_steps=cfg.max_steps,
-        action_timeout_s=cfg.action_timeout_s,
-        seed=cfg.seed,
-        site_seed=cfg.site_seed,
-        prompt_mode=prompt_mode,
-        temperature=cfg.temperature,
-        concurrency=cfg.concurrency,
-        engine={"max_repeats": cfg.max_repeats} if cfg.max_repeats else {},
-    )
+    """The collect run an evaluation rolls out (its id names the evaluation): ``cfg.rollout``
+    with the resolved policy's model and prompt mode."""
+    engine = dict(cfg.rollout.engine)
+    if cfg.max_repeats:
+        engine["max_repeats"] = cfg.max_repeats
+    return dataclasses.replace(cfg.rollout, model=model, prompt_mode=prompt_mode, engine=engine)
 
 
 async def run_evaluation(
@@ -88,7 +99,7 @@ async def run_evaluation(
     browser: Any = None,
 ) -> dict[str, Any]:
     """Roll out, grade and summarise; the stored evaluation as a dict plus the summary."""
-    policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.model, cfg.prompt_mode)
+    policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.rollout.model, cfg.prompt_mode)
     coll = collect_config(cfg, policy.model, policy.prompt_mode)
     res = await run_collect(wh, coll, on_progress, server=server, browser=browser)
     ev, summary = record(

@@ -45,7 +45,7 @@ from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, setting
-from stages.evaluate import EvalConfig, run_evaluation
+from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
@@ -411,16 +411,16 @@ def evaluate_checkpoint(
     home: str | None, cfg: FlywheelConfig, checkpoint: str, lent: Lent | None = None
 ) -> dict[str, Any]:
     """The checkpoint, greedy, on held-out tasks: success with a 95% Wilson interval."""
-    ecfg = EvalConfig(
-        policy="ranker",
-        checkpoint=checkpoint,
+    rollout = dataclasses.replace(
+        eval_rollout(),
         split=cfg.eval_split,
-        n=cfg.eval_n,
+        n_tasks=cfg.eval_n,
         max_steps=cfg.eval_max_steps,
         seed=cfg.seed,
         action_timeout_s=cfg.action_timeout_s,
         concurrency=cfg.concurrency,
     )
+    ecfg = EvalConfig(checkpoint=checkpoint, rollout=rollout)
     with _open(home) as wh:
         res = _run(lent, lambda **kw: run_evaluation(wh, ecfg, **kw))
     s = res["summary"]

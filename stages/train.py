@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from curation.curriculum import horizon_at
 from stages import runs
@@ -215,24 +215,60 @@ def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
 # -- RL -------------------------------------------------------------------------------------------
 
 
+def rl_rollout() -> CollectConfig:
+    """RL's rollouts by default: 32 train tasks × 4 samples at temperature 1, actions waiting
+    3 s. The policy and model are the current checkpoint's, set each iteration."""
+    return CollectConfig(n_tasks=32, samples=4, temperature=1.0, action_timeout_s=3.0)
+
+
+def rl_prm() -> ScoreStepsConfig:
+    """The step-level estimators' scoring of visited states by default: the exact PRM on the
+    policy's 4 likeliest actions per state. Which states, by which policy, is set each iteration."""
+    return ScoreStepsConfig(candidates="top_k")
+
+
+#: RL's rollout fields that named RL runs before the configs composed, by their old names: a
+#: configuration that sets only these keeps its run id (warehouses resume).
+_ROLLOUT_KEYS = {
+    "n_tasks": "n_tasks",
+    "samples": "group_size",
+    "split": "split",
+    "suite": "suite",
+    "temperature": "temperature",
+    "max_steps": "max_steps",
+    "seed": "seed",
+    "site_seed": "site_seed",
+    "action_timeout_s": "action_timeout_s",
+}
+_PRM_KEYS = {
+    "scorer": "prm_scorer",
+    "k": "prm_k",
+    "candidates": "prm_candidates",
+    "max_states": "prm_max_states",
+    "scorer_base_url": "prm_scorer_base_url",
+    "scorer_model": "prm_scorer_model",
+}
+#: Set by RL each iteration (from the current checkpoint, the iteration, the collected run), or
+#: operational: not part of an RL run's identity.
+_ROLLOUT_SET = ("policy", "model", "prompt_mode", "run_name", "concurrency", "workers")
+_ROLLOUT_SET += ("dask_address", "lease_wait_s", "task_ids")
+_PRM_SET = ("run", "policy", "model", "temperature", "prompt_mode", "seed", "concurrency")
+_PRM_SET += ("action_timeout_s", "workers", "dask_address")
+
+
 @dataclass(frozen=True)
 class RLConfig:
     """On-policy RL from a checkpoint (id, training run id or folder): collect G samples per
-    task, advantages, update, repeat. ``step_grpo`` and ``step_awr`` also take K candidates at
-    each visited state and score them (the score-steps stage) before each update; ``awr`` and
-    ``step_awr`` update by weighted regression, the others by PPO-clip."""
+    task (``rollout``, a collect config), advantages, update, repeat. ``step_grpo`` and
+    ``step_awr`` also take K candidates at each visited state and score them (``prm``, a
+    score-steps config) before each update; ``awr`` and ``step_awr`` update by weighted
+    regression, the others by PPO-clip."""
 
     policy: str = setting(help="Start checkpoint (id, training run or folder).")
     estimator: str = setting(
         "grpo", help="Advantage estimator: grpo, step_grpo, step_awr, awr or turn."
     )
     iterations: int = setting(2, help="On-policy iterations.", min=1, max=10_000)
-    group_size: int = setting(4, help="Samples per task (G).", min=1, max=1000)
-    n_tasks: int = setting(32, help="Tasks per iteration.", min=1, max=1_000_000)
-    split: str = setting("train", help="Task split.", cli=False)
-    suite: str = setting("bundled", help="Task suite.", cli=False)
-    temperature: float = setting(1.0, help="Sampling temperature.", min=0.0, max=5.0)
-    max_steps: int = setting(30, help="Step budget per trajectory.", min=1, max=1000)
     horizon: tuple[int, ...] = setting(
         (),
         help="Per-iteration step budgets (a recipe's horizon schedule, TTI); the last repeats.",
@@ -246,25 +282,9 @@ class RLConfig:
     reasoning_weight: float = setting(
         1.0, help="VLM: weight of thought tokens (RL4VLM λ).", min=0.0, max=1.0, cli=False
     )
-    seed: int = setting(0, help="Seed (each iteration adds its index).", min=0, max=2**32 - 1)
-    site_seed: int = setting(0, help="Seed of the bundled sites.", min=0, cli=False)
-    action_timeout_s: float = setting(
-        3.0, help="Seconds an action waits.", min=0.1, max=600.0, cli=False
-    )
-    concurrency: int = setting(8, help="Trajectories in flight.", min=1, max=256)
     estimator_options: dict[str, Any] = setting(
         factory=dict, help="Options of the advantage estimator.", cli=False
     )
-    prm_scorer: str = setting("exact", help="step_*: scorer of the visited states (exact or vlm).")
-    prm_k: int = setting(4, help="step_*: candidates per state.", min=2, max=64)
-    prm_candidates: Literal["top_k", "sample"] = setting(
-        "top_k", help="step_*: top_k (the policy's K likeliest actions) or sample."
-    )
-    prm_max_states: int | None = setting(
-        None, help="step_*: score at most this many states.", min=1
-    )
-    prm_scorer_base_url: str | None = setting(None, help="step_* with vlm: the scorer URL.")
-    prm_scorer_model: str | None = setting(None, help="step_* with vlm: the scorer model.")
     anchor_dataset: str | None = setting(
         None,
         help="A curated dataset whose SFT rows anchor each update (PPO-ptx; typically the one "
@@ -279,19 +299,52 @@ class RLConfig:
         "sample on the --n-tasks it failed (then solved) ones (0: off).",
         min=0,
     )
+    rollout: CollectConfig = setting(
+        factory=rl_rollout,
+        help="Each iteration's rollouts (a collect config; the seed is the first iteration's, "
+        "each iteration adds its index; defaults: rl_rollout).",
+        cli_fields=("n_tasks", "samples", "temperature", "max_steps", "seed", "concurrency"),
+        flags={"samples": "--group-size"},
+    )
+    prm: ScoreStepsConfig = setting(
+        factory=rl_prm,
+        help="step_*: the scoring of visited states (a score-steps config; defaults: rl_prm).",
+        cli_fields=("scorer", "k", "candidates", "max_states", "scorer_base_url", "scorer_model"),
+        prefix="prm-",
+    )
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("concurrency")
-        if self.estimator not in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
-            for k in [k for k in d if k.startswith("prm_")]:
-                d.pop(k)
+        """What names the run: the fields RL had before its configs composed under their old
+        names (so earlier runs resume), then any other rollout or PRM setting changed from
+        RL's defaults (``rollout.noise``, …)."""
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("rollout", "prm")
+        }
+        d.update({old: getattr(self.rollout, new) for new, old in _ROLLOUT_KEYS.items()})
+        d.update(_changed("rollout", self.rollout, rl_rollout(), {*_ROLLOUT_KEYS, *_ROLLOUT_SET}))
+        if self.estimator in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
+            d.update({old: getattr(self.prm, new) for new, old in _PRM_KEYS.items()})
+            d.update(_changed("prm", self.prm, rl_prm(), {*_PRM_KEYS, *_PRM_SET}))
         if not self.anchor_coef:  # added later: runs without an anchor keep their ids
             d.pop("anchor_dataset")
             d.pop("anchor_coef")
         if not self.task_pool:  # likewise
             d.pop("task_pool")
         return d
+
+    @property
+    def n_tasks(self) -> int:
+        return self.rollout.n_tasks
+
+    @property
+    def group_size(self) -> int:
+        return self.rollout.samples
+
+    @property
+    def seed(self) -> int:
+        return self.rollout.seed
 
     def check(self) -> None:
         """Settings that cannot work together → :class:`DataMismatch` (the CLI's usage error),
@@ -306,6 +359,15 @@ class RLConfig:
                 f"task_pool {self.task_pool} must exceed n_tasks {self.n_tasks} (--task-pool, "
                 "--n-tasks: the curriculum picks n_tasks of the pool), or be 0"
             )
+
+
+def _changed(name: str, cfg: Any, default: Any, known: set[str]) -> dict[str, Any]:
+    """``cfg``'s fields outside ``known`` that differ from ``default``'s, as ``name.field``."""
+    return {
+        f"{name}.{f.name}": getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name not in known and getattr(cfg, f.name) != getattr(default, f.name)
+    }
 
 
 async def run_rl(
@@ -342,7 +404,7 @@ async def run_rl(
         options = dict(cfg.estimator_options)
         if cfg.estimator in STEP_LEVEL:
             await _score_states(wh, cfg, it, current, col.run_id, say, server, browser)
-            options["scorer"] = cfg.prm_scorer
+            options["scorer"] = cfg.prm.scorer
         turns, stats = prepare(wh, [col.run_id], cfg.estimator, **options)
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
@@ -462,28 +524,13 @@ async def _score_states(
     browser: Any,
 ) -> None:
     """The step-level estimators' process rewards for one iteration: at the states it visited,
-    ``cfg.prm_k`` candidates of the current policy, scored by ``cfg.prm_scorer`` (the
+    ``cfg.prm.k`` candidates of the current policy, scored by ``cfg.prm.scorer`` (the
     score-steps stage; a re-run finds the scores already stored)."""
-    sc = ScoreStepsConfig(
-        scorer=cfg.prm_scorer,
-        k=cfg.prm_k,
-        run=collect_run,
-        policy=policy.policy,
-        model=policy.model,
-        temperature=cfg.temperature,
-        prompt_mode=policy.prompt_mode,
-        candidates=cfg.prm_candidates,
-        scorer_base_url=cfg.prm_scorer_base_url,
-        scorer_model=cfg.prm_scorer_model,
-        max_states=cfg.prm_max_states,
-        seed=cfg.seed + it,
-        concurrency=cfg.concurrency,
-        action_timeout_s=cfg.action_timeout_s,
-    )
+    sc = _score_config(cfg, it, policy, collect_run)
     res = await run_score_steps_async(wh, sc, server=server, browser=browser)
     say(
         f"  rl iteration {it + 1}: {res.selected} states, {res.scored} candidates scored "
-        f"by {cfg.prm_scorer} ({res.errors} errors)"
+        f"by {cfg.prm.scorer} ({res.errors} errors)"
     )
 
 
@@ -509,24 +556,33 @@ def _policy_name(ref: str, wh: Warehouse) -> str:
 
 
 def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> CollectConfig:
-    horizon = horizon_at(cfg.horizon, it, cfg.max_steps)
-    return CollectConfig(
-        suite=cfg.suite,
-        split=cfg.split,
-        n_tasks=cfg.n_tasks,
-        samples=cfg.group_size,
+    """Iteration ``it``'s rollouts: ``cfg.rollout`` by the current policy, seed and horizon."""
+    engine = dict(cfg.rollout.engine)
+    if cfg.estimator == "turn":  # the turn estimator's credit: the share of criteria met
+        engine["record_progress"] = True
+    return dataclasses.replace(
+        cfg.rollout,
         policy=policy.policy,
         model=policy.model,
-        max_steps=horizon,
-        action_timeout_s=cfg.action_timeout_s,
+        max_steps=horizon_at(cfg.horizon, it, cfg.rollout.max_steps),
         seed=cfg.seed + it,
-        site_seed=cfg.site_seed,
         prompt_mode=policy.prompt_mode,
-        temperature=cfg.temperature,
-        concurrency=cfg.concurrency,
         run_name=f"{run_id}-iter{it}",
-        # the turn estimator's credit: the share of criteria met after every step
-        engine={"record_progress": True} if cfg.estimator == "turn" else {},
+        engine=engine,
+    )
+
+
+def _score_config(cfg: RLConfig, it: int, policy: Any, collect_run: str) -> ScoreStepsConfig:
+    """Iteration ``it``'s scoring: ``cfg.prm`` at the states of ``collect_run``, candidates by
+    the current policy at the rollouts' temperature."""
+    return dataclasses.replace(
+        cfg.prm,
+        run=collect_run,
+        policy=policy.policy,
+        model=policy.model,
+        temperature=cfg.rollout.temperature,
+        prompt_mode=policy.prompt_mode,
+        seed=cfg.seed + it,
     )
 
 

@@ -4,6 +4,9 @@ means an existing warehouse would redo its runs instead of resuming them)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
 from warehouse.ids import run_id_for
@@ -12,11 +15,11 @@ from warehouse.ids import run_id_for
 def _ids() -> dict[str, str]:
     from flows.demo import demo_config
     from stages.collect import CollectConfig
-    from stages.evaluate import EvalConfig, collect_config
+    from stages.evaluate import EvalConfig, collect_config, eval_rollout
     from stages.intervene import InterveneConfig
     from stages.judge import JudgeConfig
     from stages.score_steps import ScoreStepsConfig
-    from stages.train import RLConfig, SFTConfig
+    from stages.train import RLConfig, SFTConfig, _collect_config, _score_config, rl_prm, rl_rollout
     from training import registry
 
     openai = CollectConfig(
@@ -42,6 +45,28 @@ def _ids() -> dict[str, str]:
         run="r1",
     )
     scored = ScoreStepsConfig(k=3, max_states=4, select="uncertain", run="r1")
+    rl_step = RLConfig(
+        policy="/ck",
+        estimator="step_grpo",
+        anchor_dataset="ds-a",
+        anchor_coef=0.5,
+        rollout=replace(rl_rollout(), n_tasks=8, samples=3, temperature=0.7, seed=4, max_steps=12),
+        prm=replace(rl_prm(), k=3, max_states=5, candidates="sample"),
+    )
+    rl_pool = RLConfig(
+        policy="/ck",
+        task_pool=20,
+        rollout=replace(rl_rollout(), n_tasks=8, samples=3),
+        prm=replace(rl_prm(), k=3),  # not a step-level estimator: not in the id
+    )
+    ev = EvalConfig(
+        max_repeats=0,
+        checkpoint="c",
+        rollout=replace(
+            eval_rollout(), split="ood", n_tasks=7, max_steps=9, seed=2, temperature=0.5
+        ),
+    )
+    current = SimpleNamespace(policy="ranker", model="/ck/iter", prompt_mode="a11y")
     return {
         "collect default": run_id_for("collect", CollectConfig().identity()),
         "collect openai": run_id_for("collect", openai.identity()),
@@ -59,6 +84,15 @@ def _ids() -> dict[str, str]:
             "collect", collect_config(EvalConfig(checkpoint="c"), "/ck", "a11y").identity()
         ),
         "flywheel": demo_config().flywheel_id,
+        "rl step_grpo": registry.training_run_id("rl", "ranker", "ds-a", rl_step.identity()),
+        "rl pool": registry.training_run_id("rl", "ranker", None, rl_pool.identity()),
+        "eval ood": run_id_for("collect", collect_config(ev, "/ck", "a11y").identity()),
+        "rl iteration collect": run_id_for(
+            "collect", _collect_config(rl_step, 1, current, "x").identity()
+        ),
+        "rl iteration score": run_id_for(
+            "score_steps", _score_config(rl_step, 1, current, "collect-x").identity()
+        ),
     }
 
 
@@ -75,6 +109,12 @@ PINNED = {
     "rl": "train-rl-49208f746e5a5785a758",
     "eval": "collect-c0d2aa36888008322ac9",
     "flywheel": "flywheel-1e5ee5f62215bd1a85d7",
+    # pinned from the flat RLConfig/EvalConfig before they held collect and score-steps configs
+    "rl step_grpo": "train-rl-8988608103b7cb2b846b",
+    "rl pool": "train-rl-83d8c425c885fe15b010",
+    "eval ood": "collect-2f08c626037b0ca1eab8",
+    "rl iteration collect": "collect-532544d13da421947a12",
+    "rl iteration score": "score_steps-864f4e71226bd8f91bb2",
 }
 
 

@@ -32,13 +32,18 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
         *("--select", "first", "--action-timeout", "1.5"),
     ],
     ("intervene",): ["--teacher", "expert", "--max-trajectories", "2", "--name", "fix-1"],
+    ("rationales",): ["--teacher", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
     ("curate",): ["--recipe", "recipe.yaml", "--snapshot", "4"],
     ("train", "sft"): ["--dataset", "ds-1", "--epochs", "2", "--lora-r", "8", "--text-only"],
     ("train", "rl"): [
         *("--policy", "ck-1", "--estimator", "step_awr", "--prm-candidates", "sample"),
         *("--anchor-dataset", "ds-1", "--anchor-coef", "0.5", "--task-pool", "40"),
+        *("--n-tasks", "6", "--group-size", "3", "--prm-k", "3", "--prm-max-states", "9"),
     ],
-    ("eval",): ["--policy", "expert", "--split", "ood", "--n", "5", "--max-repeats", "0"],
+    ("eval",): [
+        *("--policy", "expert", "--split", "ood", "--n", "5", "--max-repeats", "0"),
+        *("--samples", "2", "--allow-origin", "http://a.test"),
+    ],
     ("flywheel",): ["--rounds", "3", "--noise", "0.2", "--prm-states", "0", "--eval-n", "12"],
     ("warehouse", "maintain"): ["--keep-recent-minutes", "5"],
 }
@@ -66,6 +71,7 @@ def test_every_config_command_is_covered() -> None:
     assert {cls.__name__ for cls in options.REGISTERED.values()} == {
         "CollectConfig", "JudgeConfig", "ScoreStepsConfig", "InterveneConfig", "CurateConfig",
         "SFTConfig", "RLConfig", "EvalConfig", "FlywheelConfig", "MaintainConfig",
+        "RationalesConfig",
     }  # fmt: skip
     assert len(COMMANDS) == len(options.REGISTERED)
 
@@ -94,6 +100,49 @@ def _is_default(cfg: Any, f: dataclasses.Field) -> bool:
     if f.default_factory is not dataclasses.MISSING:
         return getattr(cfg, f.name) == f.default_factory()
     return False
+
+
+def test_a_stage_holds_the_configs_of_the_stages_it_runs(
+    home: Path, tmp_path: Path, configs: list[Any]
+) -> None:
+    """RL holds a collect config (its rollouts) and a score-steps config (its PRM); a nested
+    mapping in a file, or the flags, change only the settings given: the rest keep RL's own
+    defaults (temperature 1, top-k candidates), not the collect or score-steps stage's."""
+    file = tmp_path / "rl.yaml"
+    file.write_text("policy: ck-1\nrollout:\n  n_tasks: 4\nprm:\n  k: 3\n")
+    assert webloop(home, "train", "rl", "--config", str(file)).returncode == 0
+    assert webloop(home, "train", "rl", "--policy", "ck-1", "--n-tasks", "4", "--prm-k", "3")
+    from_file, from_flags = configs
+    assert from_file == from_flags
+    rollout, prm = from_file.rollout, from_file.prm
+    assert (rollout.n_tasks, rollout.samples, rollout.temperature) == (4, 4, 1.0)
+    assert (prm.k, prm.candidates, prm.scorer) == (3, "top_k", "exact")
+    assert from_file.identity()["n_tasks"] == 4 and from_file.identity()["group_size"] == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "text", "where"),
+    [
+        (("train", "rl"), "policy: p\nrollout:\n  n_taskz: 4\n", "rl.yaml:3: rollout.n_taskz: "
+         "unknown field (did you mean n_tasks?)"),
+        (("train", "rl"), "policy: p\nprm:\n  k: 1\n", "rl.yaml:3: prm.k: 1 is below the "
+         "minimum 2"),
+        (("eval",), "rollout: 3\n", "rl.yaml:1: rollout: Input should be a dictionary"),
+    ],
+)  # fmt: skip
+def test_a_bad_nested_setting_names_its_line_and_path(
+    home: Path, tmp_path: Path, configs: list[Any], args: tuple, text: str, where: str
+) -> None:
+    file = tmp_path / "rl.yaml"
+    file.write_text(text)
+    res = webloop(home, *args, "--config", str(file), ok=False)
+    assert res.returncode == 2 and where in res.stderr, res.stderr
+    assert configs == []
+
+
+def test_a_nested_option_out_of_range_names_its_flag(home: Path, configs: list[Any]) -> None:
+    res = webloop(home, "eval", "--n", "0", ok=False)
+    assert res.returncode == 2 and "--n" in res.stderr and configs == []
 
 
 def test_flags_override_the_file_and_only_the_flags_given(

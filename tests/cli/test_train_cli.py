@@ -139,6 +139,7 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     server, chromium, wh: Warehouse, tmp_path: Path
 ):
     from sites.tasks import generate
+    from stages.config import config_from_mapping
     from stages.evaluate import EvalConfig, run_evaluation
     from training.evaluate import compare, find_evaluation
     from training.ranker import RankerTrainable
@@ -148,8 +149,9 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     ckpt = tmp_path / "untrained"
     RankerTrainable.new(seed=0).save(ckpt)
 
-    async def evaluate(**kw):
-        cfg = EvalConfig(**{"split": "test", "n": 3, "max_steps": 4, "concurrency": 3, **kw})
+    async def evaluate(checkpoint: str | None = None, **kw):
+        rollout = {"split": "test", "n_tasks": 3, "max_steps": 4, "concurrency": 3, **kw}
+        cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
         return await run_evaluation(wh, cfg, server=server, browser=chromium.browser)
 
     ranker = chromium.run(evaluate(policy="ranker", checkpoint=str(ckpt)))

@@ -28,6 +28,7 @@ from flows.score_steps import score_steps_flow
 from flows.train import train_rl_flow, train_sft_flow
 from sites.tasks import generate
 from stages.collect import CollectConfig
+from stages.config import config_from_mapping
 from stages.curate import CurateConfig
 from stages.evaluate import EvalConfig
 from stages.intervene import InterveneConfig
@@ -130,18 +131,30 @@ def sft(home: str, dataset: tuple) -> tuple[Any, str]:
 
 @pytest.fixture(scope="module")
 def eval_sft(home: str, sft: tuple) -> tuple[Any, str]:
-    cfg = EvalConfig(policy="ranker", checkpoint=sft[0]["checkpoint_id"], split="test", n=2,
-                     **SHORT)  # fmt: skip
+    rollout = {"split": "test", "n_tasks": 2, **SHORT}
+    cfg = config_from_mapping(
+        EvalConfig, {"checkpoint": sft[0]["checkpoint_id"], "rollout": rollout}
+    )
     return run(evaluate_flow, cfg, home)
+
+
+_ROLLOUT = {"samples", "n_tasks", "seed", "temperature"}
+
+
+def _rl(sft: tuple, **kw: Any) -> RLConfig:
+    """An RL config from ``sft``'s checkpoint, one iteration unless said, short episodes; the
+    rollout's settings among ``kw`` go into ``rollout``, as a config file nests them."""
+    rollout = {**SHORT, **{k: kw.pop(k) for k in list(kw) if k in _ROLLOUT}}
+    data = {"policy": sft[0]["checkpoint_id"], "iterations": 1, **kw, "rollout": rollout}
+    return config_from_mapping(RLConfig, data)
 
 
 @pytest.fixture(scope="module")
 def rl(home: str, sft: tuple, dataset: tuple) -> tuple[Any, str]:
     # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
     # learning signal even where the samples of a task end alike; the SFT dataset anchors it
-    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="turn", iterations=1,
-                   group_size=2, n_tasks=3, seed=1, anchor_dataset=dataset[0].dataset_id,
-                   anchor_coef=0.5, **SHORT)  # fmt: skip
+    cfg = _rl(sft, estimator="turn", samples=2, n_tasks=3, seed=1,
+              anchor_dataset=dataset[0].dataset_id, anchor_coef=0.5)  # fmt: skip
     return run(train_rl_flow, cfg, home)
 
 
@@ -266,8 +279,7 @@ def test_train_rl(home: str, sft: tuple, dataset: tuple, rl: tuple):
 def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: str, sft: tuple):
     # groups of one sample: every GRPO advantage is 0, so the iteration makes no update (and
     # the run does not fail); the result is the start checkpoint
-    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="grpo", iterations=1,
-                   group_size=1, n_tasks=2, seed=2, **SHORT)  # fmt: skip
+    cfg = _rl(sft, estimator="grpo", samples=1, n_tasks=2, seed=2)
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
     assert it["trajectories"] == 2 and it["turns"] > 0
@@ -282,8 +294,7 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     # a pool of 4 tasks probed greedily (a collect run of its own), then 2 of them sampled:
     # those the probe did not solve first, then solved ones, in the seeded order (grpo on
     # groups of one: no update, so the check costs two small collections)
-    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="grpo", iterations=1,
-                   group_size=1, n_tasks=2, task_pool=4, seed=4, **SHORT)  # fmt: skip
+    cfg = _rl(sft, estimator="grpo", samples=1, n_tasks=2, task_pool=4, seed=4)
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
     probe_run = f"{it['collect_run']}-probe"
@@ -307,8 +318,7 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     # the seeded order happens to start with the probe's failures)
     assert run_row(home, it["collect_run"])["config"]["task_ids"] == expected[:2]
     with pytest.raises(Exception, match="task_pool 2 must exceed n_tasks 2"):
-        run(train_rl_flow, RLConfig(policy=sft[0]["checkpoint_id"], n_tasks=2,
-                                    task_pool=2, **SHORT), home)  # fmt: skip
+        run(train_rl_flow, _rl(sft, n_tasks=2, task_pool=2, iterations=2), home)
 
 
 def test_evaluate_newest_shows_the_delta(home: str, sft: tuple, eval_sft: tuple, rl: tuple):
@@ -326,9 +336,8 @@ def test_evaluate_newest_shows_the_delta(home: str, sft: tuple, eval_sft: tuple,
 def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, sft: tuple):
     # step_grpo: at each visited state K candidates sampled from the policy (T = 1), scored by
     # the exact PRM (replay, candidate, reference continuation), advantages within the state
-    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="step_grpo", iterations=1,
-                   group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
-                   **SHORT)  # fmt: skip
+    cfg = _rl(sft, estimator="step_grpo", samples=1, n_tasks=2, seed=3,
+              prm={"k": 3, "max_states": 4})  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
     rows = sql(
@@ -358,9 +367,8 @@ def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, sft: tuple):
 def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, sft: tuple):
     # step_awr: the same scored states as step_grpo, but the update is weighted regression
     # (exp(A/beta) where a state's candidates differ, 0 elsewhere), not PPO's clipped ratio
-    cfg = RLConfig(policy=sft[0]["checkpoint_id"], estimator="step_awr", iterations=1,
-                   group_size=1, n_tasks=2, seed=3, prm_k=3, prm_max_states=4,
-                   **SHORT)  # fmt: skip
+    cfg = _rl(sft, estimator="step_awr", samples=1, n_tasks=2, seed=3,
+              prm={"k": 3, "max_states": 4})  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
     [it] = out["iterations"]
     assert it["turns"] > 0 and it["nonzero_advantage"] > 0 and it["steps_run"] > 0

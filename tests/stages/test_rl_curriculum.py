@@ -26,12 +26,16 @@ def test_episodes_without_an_outcome_are_left_out():
 
 
 def test_settings_that_cannot_work_together_are_refused_before_anything_starts():
+    from stages.config import config_from_mapping
     from stages.train import RLConfig
     from training.interface import DataMismatch
 
-    RLConfig(policy="p", n_tasks=8, task_pool=9).check()  # a pool larger than the batch
-    RLConfig(policy="p", anchor_dataset="d", anchor_coef=1.0).check()
+    def rl(**kw):
+        return config_from_mapping(RLConfig, {"policy": "p", **kw})
+
+    rl(rollout={"n_tasks": 8}, task_pool=9).check()  # a pool larger than the batch
+    rl(anchor_dataset="d", anchor_coef=1.0).check()
     with pytest.raises(DataMismatch, match="task_pool 8 must exceed n_tasks 8"):
-        RLConfig(policy="p", n_tasks=8, task_pool=8).check()
+        rl(rollout={"n_tasks": 8}, task_pool=8).check()
     with pytest.raises(DataMismatch, match=r"anchor_coef 0\.5 needs an anchor dataset"):
         RLConfig(policy="p", anchor_coef=0.5).check()
