@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -201,7 +202,7 @@ def coverage(b: Bench, ds: Any) -> None:
     say(f"oracle coverage of the candidate generator: {oracle_coverage(rows):.1%} ({parts})")
 
 
-def sft(b: Bench, ds: Any, label: str) -> dict[str, Any]:
+def sft(b: Bench, ds: Any, label: str) -> Any:
     from stages.train import SFTConfig, run_sft
 
     t0 = time.perf_counter()
@@ -219,12 +220,12 @@ def sft(b: Bench, ds: Any, label: str) -> dict[str, Any]:
     n = ds.counts["sft"] * b.a.epochs
     losses = b.wh.sql(
         "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
-        [res["training_run_id"]],
+        [res.training_run_id],
     )["value"].to_list()
     k = max(1, min(5, len(losses) // 4))
     first, last = _mean(losses[:k]), _mean(losses[-k:])
     say(
-        f"sft {label}: {res['last_step']} steps, loss {first:.3f} -> {last:.3f}, "
+        f"sft {label}: {res.last_step} steps, loss {first:.3f} -> {last:.3f}, "
         f"{n / secs:.0f} examples/s (ranker, incl. first-epoch encoding)"
     )
     if not last < first:
@@ -280,21 +281,21 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
     cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
     res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
     b.timed("evaluate", t0)
-    s = res["summary"]
+    s = dataclasses.asdict(res.summary)
     say(
         f"  {label:<22} {split:<5} {s['n_success']:>4}/{s['n']:<4} {s['rate']:6.1%} "
         f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]  ({time.perf_counter() - t0:.0f} s)"
     )
     if s["n"] == 0:
         raise SystemExit(f"evaluation {label}/{split}: no episode ended with an outcome")
-    b.evals[(label, split)] = res
+    b.evals[(label, split)] = s
     return res
 
 
 RL_ATTEMPTS = 3
 
 
-async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
+async def rl(b: Bench, start: str, anchor: str) -> Any:
     """On-policy RL from ``start`` with ``--rl-estimator``: ``step_grpo`` (the default: at the
     states each iteration visited, ``--prm-k`` candidates sampled from the policy, scored by the
     exact PRM, normalised per state) or ``grpo`` (trajectory reward normalised within each
@@ -333,17 +334,17 @@ async def rl(b: Bench, start: str, anchor: str) -> dict[str, Any]:
             },
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
-        if any(r["nonzero_advantage"] for r in res["iterations"]):
+        if any(r.nonzero_advantage for r in res.iterations):
             break
         say(f"rl (seed {seed}): no learning signal in any iteration's batch; next seed")
     else:
         say(f"rl: no learning signal in {RL_ATTEMPTS} attempts; the policy is the start checkpoint")
     b.timed("rl", t0)
-    for r in res["iterations"]:
+    for r in res.iterations:
         say(
-            f"rl iteration {r['iteration']} ({a.rl_estimator}): mean reward of the samples "
-            f"{r['mean_reward']:.3f} ({r['trajectories']} trajectories, "
-            f"{r['nonzero_advantage']}/{r['turns']} turns with a learning signal)"
+            f"rl iteration {r.iteration} ({a.rl_estimator}): mean reward of the samples "
+            f"{r.mean_reward:.3f} ({r.trajectories} trajectories, "
+            f"{r.nonzero_advantage}/{r.turns} turns with a learning signal)"
         )
     if a.rl_anchor_coef:
         say(f"rl anchor: SFT loss on {anchor} × {a.rl_anchor_coef} in every update")
@@ -411,14 +412,14 @@ async def run_all(b: Bench, home: Path) -> None:
     if b.a.eval_untrained:
         await evaluate(b, "untrained", untrained(b), "test")
     if sft_u is not None:
-        await evaluate(b, "sft unfiltered", sft_u["checkpoint"], "test")
-    await evaluate(b, "sft curated", sft_c["checkpoint"], "test")
+        await evaluate(b, "sft unfiltered", sft_u.checkpoint, "test")
+    await evaluate(b, "sft curated", sft_c.checkpoint, "test")
     if b.a.eval_ood:
-        await evaluate(b, "sft curated", sft_c["checkpoint"], "ood")
-    rl_res = await rl(b, sft_c["checkpoint"], curated.dataset_id)
-    await evaluate(b, "rl", rl_res["checkpoint"], "test")
+        await evaluate(b, "sft curated", sft_c.checkpoint, "ood")
+    rl_res = await rl(b, sft_c.checkpoint, curated.dataset_id)
+    await evaluate(b, "rl", rl_res.checkpoint, "test")
     if b.a.eval_ood:
-        await evaluate(b, "rl", rl_res["checkpoint"], "ood")
+        await evaluate(b, "rl", rl_res.checkpoint, "ood")
     differences(b)
 
 

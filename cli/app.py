@@ -224,12 +224,12 @@ def warehouse_maintain(cfg: MaintainConfig) -> None:
     from stages.maintain import run_maintain
 
     with _open() as wh:
-        rep = run_maintain(wh, cfg)
+        rep = run_maintain(wh, cfg).report
     console.print(
-        f"data files {rep['files_before']} -> {rep['files_after']}; "
-        f"expired {len(rep['snapshots_expired'])} snapshot(s); "
-        f"kept pinned {rep['snapshots_kept_pinned'] or 'none'}; "
-        f"deleted {rep['files_deleted']} file(s)"
+        f"data files {rep.files_before} -> {rep.files_after}; "
+        f"expired {len(rep.snapshots_expired)} snapshot(s); "
+        f"kept pinned {rep.snapshots_kept_pinned or 'none'}; "
+        f"deleted {rep.files_deleted} file(s)"
     )
 
 

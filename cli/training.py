@@ -12,7 +12,7 @@ import typer
 
 from cli.common import ConfigError, Format, FormatOption, _open, console, print_frame
 from cli.options import config_command
-from stages.evaluate import EvalConfig
+from stages.evaluate import EvalConfig, EvalResult
 from stages.train import RLConfig, SFTConfig
 
 ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
@@ -64,17 +64,17 @@ def _live(label: str) -> Any:
     return LiveProgress(label, console=console)
 
 
-def _print_eval(res: dict[str, Any]) -> None:
-    s = res["summary"]
+def _print_eval(res: EvalResult) -> None:
+    ev, s = res.evaluation, res.summary
     console.print(
-        f"evaluation {res['evaluation_id']} ({res['policy']} on {res['suite']}/{res['split']}): "
-        f"success {s['n_success']}/{s['n']} = {s['rate']:.1%} "
-        f"[95% CI {s['ci_low']:.1%}, {s['ci_high']:.1%}]"
-        + (f"; left out {s['excluded']}" if s["excluded"] else ""),
+        f"evaluation {ev.evaluation_id} ({ev.policy} on {ev.suite}/{ev.split}): "
+        f"success {s.n_success}/{s.n} = {s.rate:.1%} "
+        f"[95% CI {s.ci_low:.1%}, {s.ci_high:.1%}]"
+        + (f"; left out {s.excluded}" if s.excluded else ""),
         soft_wrap=True,
     )
     for by in ("by_site", "by_difficulty"):
-        for r in s[by]:
+        for r in getattr(s, by):
             key = r.get("site", r.get("difficulty"))
             console.print(
                 f"  {by[3:]} {key}: {r['n_success']}/{r['n']} = {r['rate']:.1%} "
@@ -88,10 +88,10 @@ def train_sft(cfg: SFTConfig) -> None:
 
     with _live("train sft") as bar:
         res = _user_errors(lambda: run(cfg, on_progress=bar))
-    resumed = f" (resumed from step {res['resumed_from']})" if res["resumed_from"] else ""
+    resumed = f" (resumed from step {res.resumed_from})" if res.resumed_from else ""
     console.print(
-        f"training run {res['training_run_id']}: {res['steps_run']} steps{resumed}; "
-        f"checkpoint {res['checkpoint_id']}\n  {res['checkpoint']}",
+        f"training run {res.training_run_id}: {res.steps_run} steps{resumed}; "
+        f"checkpoint {res.checkpoint_id}\n  {res.checkpoint}",
         soft_wrap=True,
     )
 
@@ -105,18 +105,18 @@ def train_rl(cfg: RLConfig, horizon: str | None = None, recipe: Path | None = No
     _user_errors(cfg.check)  # before a flow starts
     with _live("train rl") as bar:
         res = _user_errors(lambda: run(cfg, on_progress=bar))
-    for r in res["iterations"]:
+    for r in res.iterations:
         console.print(
-            f"  iteration {r['iteration']}: mean reward {r['mean_reward']:.3f} over "
-            f"{r['trajectories']} trajectories; checkpoint {r['checkpoint_id']}"
+            f"  iteration {r.iteration}: mean reward {r.mean_reward:.3f} over "
+            f"{r.trajectories} trajectories; checkpoint {r.checkpoint_id}"
         )
-    if res["training_run_id"] is None:
+    if res.training_run_id is None:
         console.print(
             "no update: no iteration's batch had a learning signal (every group's samples "
-            f"got the same reward); the policy is the start checkpoint {res['checkpoint_id']}"
+            f"got the same reward); the policy is the start checkpoint {res.checkpoint_id}"
         )
     else:
-        console.print(f"training run {res['training_run_id']}: checkpoint {res['checkpoint_id']}")
+        console.print(f"training run {res.training_run_id}: checkpoint {res.checkpoint_id}")
 
 
 def evaluate(cfg: EvalConfig) -> None:

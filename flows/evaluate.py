@@ -4,9 +4,9 @@ the evaluation, with its deltas to earlier ones, is published as a markdown arti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, task
 
@@ -19,20 +19,21 @@ from warehouse import Warehouse, WarehouseConfig
 
 
 @task(name="evaluate-policy")
-def evaluate_policy(cfg: EvalConfig, home: str | None = None) -> dict[str, Any]:
+def evaluate_policy(cfg: EvalConfig, home: str | None = None) -> stage.EvalResult:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         res = asyncio.run(stage.run_evaluation(wh, cfg, prefect_env.progress_of("evaluate")))
-        res["deltas"] = stage.evaluation_deltas(wh, res)
+        res = dataclasses.replace(res, deltas=stage.evaluation_deltas(wh, res))
+    ev = res.evaluation
     publish(
-        artifact_key("evaluation", res["suite"], res["split"]),
-        stage.evaluation_markdown(res, res["deltas"]),
-        f"evaluation {res['evaluation_id']} on {res['suite']}/{res['split']}",
+        artifact_key("evaluation", ev.suite, ev.split),
+        stage.evaluation_markdown(res),
+        f"evaluation {ev.evaluation_id} on {ev.suite}/{ev.split}",
     )
     return res
 
 
 @flow(name="evaluate")
-def evaluate_flow(cfg: EvalConfig, home: str | None = None) -> dict[str, Any]:
+def evaluate_flow(cfg: EvalConfig, home: str | None = None) -> stage.EvalResult:
     """Evaluate a policy on a split; the result is stored in ``evaluations``."""
     return evaluate_policy(cfg, home)
 
@@ -51,7 +52,7 @@ def evaluate_newest_flow(
     max_steps: int = 30,
     concurrency: int = 8,
     home: str | None = None,
-) -> dict[str, Any]:
+) -> stage.EvalResult:
     """Evaluate the newest registered checkpoint on a split (the nightly schedule)."""
     policy, checkpoint = find_newest_checkpoint(home)
     rollout = {"policy": policy, "suite": suite, "split": split, "n_tasks": n}
@@ -62,7 +63,7 @@ def evaluate_newest_flow(
 
 def evaluate(
     cfg: EvalConfig, home: str | Path | None = None, on_progress: Callable | None = None
-) -> dict[str, Any]:
+) -> stage.EvalResult:
     """Run the evaluate flow; ``on_progress`` receives engine stats about once a second."""
     with prefect_env.progress_to("evaluate", on_progress):
         return evaluate_flow(cfg, str(home) if home is not None else None)

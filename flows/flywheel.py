@@ -73,7 +73,7 @@ def run_round(
     dataset = curate(home, cfg, n)
     start = "ranker" if n == 1 else policy
     trained = train(home, cfg, dataset["dataset_id"], start)
-    after = evaluate(home, cfg, trained["checkpoint"], lent)
+    after = evaluate(home, cfg, trained.checkpoint, lent)
     r = stage.round_record(
         n, collected, judged, scored, intervened, dataset, trained, before, after
     )

@@ -3,8 +3,6 @@ Prefect flow; its report is a markdown artifact."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow, task
 
 from flows.artifacts import artifact_key, publish
@@ -14,12 +12,14 @@ from warehouse import Warehouse, WarehouseConfig
 
 
 @task(name="maintain")
-def maintain_task(keep_recent_minutes: float = 60.0, home: str | None = None) -> dict[str, Any]:
+def maintain_task(
+    keep_recent_minutes: float = 60.0, home: str | None = None
+) -> stage.MaintainResult:
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         res = stage.run_maintain(wh, MaintainConfig(keep_recent_minutes))
     publish(
         artifact_key("maintain-warehouse"),
-        stage.report_markdown(res, keep_recent_minutes),
+        stage.report_markdown(res.report, keep_recent_minutes),
         "webloop warehouse maintenance report",
     )
     return res
@@ -28,6 +28,6 @@ def maintain_task(keep_recent_minutes: float = 60.0, home: str | None = None) ->
 @flow(name="maintain_warehouse")
 def maintain_warehouse(
     keep_recent_minutes: float = 60.0, home: str | None = None
-) -> dict[str, Any]:
+) -> stage.MaintainResult:
     """Compact the warehouse and expire unpinned snapshots older than ``keep_recent_minutes``."""
     return maintain_task(keep_recent_minutes, home)

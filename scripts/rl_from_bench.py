@@ -63,10 +63,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 start, anchor, sft_eval = sft_start(wh)
                 learning.say(f"RL from {start} (anchor {anchor}): {args.rl_estimator}")
                 res = await learning.rl(b, start, anchor)
-                ev = await learning.evaluate(b, "rl", res["checkpoint"], "test")
+                ev = await learning.evaluate(b, "rl", res.checkpoint, "test")
                 if args.eval_ood:
-                    await learning.evaluate(b, "rl", res["checkpoint"], "ood")
-                d = compare(find_evaluation(wh, sft_eval), find_evaluation(wh, ev["evaluation_id"]))
+                    await learning.evaluate(b, "rl", res.checkpoint, "ood")
+                d = compare(find_evaluation(wh, sft_eval), find_evaluation(wh, ev.evaluation_id))
                 learning.say(
                     f"  test  rl - sft curated: {d['diff']:+.1%} [{d['ci_low']:+.1%}, "
                     f"{d['ci_high']:+.1%}]" + ("  separated" if d["separated"] else "")

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stages import runs
-from stages.collect import CollectConfig, run_collect
+from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import setting
 from stages.report import markdown_table, percent
-from training.evaluate import compare, record
+from training.evaluate import Summary, compare, record
 from training.load import POLICY_OF, model_kind, resolve_policy
 from warehouse import Warehouse
+from warehouse.records import Evaluation
 
 
 def eval_rollout() -> CollectConfig:
@@ -90,6 +91,30 @@ def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> Coll
     return dataclasses.replace(cfg.rollout, model=model, prompt_mode=prompt_mode, engine=engine)
 
 
+@dataclass(frozen=True)
+class EvalResult:
+    """An evaluation: its stored row, the summary (overall, per site and difficulty, with
+    Wilson intervals), the collect run that rolled it out, and (the flow adds them) the deltas
+    to earlier evaluations on the same suite and split."""
+
+    evaluation: Evaluation
+    summary: Summary
+    collect: CollectResult
+    deltas: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def evaluation_id(self) -> str:
+        return self.evaluation.evaluation_id
+
+    @property
+    def run_id(self) -> str:
+        return self.collect.run_id
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        return self.evaluation.checkpoint_id
+
+
 async def run_evaluation(
     wh: Warehouse,
     cfg: EvalConfig,
@@ -97,8 +122,8 @@ async def run_evaluation(
     *,
     server: Any = None,
     browser: Any = None,
-) -> dict[str, Any]:
-    """Roll out, grade and summarise; the stored evaluation as a dict plus the summary."""
+) -> EvalResult:
+    """Roll out, grade, summarise and store the evaluation."""
     policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.rollout.model, cfg.prompt_mode)
     coll = collect_config(cfg, policy.model, policy.prompt_mode)
     res = await run_collect(wh, coll, on_progress, server=server, browser=browser)
@@ -111,11 +136,7 @@ async def run_evaluation(
         checkpoint_id=policy.checkpoint_id,
         extra={"config": dataclasses.asdict(cfg), "flow_run_id": runs.orchestrator_run()},
     )
-    return {
-        **dataclasses.asdict(ev),
-        "summary": dataclasses.asdict(summary),
-        "collect": dataclasses.asdict(res),
-    }
+    return EvalResult(evaluation=ev, summary=summary, collect=res)
 
 
 def earlier_evaluations(wh: Warehouse, ev: dict[str, Any], limit: int = 5) -> list[dict[str, Any]]:
@@ -139,16 +160,16 @@ def _interval_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]
     ]
 
 
-def evaluation_markdown(res: dict[str, Any], deltas: list[dict[str, Any]]) -> str:
+def evaluation_markdown(res: EvalResult) -> str:
     """Success with 95% Wilson intervals (overall, per site, per difficulty) and the deltas to
     earlier evaluations on the same split (Newcombe intervals), as markdown."""
-    s = res["summary"]
-    who = res["policy"] + (f" checkpoint `{res['checkpoint_id']}`" if res["checkpoint_id"] else "")
-    overall = [{"suite/split": f"{res['suite']}/{res['split']}", **s}]
+    ev, s = res.evaluation, dataclasses.asdict(res.summary)
+    who = str(ev.policy) + (f" checkpoint `{ev.checkpoint_id}`" if ev.checkpoint_id else "")
+    overall = [{"suite/split": f"{ev.suite}/{ev.split}", **s}]
     lines = [
-        f"# Evaluation `{res['evaluation_id']}`",
+        f"# Evaluation `{ev.evaluation_id}`",
         "",
-        f"{who}; collect run `{res['run_id']}`"
+        f"{who}; collect run `{res.run_id}`"
         + (f"; left out {s['excluded']}" if s["excluded"] else ""),
         "",
         "## Success (95% Wilson intervals)",
@@ -172,7 +193,7 @@ def evaluation_markdown(res: dict[str, Any], deltas: list[dict[str, Any]]) -> st
                     "95% CI": f"[{d['ci_low']:+.1%}, {d['ci_high']:+.1%}]",
                     "separated": d["separated"],
                 }
-                for d in deltas
+                for d in res.deltas
             ],
             ["earlier", "checkpoint", "earlier rate", "this rate", "delta", "95% CI", "separated"],
         ),
@@ -180,14 +201,13 @@ def evaluation_markdown(res: dict[str, Any], deltas: list[dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def evaluation_deltas(wh: Warehouse, res: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluation_deltas(wh: Warehouse, res: EvalResult) -> tuple[dict[str, Any], ...]:
     """This evaluation against the newest earlier ones on its suite and split (Newcombe)."""
-    ev = {k: res[k] for k in ("evaluation_id", "suite", "split", "n", "n_success")}
-    ev.update(success_rate=res["success_rate"], ci_low=res["ci_low"], ci_high=res["ci_high"])
-    return [
+    ev = dataclasses.asdict(res.evaluation)
+    return tuple(
         {**compare(other, ev), "checkpoint": other.get("checkpoint_id") or other.get("policy")}
         for other in earlier_evaluations(wh, ev)
-    ]
+    )
 
 
 def newest_checkpoint(wh: Warehouse) -> tuple[str, str]:

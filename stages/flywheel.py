@@ -50,7 +50,7 @@ from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
-from stages.train import SFTConfig, run_sft
+from stages.train import SFTConfig, TrainResult, run_sft
 from training.evaluate import compare
 from warehouse import Warehouse, WarehouseConfig, migrations
 from warehouse.ids import make_id
@@ -389,9 +389,7 @@ def _dataset(wh: Warehouse, dataset_id: str) -> dict[str, Any]:
     return row
 
 
-def train_round(
-    home: str | None, cfg: FlywheelConfig, dataset_id: str, start: str
-) -> dict[str, Any]:
+def train_round(home: str | None, cfg: FlywheelConfig, dataset_id: str, start: str) -> TrainResult:
     """SFT of the ranker on the round's dataset, from ``start`` (``ranker``: a fresh one, else the
     previous round's checkpoint folder); resumes from the run's last checkpoint."""
     scfg = SFTConfig(
@@ -423,17 +421,17 @@ def evaluate_checkpoint(
     ecfg = EvalConfig(checkpoint=checkpoint, rollout=rollout)
     with _open(home) as wh:
         res = _run(lent, lambda **kw: run_evaluation(wh, ecfg, **kw))
-    s = res["summary"]
+    s = res.summary
     return {
-        "evaluation_id": res["evaluation_id"],
-        "run_id": res["run_id"],
-        "checkpoint_id": res["checkpoint_id"],
-        "n": s["n"],
-        "n_success": s["n_success"],
-        "rate": s["rate"],
-        "ci_low": s["ci_low"],
-        "ci_high": s["ci_high"],
-        "ran": res["collect"]["ran"],
+        "evaluation_id": res.evaluation_id,
+        "run_id": res.run_id,
+        "checkpoint_id": res.checkpoint_id,
+        "n": s.n,
+        "n_success": s.n_success,
+        "rate": s.rate,
+        "ci_low": s.ci_low,
+        "ci_high": s.ci_high,
+        "ran": res.collect.ran,
     }
 
 
@@ -529,7 +527,7 @@ def round_record(
     scored: dict[str, Any] | None,
     intervened: dict[str, Any] | None,
     dataset: dict[str, Any],
-    trained: dict[str, Any],
+    trained: TrainResult,
     before: dict[str, Any],
     after: dict[str, Any],
 ) -> dict[str, Any]:
@@ -542,8 +540,12 @@ def round_record(
         "intervened": intervened,
         "dataset": dataset,
         "start": "a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint",
-        "trained": {k: trained[k] for k in ("training_run_id", "checkpoint_id", "checkpoint")},
-        "steps_run": trained["steps_run"],
+        "trained": {
+            "training_run_id": trained.training_run_id,
+            "checkpoint_id": trained.checkpoint_id,
+            "checkpoint": trained.checkpoint,
+        },
+        "steps_run": trained.steps_run,
         "before": before,
         "after": {**after, "label": f"round {n}"},
         "delta": compare(before, after),

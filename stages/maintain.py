@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
 from stages import runs
 from stages.config import check_config, setting
@@ -33,8 +32,16 @@ class MaintainConfig:
     )
 
 
-def run_maintain(wh: Warehouse, cfg: MaintainConfig) -> dict[str, Any]:
-    """Maintain ``wh`` and record the run; the report as a dict (plus ``run_id``)."""
+@dataclass(frozen=True)
+class MaintainResult:
+    """A maintenance run: its id and what it did."""
+
+    run_id: str
+    report: MaintenanceReport
+
+
+def run_maintain(wh: Warehouse, cfg: MaintainConfig) -> MaintainResult:
+    """Maintain ``wh`` and record the run."""
     check_config(cfg)
     config = {"keep_recent_minutes": cfg.keep_recent_minutes}
     started = dt.datetime.now(dt.UTC).isoformat()
@@ -43,12 +50,12 @@ def run_maintain(wh: Warehouse, cfg: MaintainConfig) -> dict[str, Any]:
     )
     with recorded_run(wh, run_id, "maintain", config):
         rep = maintain(wh, keep_recent=dt.timedelta(minutes=cfg.keep_recent_minutes))
-    return {"run_id": run_id, **dataclasses.asdict(rep)}
+    return MaintainResult(run_id=run_id, report=rep)
 
 
-def report_markdown(rep: MaintenanceReport | dict[str, Any], keep_recent_minutes: float) -> str:
+def report_markdown(rep: MaintenanceReport, keep_recent_minutes: float) -> str:
     """The maintenance report as a markdown table."""
-    r = rep if isinstance(rep, dict) else dataclasses.asdict(rep)
+    r = dataclasses.asdict(rep)
     rows = [
         {"what": "data files", "value": f"{r['files_before']} → {r['files_after']}"},
         {"what": "snapshots expired", "value": len(r["snapshots_expired"])},

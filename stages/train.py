@@ -72,6 +72,40 @@ def checkpoints_dir(wh: Warehouse, training_run_id: str) -> Path:
     return wh.cfg.home / "checkpoints" / training_run_id
 
 
+@dataclass(frozen=True)
+class RLIteration:
+    """One RL iteration: its collect run, what its batch held, the updates it made and the
+    checkpoint after it (the one before it when the batch had no learning signal)."""
+
+    iteration: int
+    collect_run: str
+    trajectories: int
+    mean_reward: float
+    turns: int
+    nonzero_advantage: int
+    steps_run: int
+    checkpoint: str | None
+    checkpoint_id: str | None
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # all that `prepare` said
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run did. ``training_run_id`` is None when RL made no update (no
+    iteration's batch had a learning signal): the checkpoint is then the start one."""
+
+    training_run_id: str | None
+    checkpoint_id: str | None
+    checkpoint: str | None
+    steps_run: int = 0
+    last_step: int = 0
+    resumed_from: int | None = None
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    dataset_id: str | None = None
+    snapshot_id: int | None = None
+    iterations: tuple[RLIteration, ...] = ()
+
+
 def _vlm_options(reasoning_weight: float, lora_r: int | None) -> dict[str, Any]:
     opts: dict[str, Any] = {"reasoning_weight": reasoning_weight}
     if lora_r:
@@ -79,7 +113,7 @@ def _vlm_options(reasoning_weight: float, lora_r: int | None) -> dict[str, Any]:
     return opts
 
 
-def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> TrainResult:
     """Train (or resume) the SFT run of ``cfg``; a summary with the final checkpoint."""
     from training.trainer import TrainConfig
 
@@ -105,7 +139,7 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         max_steps=cfg.max_steps,
         save_every=cfg.save_every,
     )
-    res = _fit(
+    res, _row = _fit(
         wh,
         model,
         turns,
@@ -118,8 +152,7 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": runs.orchestrator_run()},
         progress=say,
     )
-    res.pop("row")
-    return {**res, "dataset_id": ds.dataset_id, "snapshot_id": ds.snapshot_id}
+    return dataclasses.replace(res, dataset_id=ds.dataset_id, snapshot_id=ds.snapshot_id)
 
 
 def _fit(
@@ -139,8 +172,8 @@ def _fit(
     out_dir: Path | None = None,
     ref_model: Any = None,
     anchor: list | None = None,
-) -> dict[str, Any]:
-    """One ``fit`` with the warehouse bookkeeping around it."""
+) -> tuple[TrainResult, Any]:
+    """One ``fit`` with the warehouse bookkeeping around it; its result and the run's row."""
     from training.trainer import fit
 
     row = registry.start_run(
@@ -183,16 +216,16 @@ def _fit(
     cid = registry.register_checkpoint(wh, run_id, step_offset + res.last_step, final)
     if stage != "rl":
         registry.end_run(wh, row, "completed")
-    return {
-        "training_run_id": run_id,
-        "checkpoint_id": cid,
-        "checkpoint": str(final),
-        "steps_run": res.steps_run,
-        "last_step": step_offset + res.last_step,
-        "resumed_from": res.resumed_from,
-        "metrics": res.last_metrics,
-        "row": row,
-    }
+    result = TrainResult(
+        training_run_id=run_id,
+        checkpoint_id=cid,
+        checkpoint=str(final),
+        steps_run=res.steps_run,
+        last_step=step_offset + res.last_step,
+        resumed_from=res.resumed_from,
+        metrics=dict(res.last_metrics or {}),
+    )
+    return result, row
 
 
 def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
@@ -377,7 +410,7 @@ async def run_rl(
     *,
     server: Any = None,
     browser: Any = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration. An
     iteration whose batch has no learning signal (every group's samples got the same reward)
     makes no update; if no iteration trained, the start checkpoint is the result."""
@@ -388,7 +421,7 @@ async def run_rl(
     run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
     out_root = checkpoints_dir(wh, run_id)
     current, step_offset, rounds = start, 0, []
-    row = None
+    row, last = None, None
     # the KL term keeps the policy near where RL started (the start checkpoint, frozen)
     ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
     for it in range(cfg.iterations):
@@ -415,19 +448,10 @@ async def run_rl(
             # every group's samples got the same reward: no gradient. As GRPO loops do, the
             # iteration makes no update (the policy stays as it is) instead of failing the run.
             say(f"  rl iteration {it + 1}: no learning signal; the policy is unchanged")
-            rounds.append(
-                {
-                    "iteration": it,
-                    "collect_run": col.run_id,
-                    **stats,
-                    "steps_run": 0,
-                    "checkpoint": current.model,
-                    "checkpoint_id": current.checkpoint_id,
-                }
-            )
+            rounds.append(_iteration(it, col.run_id, stats, 0, current))
             continue
         model = _load(wh, current.model, cfg)
-        res = _fit(
+        res, row = _fit(
             wh,
             model,
             turns,
@@ -448,24 +472,45 @@ async def run_rl(
             ref_model=ref,
             anchor=anchor,
         )
-        row = res.pop("row")
         registry.MetricsLog(wh, run_id, every=1)(
-            res["last_step"], {"mean_reward": stats["mean_reward"], "iteration": float(it)}
+            res.last_step, {"mean_reward": stats["mean_reward"], "iteration": float(it)}
         )
-        step_offset = res["last_step"]
-        rounds.append({"iteration": it, "collect_run": col.run_id, **stats, **res})
+        step_offset, last = res.last_step, res
         current = dataclasses.replace(
-            current, model=res["checkpoint"], checkpoint_id=res["checkpoint_id"]
+            current, model=res.checkpoint, checkpoint_id=res.checkpoint_id
         )
+        rounds.append(_iteration(it, col.run_id, stats, res.steps_run, current))
     if row is not None:
         registry.end_run(wh, row, "completed")
-    return {
+    return TrainResult(
         # None when no iteration trained (none had a learning signal): no run was registered
-        "training_run_id": run_id if row is not None else None,
-        "checkpoint_id": current.checkpoint_id,
-        "checkpoint": current.model,
-        "iterations": rounds,
-    }
+        training_run_id=run_id if row is not None else None,
+        checkpoint_id=current.checkpoint_id,
+        checkpoint=current.model,
+        steps_run=sum(r.steps_run for r in rounds),
+        last_step=step_offset,
+        metrics=last.metrics if last is not None else {},
+        dataset_id=anchor_id,
+        iterations=tuple(rounds),
+    )
+
+
+def _iteration(
+    it: int, collect_run: str, stats: dict[str, Any], steps: int, policy: Any
+) -> RLIteration:
+    """Iteration ``it``'s record (``policy``: the checkpoint after it)."""
+    return RLIteration(
+        iteration=it,
+        collect_run=collect_run,
+        trajectories=stats["trajectories"],
+        mean_reward=stats["mean_reward"],
+        turns=stats["turns"],
+        nonzero_advantage=stats["nonzero_advantage"],
+        steps_run=steps,
+        checkpoint=policy.model,
+        checkpoint_id=policy.checkpoint_id,
+        stats=dict(stats),
+    )
 
 
 def failures_first(order: list[str], status: dict[str, str], n: int) -> tuple[str, ...]:
@@ -615,23 +660,24 @@ def metrics_summary(wh: Warehouse, training_run_id: str) -> list[dict[str, Any]]
     ).to_dicts()
 
 
-def training_markdown(stage: str, res: dict[str, Any], metrics: list[dict[str, Any]]) -> str:
+def training_markdown(stage: str, res: TrainResult, metrics: list[dict[str, Any]]) -> str:
     """A training run's result and metrics summary (and RL iterations) as markdown."""
     title = (
-        f"# {stage} training run `{res['training_run_id']}`"
-        if res["training_run_id"] is not None
+        f"# {stage} training run `{res.training_run_id}`"
+        if res.training_run_id is not None
         else f"# {stage}: no update (no iteration's batch had a learning signal)"
     )
     lines = [
         title,
         "",
-        f"checkpoint `{res['checkpoint_id']}`: `{res['checkpoint']}`",
+        f"checkpoint `{res.checkpoint_id}`: `{res.checkpoint}`",
         "",
         "## Metrics (first → last over the logged steps)",
         "",
         markdown_table(metrics, ["metric", "steps", "first", "last", "min", "max"]),
     ]
-    if res.get("iterations"):
+    if res.iterations:
         cols = ["iteration", "collect_run", "trajectories", "mean_reward", "steps_run"]
-        lines += ["", "## Iterations", "", markdown_table(res["iterations"], cols)]
+        rows = [dataclasses.asdict(i) for i in res.iterations]
+        lines += ["", "## Iterations", "", markdown_table(rows, cols)]
     return "\n".join(lines)

@@ -156,28 +156,28 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
 
     ranker = chromium.run(evaluate(policy="ranker", checkpoint=str(ckpt)))
     expert = chromium.run(evaluate(policy="expert", max_steps=30))
-    assert ranker["n"] + sum(ranker["summary"]["excluded"].values()) == 3
-    assert expert["n"] == 3 and expert["n_success"] == 3
-    assert expert["ci_low"] == pytest.approx(0.4385, abs=1e-3)  # Wilson, 3 of 3
-    sites = {r["site"] for r in expert["summary"]["by_site"]}
+    assert ranker.summary.n + sum(ranker.summary.excluded.values()) == 3
+    assert expert.summary.n == 3 and expert.summary.n_success == 3
+    assert expert.summary.ci_low == pytest.approx(0.4385, abs=1e-3)  # Wilson, 3 of 3
+    sites = {r["site"] for r in expert.summary.by_site}
     assert sites and sites <= {"shop", "wiki", "mail"}
-    stored = find_evaluation(wh, ranker["evaluation_id"])
+    stored = find_evaluation(wh, ranker.evaluation_id)
     assert stored["policy"] == "ranker" and stored["checkpoint_id"] is None
-    c = compare(stored, find_evaluation(wh, expert["evaluation_id"]))
-    assert c["diff"] == pytest.approx(1 - ranker["success_rate"])
+    c = compare(stored, find_evaluation(wh, expert.evaluation_id))
+    assert c["diff"] == pytest.approx(1 - ranker.evaluation.success_rate)
     # the untrained ranker runs text-only: no screenshot was captured
     shots = wh.sql(
         "SELECT count(*) FROM steps JOIN trajectories USING (traj_id) "
         "WHERE run_id = ? AND screenshot_hash IS NOT NULL",
-        [ranker["run_id"]],
+        [ranker.run_id],
     ).item()
     assert shots == 0
     # an evaluation stops episodes that repeat an action on an unchanged page (the untrained
     # ranker scrolls): the collect run records the setting, and such episodes end early
-    config = wh.sql("SELECT config FROM runs WHERE run_id = ?", [ranker["run_id"]]).item()
+    config = wh.sql("SELECT config FROM runs WHERE run_id = ?", [ranker.run_id]).item()
     assert json.loads(config)["engine"] == {"max_repeats": 3}
     ended = wh.sql(
         "SELECT meta->>'ended_by' AS e, n_steps FROM trajectories WHERE run_id = ?",
-        [ranker["run_id"]],
+        [ranker.run_id],
     ).rows()
     assert all(n < 4 for e, n in ended if e == "repeated action"), ended

@@ -132,9 +132,7 @@ def sft(home: str, dataset: tuple) -> tuple[Any, str]:
 @pytest.fixture(scope="module")
 def eval_sft(home: str, sft: tuple) -> tuple[Any, str]:
     rollout = {"split": "test", "n_tasks": 2, **SHORT}
-    cfg = config_from_mapping(
-        EvalConfig, {"checkpoint": sft[0]["checkpoint_id"], "rollout": rollout}
-    )
+    cfg = config_from_mapping(EvalConfig, {"checkpoint": sft[0].checkpoint_id, "rollout": rollout})
     return run(evaluate_flow, cfg, home)
 
 
@@ -145,7 +143,7 @@ def _rl(sft: tuple, **kw: Any) -> RLConfig:
     """An RL config from ``sft``'s checkpoint, one iteration unless said, short episodes; the
     rollout's settings among ``kw`` go into ``rollout``, as a config file nests them."""
     rollout = {**SHORT, **{k: kw.pop(k) for k in list(kw) if k in _ROLLOUT}}
-    data = {"policy": sft[0]["checkpoint_id"], "iterations": 1, **kw, "rollout": rollout}
+    data = {"policy": sft[0].checkpoint_id, "iterations": 1, **kw, "rollout": rollout}
     return config_from_mapping(RLConfig, data)
 
 
@@ -232,47 +230,47 @@ def test_train_sft(home: str, sft: tuple):
     out, fr = sft
     rows = sql(
         home, "SELECT status, config FROM training_runs WHERE training_run_id = ?",
-        [out["training_run_id"]],
+        [out.training_run_id],
     )  # fmt: skip
     assert rows[0][0] == "completed" and _json(rows[0][1])["flow_run_id"] == fr
     losses = sql(
         home,
         "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
-        [out["training_run_id"]],
+        [out.training_run_id],
     )
-    assert len(losses) == out["last_step"] > 0
-    assert Path(out["checkpoint"], "config.json").exists()
+    assert len(losses) == out.last_step > 0
+    assert Path(out.checkpoint, "config.json").exists()
     md = artifact("training-sft", fr)
-    assert f"| loss | {len(losses)} |" in md and out["checkpoint_id"] in md
+    assert f"| loss | {len(losses)} |" in md and out.checkpoint_id in md
 
 
 def test_evaluate(home: str, sft: tuple, eval_sft: tuple):
     out, fr = eval_sft
-    s = out["summary"]
-    assert s["n"] + sum(s["excluded"].values()) == 2 and out["deltas"] == []
+    s = out.summary
+    assert s.n + sum(s.excluded.values()) == 2 and out.deltas == ()
     row = sql(home, "SELECT n, n_success, checkpoint_id, breakdown FROM evaluations "
-                    "WHERE evaluation_id = ?", [out["evaluation_id"]])  # fmt: skip
-    assert row[0][:3] == (s["n"], s["n_success"], sft[0]["checkpoint_id"])
+                    "WHERE evaluation_id = ?", [out.evaluation_id])  # fmt: skip
+    assert row[0][:3] == (s.n, s.n_success, sft[0].checkpoint_id)
     assert _json(row[0][3])["flow_run_id"] == fr
     md = artifact("evaluation-bundled-test", fr)
-    assert f"| bundled/test | {s['n_success']}/{s['n']} |" in md
-    assert run_row(home, out["run_id"])["kind"] == "collect"
+    assert f"| bundled/test | {s.n_success}/{s.n} |" in md
+    assert run_row(home, out.run_id)["kind"] == "collect"
 
 
 def test_train_rl(home: str, sft: tuple, dataset: tuple, rl: tuple):
     anchor = dataset[0].dataset_id
     out, fr = rl
-    it = out["iterations"][0]
-    assert it["trajectories"] == 6 and it["nonzero_advantage"] > 0
-    rows = sql(home, "SELECT count(*) FROM trajectories WHERE run_id = ?", [it["collect_run"]])
-    assert rows[0][0] == 6 and run_row(home, it["collect_run"])["status"] == "completed"
+    it = out.iterations[0]
+    assert it.trajectories == 6 and it.nonzero_advantage > 0
+    rows = sql(home, "SELECT count(*) FROM trajectories WHERE run_id = ?", [it.collect_run])
+    assert rows[0][0] == 6 and run_row(home, it.collect_run)["status"] == "completed"
     q = "SELECT status, config, dataset_id FROM training_runs WHERE training_run_id = ?"
-    status, config, dataset_id = sql(home, q, [out["training_run_id"]])[0]
+    status, config, dataset_id = sql(home, q, [out.training_run_id])[0]
     assert status == "completed" and _json(config)["flow_run_id"] == fr
     assert dataset_id == anchor  # the lineage names the anchor the update trained on too
     q = "SELECT count(*) FROM metrics WHERE training_run_id = ? AND name = 'anchor_loss'"
-    assert sql(home, q, [out["training_run_id"]])[0][0] == it["steps_run"] > 0
-    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
+    assert sql(home, q, [out.training_run_id])[0][0] == it.steps_run > 0
+    assert out.checkpoint_id != sft[0].checkpoint_id
     assert "## Iterations" in artifact("training-rl", fr)
 
 
@@ -281,11 +279,11 @@ def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: st
     # the run does not fail); the result is the start checkpoint
     cfg = _rl(sft, estimator="grpo", samples=1, n_tasks=2, seed=2)
     out, _ = run(train_rl_flow, cfg, home)
-    [it] = out["iterations"]
-    assert it["trajectories"] == 2 and it["turns"] > 0
-    assert it["nonzero_advantage"] == 0 and it["steps_run"] == 0
-    assert out["checkpoint_id"] == it["checkpoint_id"] == sft[0]["checkpoint_id"]
-    assert out["training_run_id"] is None  # no run was registered: nothing trained
+    [it] = out.iterations
+    assert it.trajectories == 2 and it.turns > 0
+    assert it.nonzero_advantage == 0 and it.steps_run == 0
+    assert out.checkpoint_id == it.checkpoint_id == sft[0].checkpoint_id
+    assert out.training_run_id is None  # no run was registered: nothing trained
 
 
 def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
@@ -296,12 +294,12 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     # groups of one: no update, so the check costs two small collections)
     cfg = _rl(sft, estimator="grpo", samples=1, n_tasks=2, task_pool=4, seed=4)
     out, _ = run(train_rl_flow, cfg, home)
-    [it] = out["iterations"]
-    probe_run = f"{it['collect_run']}-probe"
+    [it] = out.iterations
+    probe_run = f"{it.collect_run}-probe"
     probe = run_row(home, probe_run)
     assert probe["status"] == "completed" and probe["config"]["n_tasks"] == 4
     assert probe["config"].get("temperature", 0.0) == 0.0  # greedy (the default is not stored)
-    assert run_row(home, it["collect_run"])["config"]["temperature"] == 1.0  # then sampled
+    assert run_row(home, it.collect_run)["config"]["temperature"] == 1.0  # then sampled
     with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
         from stages.collect import select_tasks
 
@@ -312,24 +310,26 @@ def test_train_rl_failures_first_samples_on_the_tasks_its_greedy_probe_failed(
     expected = [t for t in order if status[t] != "success"] + [
         t for t in order if status[t] == "success"
     ]
-    sampled = sql(home, "SELECT task_id FROM trajectories WHERE run_id = ?", [it["collect_run"]])
+    sampled = sql(home, "SELECT task_id FROM trajectories WHERE run_id = ?", [it.collect_run])
     assert sorted(r[0] for r in sampled) == sorted(expected[:2])
     # the iteration's run was given the picked tasks (absent without the curriculum, even where
     # the seeded order happens to start with the probe's failures)
-    assert run_row(home, it["collect_run"])["config"]["task_ids"] == expected[:2]
+    assert run_row(home, it.collect_run)["config"]["task_ids"] == expected[:2]
     with pytest.raises(Exception, match="task_pool 2 must exceed n_tasks 2"):
         run(train_rl_flow, _rl(sft, n_tasks=2, task_pool=2, iterations=2), home)
 
 
 def test_evaluate_newest_shows_the_delta(home: str, sft: tuple, eval_sft: tuple, rl: tuple):
     out, fr = run(evaluate_newest_flow, split="test", n=2, max_steps=8, concurrency=2, home=home)
-    assert out["checkpoint_id"] == rl[0]["checkpoint_id"]  # the newest
-    [delta] = out["deltas"]
+    assert out.checkpoint_id == rl[0].checkpoint_id  # the newest
+    [delta] = out.deltas
     first = eval_sft[0]
-    assert delta["a"] == first["evaluation_id"] and delta["b"] == out["evaluation_id"]
-    assert delta["diff"] == pytest.approx(out["success_rate"] - first["success_rate"])
+    assert delta["a"] == first.evaluation_id and delta["b"] == out.evaluation_id
+    assert delta["diff"] == pytest.approx(
+        out.evaluation.success_rate - first.evaluation.success_rate
+    )
     md = artifact("evaluation-bundled-test", fr)
-    assert f"| {first['evaluation_id']} | {sft[0]['checkpoint_id']} |" in md
+    assert f"| {first.evaluation_id} | {sft[0].checkpoint_id} |" in md
     assert f"{delta['diff']:+.1%}" in md
 
 
@@ -339,29 +339,29 @@ def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, sft: tuple):
     cfg = _rl(sft, estimator="step_grpo", samples=1, n_tasks=2, seed=3,
               prm={"k": 3, "max_states": 4})  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
-    [it] = out["iterations"]
+    [it] = out.iterations
     rows = sql(
         home,
         "SELECT c.policy, count(*), count(s.score), count(DISTINCT (c.traj_id, c.step_idx)), "
         "count(DISTINCT s.score) FROM candidates c JOIN trajectories t USING (traj_id) "
         "LEFT JOIN step_scores s USING (traj_id, step_idx, cand_idx) "
         "WHERE t.run_id = ? AND s.scorer = 'exact' GROUP BY 1",
-        [it["collect_run"]],
+        [it.collect_run],
     )
     [(policy, n, scored, states, distinct)] = rows
     # every step of the iteration's finished trajectories is a state, up to the budget of 4
     [(visited,)] = sql(
         home,
         "SELECT count(*) FROM steps JOIN trajectories USING (traj_id) WHERE run_id = ?",
-        [it["collect_run"]],
+        [it.collect_run],
     )
     assert states == min(4, visited) > 0
     assert (policy, n, scored) == ("ranker", 3 * states, 3 * states) and distinct > 1
     # every scored candidate is a turn; the states whose candidates differ give the signal
-    assert it["turns"] == 3 * states and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
+    assert it.turns == 3 * states and it.nonzero_advantage > 0 and it.steps_run > 0
     q = "SELECT training_run_id FROM checkpoints WHERE checkpoint_id = ?"
-    assert sql(home, q, [out["checkpoint_id"]]) == [(out["training_run_id"],)]
-    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
+    assert sql(home, q, [out.checkpoint_id]) == [(out.training_run_id,)]
+    assert out.checkpoint_id != sft[0].checkpoint_id
 
 
 def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, sft: tuple):
@@ -370,26 +370,27 @@ def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, sft: tu
     cfg = _rl(sft, estimator="step_awr", samples=1, n_tasks=2, seed=3,
               prm={"k": 3, "max_states": 4})  # fmt: skip
     out, _ = run(train_rl_flow, cfg, home)
-    [it] = out["iterations"]
-    assert it["turns"] > 0 and it["nonzero_advantage"] > 0 and it["steps_run"] > 0
+    [it] = out.iterations
+    assert it.turns > 0 and it.nonzero_advantage > 0 and it.steps_run > 0
     names = {
         n for (n,) in sql(home, "SELECT DISTINCT name FROM metrics WHERE training_run_id = ?",
-                          [out["training_run_id"]])
+                          [out.training_run_id])
     }  # fmt: skip
     assert "loss" in names and "clip_fraction" not in names  # weighted regression, not PPO
     config = _json(sql(home, "SELECT config FROM training_runs WHERE training_run_id = ?",
-                       [out["training_run_id"]])[0][0])  # fmt: skip
+                       [out.training_run_id])[0][0])  # fmt: skip
     assert config["estimator"] == "step_awr"
-    assert out["checkpoint_id"] != sft[0]["checkpoint_id"]
+    assert out.checkpoint_id != sft[0].checkpoint_id
 
 
 def test_maintain_warehouse(home: str):
     before = sql(home, "SELECT count(*) FROM trajectories")[0][0]
     out, fr = run(maintain_warehouse, keep_recent_minutes=0.0, home=home)
-    assert out["files_after"] <= out["files_before"] and out["snapshots_expired"]
+    rep = out.report
+    assert rep.files_after <= rep.files_before and rep.snapshots_expired
     assert sql(home, "SELECT count(*) FROM trajectories")[0][0] == before  # nothing lost
-    row = run_row(home, out["run_id"])
+    row = run_row(home, out.run_id)
     assert (row["kind"], row["status"], row["config"]["flow_run_id"]) == (
         "maintain", "completed", fr,
     )  # fmt: skip
-    assert f"{out['files_before']} → {out['files_after']}" in artifact("maintain-warehouse", fr)
+    assert f"{rep.files_before} → {rep.files_after}" in artifact("maintain-warehouse", fr)
