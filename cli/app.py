@@ -284,17 +284,30 @@ def import_om2w(
             err.print(f"  {file}: {reason}", markup=False, highlight=False)
 
 
+class OM2WSchema(StrEnum):
+    v2 = "v2"
+    v1 = "v1"
+
+
 @export_app.command("om2w")
 def export_om2w(
     out: Annotated[Path, typer.Argument(help="Output folder.")],
     run: Annotated[str, typer.Option(help="The run whose trajectories to export.")],
+    schema: Annotated[
+        OM2WSchema,
+        typer.Option(help="v2 (schema_version online-mind2web-v2, what the judge reads) or v1."),
+    ] = OM2WSchema.v2,
 ) -> None:
     """Export a run's trajectories in Online-Mind2Web's layout (for its evaluators)."""
     from warehouse.interop import om2w
 
     with _open(read_only=True) as wh:
-        rep = om2w.export_om2w(wh, run, out)
-    console.print(f"wrote {len(rep.folders)} task folder(s) under {out}")
+        rep = om2w.export_om2w(wh, run, out, schema=schema.value)
+    console.print(f"wrote {len(rep.folders)} task folder(s) ({rep.schema}) under {out}")
+    for traj_id, reason in rep.skipped:
+        err.print(f"[yellow]skipped[/yellow] {traj_id}: {reason}", highlight=False)
+    if rep.skipped and not rep.folders:
+        raise typer.Exit(1)
 
 
 # -- sites / tasks ----------------------------------------------------------------------------

@@ -116,8 +116,16 @@ def test_import_and_export_om2w(home: Path, tmp_path: Path):
     )[0]["run_id"]
     out = tmp_path / "om2w"
     assert (
-        "wrote 8 task folder(s)" in webloop(home, "export", "om2w", str(out), "--run", run).stdout
+        "wrote 8 task folder(s) (v2)"
+        in webloop(home, "export", "om2w", str(out), "--run", run).stdout
     )
+    assert all(
+        json.loads(p.read_text())["schema_version"] == "online-mind2web-v2"
+        for p in out.glob("*/result.json")
+    )
+    v1 = webloop(home, "export", "om2w", str(tmp_path / "v1"), "--run", run, "--schema", "v1")
+    assert "wrote 8 task folder(s) (v1)" in v1.stdout
+    assert "schema_version" not in next((tmp_path / "v1").glob("*/result.json")).read_text()
     (out / "broken").mkdir()
     proc = webloop(home, "import", "om2w", str(out), "--run", "reimported")
     assert "imported 8 trajectories" in proc.stdout

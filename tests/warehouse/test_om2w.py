@@ -148,7 +148,7 @@ def _by_task(wh: Warehouse, run_id: str) -> dict:
 def test_import_export_import_round_trip(wh: Warehouse, om2w_dir: Path, tmp_path: Path):
     om2w.import_om2w(wh, om2w_dir, run_name="first")
     out = tmp_path / "exported"
-    rep = om2w.export_om2w(wh, "first", out)
+    rep = om2w.export_om2w(wh, "first", out, schema="v1")
     assert sorted(p.name for p in rep.folders) == ["a1b2", "c3d4", "e5f6"]
     result = json.loads((out / "a1b2" / "result.json").read_text())
     assert result["task"] == "Find the opening hours of store a1b2 ✓"

@@ -1,10 +1,19 @@
 """Online-Mind2Web interop: its per-task trajectory folders and human labels.
 
-Layout (what Online-Mind2Web's auto-evaluators read)::
+Two layouts, told apart per folder by ``result.json``'s ``schema_version``:
+
+* v1 (no ``schema_version``)::
 
     DIR/<task_id>/result.json      {"task_id", "task", "final_result_response",
                                     "action_history": [str], "thoughts": [str]}
     DIR/<task_id>/trajectory/*.png screenshots, ordered by the first number in the file name
+
+* v2 (``"online-mind2web-v2"``, what the upstream judge reads today and current harnesses
+  write): one object per step with its action, thought, URL, status and screenshot (a file
+  under ``trajectory/``, a data URI, bare base64 or a URL); the last step is the answer
+  (``TASK_COMPLETE -> ANSWER: …``). Its rules and reader: :mod:`warehouse.interop.om2w_v2`.
+  The answer step is stored as webloop stores its own answers (an ``answer`` action, the text
+  in the trajectory's ``answer``), so judges never take it for an action on the page.
 
 Human labels (``human_label.json``): 0 failure, 1 success, 2 not executable. Accepted shapes:
 ``{task_id: label}``, ``[{"task_id": …, "label": …}]``, ``[{"task_id": …, "<agent>": label, …}]``
@@ -16,8 +25,8 @@ a symbolic link leaving it makes the folder malformed; such a screenshot link is
 screenshot is checked to be a whole image (:func:`warehouse.images.validate_image`): a rejected
 file (a git-lfs pointer, a zero-byte or truncated file, a link leaving the folder) leaves its
 step without a screenshot, the trajectory is kept, and the report lists it per folder.
-Export writes the same layout from a webloop run, plus a ``webloop`` key in ``result.json``
-(ignored by the evaluators) that lets a re-import recover the sample index.
+Export writes v2 (or v1) from a webloop run, plus a ``webloop`` key in ``result.json`` (ignored
+by the evaluators) that lets a re-import recover the sample index.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from typing import Any
 from warehouse import images
 from warehouse.connection import WarehouseError
 from warehouse.ids import make_id, traj_id_for
+from warehouse.interop import om2w_v2
+from warehouse.interop.om2w_v2 import StepProblem, V2Steps
 from warehouse.outdir import check_out_dir
 from warehouse.records import FINISHED, Blob, HumanLabel, Run, Step, Task, Trajectory, utcnow
 from warehouse.relations import with_relations
@@ -76,8 +87,10 @@ class Screenshot:
     """One file of a folder's ``trajectory/``: the file to read, or why it is not read."""
 
     name: str  # as reports show it (display_name)
-    path: Path | None  # resolved, inside the task folder; None when rejected
+    path: Path | None  # resolved, inside the task folder; None when rejected or inline
     problem: str | None = None
+    data: bytes | None = None  # v2: decoded from a data URI or base64 in result.json
+    url: str | None = None  # v2: a URL reference (not fetched; an export writes it back)
 
 
 @dataclass
@@ -92,6 +105,7 @@ class ResultFields:
     thoughts: list[str]
     website: str | None
     sample_idx: int
+    v2: V2Steps | None = None  # the steps of a v2 result.json (None: v1)
 
 
 @dataclass
@@ -161,6 +175,9 @@ def _parse_folder(folder: Path, root: Path | None) -> ParsedFolder:
     if root is not None and root.resolve() not in base.parents:
         raise MalformedFolder("the task folder is a link that leaves the import folder")
     fields = read_result(_load_result(folder, base))
+    if fields.v2 is not None:
+        shots = [_v2_screenshot(base, ref, i) for i, ref in enumerate(fields.v2.shots)]
+        return ParsedFolder(**vars(fields), folder=folder, screenshots=shots)
     shots_dir = folder / "trajectory"
     if not shots_dir.is_dir():
         raise MalformedFolder("no trajectory/ folder of screenshots")
@@ -174,6 +191,11 @@ def _parse_folder(folder: Path, root: Path | None) -> ParsedFolder:
     files.sort(key=lambda p: (int(re.findall(r"\d+", p.name)[0]), p.name))
     shots = [_screenshot(base, p) for p in files]
     return ParsedFolder(**vars(fields), folder=folder, screenshots=shots)
+
+
+def _v2_screenshot(base: Path, ref: str, i: int) -> Screenshot:
+    src = om2w_v2.shot_source(base, ref, i)
+    return Screenshot(display_name(src.name), src.path, src.problem, src.data, src.url)
 
 
 def _load_result(folder: Path, base: Path) -> Any:
@@ -207,6 +229,14 @@ def read_result(result: Any) -> ResultFields:
     """
     if not isinstance(result, dict):
         raise MalformedFolder("result.json is not a JSON object")
+    schema = result.get("schema_version")
+    if schema == om2w_v2.SCHEMA:
+        return _read_v2(result)
+    if schema is not None:
+        raise MalformedFolder(
+            f"result.json: unknown 'schema_version' {str(schema)[:60]!r} (known: "
+            f"{om2w_v2.SCHEMA!r}, or none for the first layout)"
+        )
     answer = result.get("final_result_response")
     if answer is not None and not isinstance(answer, str):
         answer = _dumps(answer, "final_result_response")
@@ -221,6 +251,32 @@ def read_result(result: Any) -> ResultFields:
         thoughts=_str_list(result, "thoughts"),
         website=_web_url(website),
         sample_idx=_sample_idx(result),
+    )
+
+
+def _read_v2(result: dict[str, Any]) -> ResultFields:
+    """A v2 ``result.json``'s fields: its steps checked by the schema's rules
+    (:func:`om2w_v2.read_steps`), every string kept checked to be storable."""
+    try:
+        steps = om2w_v2.read_steps(result)
+    except StepProblem as exc:
+        raise MalformedFolder(f"result.json: {exc}") from None
+    for key in ("actions", "thoughts", "urls", "statuses", "shots"):
+        for i, text in enumerate(getattr(steps, key)):
+            if text is not None:
+                _storable(text, f"action_history[{i}] ({key})")
+    if steps.answer is not None:
+        _storable(steps.answer, "agent_final_answer")
+    website = result.get("website")
+    return ResultFields(
+        task_id=_task_id(result),
+        task=_storable(_require_str(result, "task"), "task"),
+        answer=steps.answer,
+        actions=steps.actions,
+        thoughts=[t or "" for t in steps.thoughts],
+        website=_web_url(website) if isinstance(website, str) and _is_utf8(website) else None,
+        sample_idx=_sample_idx(result),
+        v2=steps,
     )
 
 
@@ -421,8 +477,10 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
     for p in batch:
         shot_hashes: list[str | None] = []
         for shot in p.screenshots:
-            problem, data = shot.problem, b""
-            if problem is None and shot.path is not None:
+            problem, data = shot.problem, shot.data or b""
+            if problem is None and shot.data is not None:
+                problem = images.validate_image(data)
+            elif problem is None and shot.path is not None:
                 try:
                     data = shot.path.read_bytes()
                 except OSError as exc:
@@ -437,6 +495,12 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
             shot_hashes.append(put.hash)
             blobs[put.hash] = Blob(put.hash, put.size, images.media_type(data))
         tid = traj_id_for(run.run_id, p.task_id, p.sample_idx)
+        if p.v2 is not None:
+            n = len(p.v2.shots)
+            steps += _v2_steps(tid, p, p.v2, shot_hashes)
+            trajs.append((tid, p, n))
+            rep.imported.append(tid)
+            continue
         n = max(len(shot_hashes), len(p.actions))
         for i in range(n):
             action = p.actions[i] if i < len(p.actions) else None
@@ -465,11 +529,42 @@ def _import_batch(wh: Warehouse, run: Run, batch: list[ParsedFolder], rep: Impor
             sample_idx=p.sample_idx,
             n_steps=n,
             answer=p.answer,
-            meta={"folder": p.folder.name},
+            meta={"folder": p.folder.name, **({"schema": om2w_v2.SCHEMA} if p.v2 else {})},
         )
         for tid, p, n in trajs
     ]
     wh.write_trajectories(traj_rows, steps, extra=[(list(blobs.values()), Blob)])
+
+
+def _v2_steps(tid: str, p: ParsedFolder, v2: V2Steps, shots: list[str | None]) -> list[Step]:
+    """A v2 folder's steps: its actions (with their status, and a screenshot URL that was not
+    fetched), then the final step as an ``answer`` action, as webloop stores its own answers."""
+    out = []
+    last = len(v2.shots) - 1
+    for i in range(last + 1):
+        if i < last:
+            action: dict[str, Any] = {"raw": v2.actions[i]}
+            if v2.statuses[i] is not None:
+                action["status"] = v2.statuses[i]
+            text = v2.actions[i]
+        else:
+            action = {"type": "answer", "text": p.answer or ""}
+            text = "answer(" + json.dumps(p.answer or "", ensure_ascii=False) + ")"
+        url = p.screenshots[i].url
+        if url is not None:
+            action["screenshot_url"] = url
+        out.append(
+            Step(
+                traj_id=tid,
+                step_idx=i,
+                url=v2.urls[i],
+                screenshot_hash=shots[i],
+                thought=v2.thoughts[i] or None,
+                action=action,
+                action_text=text,
+            )
+        )
+    return out
 
 
 def _task_versions(wh: Warehouse, batch: list[ParsedFolder]) -> dict[str, int]:
@@ -509,6 +604,8 @@ def _task(p: ParsedFolder) -> Task:
         site=p.website,
         instruction=p.task,
         start_url=p.website or "",
+        # the human reference's step count, where the om2w task files keep it (task_formats)
+        difficulty=p.v2.reference_length if p.v2 is not None else None,
         source="online-mind2web",
     )
 
@@ -593,9 +690,17 @@ def _write_labels(
 # Export
 
 
+SCHEMAS = ("v2", "v1")
+
+
 @dataclass
 class ExportReport:
+    """What an export wrote: a folder per trajectory, and the trajectories it could not write
+    in the schema asked for, with the reason."""
+
+    schema: str = "v2"
     folders: list[Path] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (traj_id, reason)
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -616,8 +721,14 @@ def folder_name(task_id: str, *, salt: str = "") -> str:
     return f"{safe[:_MAX_NAME].rstrip('.')}-{digest}"
 
 
-def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
-    """Write a run's trajectories as Online-Mind2Web task folders under ``out``.
+def export_om2w(wh: Warehouse, run_id: str, out: str | Path, *, schema: str = "v2") -> ExportReport:
+    """Write a run's trajectories as Online-Mind2Web task folders under ``out``, in ``schema``
+    ``v2`` (the default: what the upstream judge reads today) or ``v1``.
+
+    v2 needs a screenshot at every step: a trajectory with a step that has none (a text-only
+    policy's) is skipped with the reason (``ExportReport.skipped``), the rest are written.
+    ``reference_length`` is the task's reference step count (an Online-Mind2Web task's
+    ``reference_length``, a bundled task's reference solution), never the trajectory's own.
 
     Folder names come from task ids (see :func:`folder_name`), are unique within the export
     (case-insensitively, for macOS and Windows file systems) and always land directly in
@@ -625,10 +736,13 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
     followed. ``out`` itself may not be a filesystem root nor a symlink
     (:func:`warehouse.outdir.check_out_dir`): refused before anything is written.
     """
+    if schema not in SCHEMAS:
+        raise WarehouseError(f"unknown Online-Mind2Web schema {schema!r}; known: v2, v1")
     out = check_out_dir(out)
     trajs = wh.sql(
         with_relations(
-            "SELECT t.*, k.instruction FROM trajectories t "
+            "SELECT t.*, k.instruction, k.suite AS task_suite, k.difficulty AS task_difficulty, "
+            "k.reference AS task_reference FROM trajectories t "
             "LEFT JOIN trajectory_tasks k USING (traj_id) "
             "WHERE t.run_id = ? ORDER BY t.task_id, t.sample_idx"
         ),
@@ -641,8 +755,14 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
     out.mkdir(parents=True, exist_ok=True)
     root = out.resolve()
     used: set[str] = set()
-    rep = ExportReport()
+    rep = ExportReport(schema=schema)
     for t in trajs.iter_rows(named=True):
+        steps = wh.sql("SELECT * FROM steps WHERE traj_id = ? ORDER BY step_idx", [t["traj_id"]])
+        if schema == "v2":
+            problem = _v2_problem(steps.to_dicts())
+            if problem is not None:
+                rep.skipped.append((t["traj_id"], problem))
+                continue
         suffix = f"__s{t['sample_idx']}" if t["task_id"] in multi else ""
         name = folder_name(t["task_id"]) + suffix
         n = 0
@@ -650,7 +770,8 @@ def export_om2w(wh: Warehouse, run_id: str, out: str | Path) -> ExportReport:
             n += 1
             name = folder_name(t["task_id"], salt=str(n)) + suffix
         used.add(name.casefold())
-        rep.folders.append(_export_one(wh, t, _inside(root, out / name)))
+        write = _export_v2 if schema == "v2" else _export_one
+        rep.folders.append(write(wh, t, steps.to_dicts(), _inside(root, out / name)))
     return rep
 
 
@@ -678,14 +799,14 @@ def _write_file(root: Path, path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
+def _export_one(
+    wh: Warehouse, t: dict[str, Any], steps: list[dict[str, Any]], folder: Path
+) -> Path:
+    """A v1 folder: action and thought lists, screenshots numbered by step."""
     root = folder.parent.resolve()
-    steps = wh.sql("SELECT * FROM steps WHERE traj_id = ? ORDER BY step_idx", [t["traj_id"]])
-    shots = _inside(root, folder / "trajectory")
-    shots.mkdir(parents=True, exist_ok=True)
-    _inside(root, shots)
+    shots = _trajectory_dir(root, folder)
     actions, thoughts = [], []
-    for s in steps.iter_rows(named=True):
+    for s in steps:
         if s["action_text"] is not None or s["step_idx"] < t["n_steps"] - 1:
             actions.append(s["action_text"] or "")
             thoughts.append(s["thought"] or "")
@@ -699,17 +820,117 @@ def _export_one(wh: Warehouse, t: dict[str, Any], folder: Path) -> Path:
         "final_result_response": t["answer"],
         "action_history": actions,
         "thoughts": thoughts,
-        "webloop": {
-            "traj_id": t["traj_id"],
-            "run_id": t["run_id"],
-            "policy": t["policy"],
-            "sample_idx": t["sample_idx"],
-            "status": t["status"],
-        },
+        "webloop": _webloop_key(t),
     }
     text = json.dumps(result, indent=2, ensure_ascii=False)
     _write_file(root, folder / "result.json", text.encode("utf-8"))
     return folder
+
+
+def _trajectory_dir(root: Path, folder: Path) -> Path:
+    shots = _inside(root, folder / "trajectory")
+    shots.mkdir(parents=True, exist_ok=True)
+    return _inside(root, shots)
+
+
+def _v2_problem(steps: list[dict[str, Any]]) -> str | None:
+    """Why a trajectory cannot be written as v2 (None: it can)."""
+    if not steps:
+        return "no steps (v2 needs at least the final answer step with a screenshot)"
+    for s in steps:
+        if not s["screenshot_hash"] and not _action(s).get("screenshot_url"):
+            return (
+                f"step {s['step_idx']} has no screenshot (v2 needs one per step; "
+                "--schema v1 writes screenshot-less steps)"
+            )
+    return None
+
+
+def _export_v2(wh: Warehouse, t: dict[str, Any], steps: list[dict[str, Any]], folder: Path) -> Path:
+    """A v2 folder: one object per step, the last the ``TASK_COMPLETE`` answer (a stored
+    ``answer`` action, or one added after the last step when the trajectory has none)."""
+    root = folder.parent.resolve()
+    shots = _trajectory_dir(root, folder)
+    history = []
+    answered = _action(steps[-1]).get("type") == "answer"
+    for i, s in enumerate(steps):
+        action = _action(s)
+        ref = action.get("screenshot_url")
+        if s["screenshot_hash"]:
+            data = wh.blobs.get(s["screenshot_hash"])
+            ref = f"{i:04d}{_ext(data)}"
+            _write_file(root, shots / ref, data)
+        is_answer = answered and i == len(steps) - 1
+        history.append(
+            {
+                "step": i,
+                "screenshot": ref,
+                "url": s["url"],
+                "action": om2w_v2.final_action(t["answer"])
+                if is_answer
+                else (s["action_text"] or action.get("raw") or ""),
+                "action_status": action.get("status")
+                or ("FAILED" if s["action_error"] and not is_answer else None),
+                "thought": s["thought"],
+            }
+        )
+    if not answered:
+        last = history[-1]
+        history.append(
+            {
+                "step": len(history),
+                "screenshot": last["screenshot"],  # the page the answer was given on
+                "url": last["url"],
+                "action": om2w_v2.final_action(t["answer"]),
+                "action_status": None,
+                "thought": None,
+            }
+        )
+    text = om2w_v2.result_json(
+        task_id=t["task_id"],
+        task=t["instruction"] or "",
+        reference_length=_reference_length(t),
+        answer=t["answer"],
+        steps=history,
+        webloop=_webloop_key(t),
+    )
+    _write_file(root, folder / "result.json", text.encode("utf-8"))
+    return folder
+
+
+def _action(step: dict[str, Any]) -> dict[str, Any]:
+    """A stored step's ``action`` as a dict (JSON text as the warehouse returns it, or None)."""
+    value = step.get("action")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _reference_length(t: dict[str, Any]) -> int | None:
+    """The task's reference step count: an Online-Mind2Web task's ``reference_length`` (kept as
+    its difficulty, see ``task_formats``), a task's reference solution's length; else None."""
+    if t.get("task_suite") == SUITE:
+        return t.get("task_difficulty")
+    ref = t.get("task_reference")
+    if isinstance(ref, str):
+        try:
+            ref = json.loads(ref)
+        except ValueError:
+            return None
+    return len(ref) if isinstance(ref, list) else None
+
+
+def _webloop_key(t: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "traj_id": t["traj_id"],
+        "run_id": t["run_id"],
+        "policy": t["policy"],
+        "sample_idx": t["sample_idx"],
+        "status": t["status"],
+    }
 
 
 def _ext(data: bytes) -> str:
