@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigError, Format, FormatOption, _open, console, print_frame
+from cli.common import ConfigError, Format, FormatOption, _open, console, err, print_frame
 from cli.options import config_command
 from stages.curate import CurateConfig
 
@@ -29,7 +30,7 @@ def curate(cfg: CurateConfig) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the curation commands to the ``webloop`` app."""
-    datasets_app = typer.Typer(help="Versioned datasets: list, show, diff.")
+    datasets_app = typer.Typer(help="Versioned datasets: list, show, diff, push.")
     app.add_typer(datasets_app, name="datasets")
 
     config_command(app, "curate", CurateConfig, curate, help=curate.__doc__)
@@ -71,6 +72,34 @@ def register(app: typer.Typer) -> None:
         print_frame(df, fmt, title=f"dataset {row['name']}")
         if fmt is Format.table and row["recipe"]:
             console.print(json.dumps(json.loads(row["recipe"]), indent=2), soft_wrap=True)
+
+    @datasets_app.command("push")
+    def datasets_push(
+        ref: Annotated[str, typer.Argument(help="Dataset id or name (a name: its newest).")],
+        repo: Annotated[str, typer.Option(help="Hub dataset repository, e.g. me/my-dataset.")],
+        private: Annotated[bool, typer.Option(help="Create the repository private.")] = False,
+    ) -> None:
+        """Upload a dataset's export (data card, Parquet files, recipe) to the Hugging Face Hub;
+        it then loads with datasets.load_dataset(REPO, "sft"). The token is huggingface_hub's
+        (HF_TOKEN, or hf auth login); HF_ENDPOINT names another Hub."""
+        from curation.hub import PushError, push_folder
+
+        with _open(read_only=True) as wh:
+            row = _find(wh, ref, ConfigError)
+        folder = Path(row["export_path"] or "")
+        if not folder.is_dir():
+            raise ConfigError(f"dataset {row['name']}: its export folder {folder} is gone")
+        try:
+            res = push_folder(folder, repo, private=private)
+        except PushError as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(1) from None
+        console.print(
+            f"pushed {row['name']} ({row['dataset_id']}): {len(res.files)} files to {repo}\n"
+            f"  {res.commit_url}",
+            soft_wrap=True,
+            markup=False,
+        )
 
     @datasets_app.command("diff")
     def datasets_diff(

@@ -3,13 +3,21 @@ card and the recipe, written into a temporary folder and renamed into place at t
 
 Layout of an export folder::
 
-    README.md                 data card: composition, sources and licences, filters, provenance
+    README.md                 data card: composition, sources and licences, filters, provenance;
+                              its YAML header names each kind's Parquet file as a config, as
+                              Hub dataset repositories do: load_dataset(folder, "sft")
     recipe.json               the recipe (canonical JSON; its sha256 is the recipe hash)
     metadata.json             ids, snapshot, counts, curriculum weights, horizon, gate results
     sft/ rl/ preferences/     datasets.load_from_disk(...) folders (the kinds the recipe asked for)
     parquet/<kind>.parquet    the same rows as Parquet (HF features in the schema metadata)
 
-Screenshots are ``datasets.Image()`` values holding the PNG bytes (``images`` columns).
+Screenshots are ``datasets.Image()`` values holding the PNG bytes (``images`` columns). SFT rows
+also carry ``messages``: the prompt and target as chat messages with image placeholders, the
+layout TRL and Hugging Face processors' chat templates read (``images`` in the same order).
+
+A folder loads both ways, with the same rows: ``datasets.load_from_disk(folder / "sft")`` and
+``datasets.load_dataset(str(folder), "sft", split="train")``; :func:`hub_files` are the files a
+push to the Hub uploads (the data card and Parquet files: the same configs load from the repo).
 
 Deterministic: rows come in a fixed order from :mod:`curation.examples`, every JSON file is
 written with sorted keys, the ``datasets`` fingerprint is derived from the dataset id and kind
@@ -167,6 +175,36 @@ def metadata(ex: Examples, info: ExportInfo) -> dict[str, Any]:
     }
 
 
+def hub_configs(kinds: list[str]) -> list[str]:
+    """The data card's ``configs`` (YAML lines): one per exported kind, its Parquet file as the
+    ``train`` split; the first kind (``sft`` when exported) is the default."""
+    if not kinds:
+        return []
+    lines = ["configs:"]
+    for i, kind in enumerate(sorted(kinds, key=lambda k: (k != "sft", k))):
+        lines += [
+            f"- config_name: {kind}",
+            "  data_files:",
+            "  - split: train",
+            f"    path: parquet/{kind}.parquet",
+        ]
+        if i == 0:
+            lines.append("  default: true")
+    return lines
+
+
+#: What a push to the Hub uploads from an export folder (the ``save_to_disk`` folders are for
+#: ``load_from_disk``; the Hub serves the Parquet files the data card's configs name).
+HUB_PATTERNS = ("README.md", "recipe.json", "metadata.json", "parquet/*.parquet")
+
+
+def hub_files(folder: Path) -> list[Path]:
+    """The files of export ``folder`` a push uploads (relative paths, sorted)."""
+    folder = Path(folder)
+    found = {p.relative_to(folder) for pat in HUB_PATTERNS for p in folder.glob(pat) if p.is_file()}
+    return sorted(found)
+
+
 def licence(suite: str, source: str | None) -> str:
     """Provenance and licence line of a task suite."""
     if suite == "bundled":
@@ -211,9 +249,10 @@ def data_card(ex: Examples, info: ExportInfo) -> str:
     )
     lines = [
         "---",
-        f"pretty_name: {info.name}",
+        f"pretty_name: {json.dumps(info.name)}",
         "license: other",
         "tags: [web-agents, webloop]",
+        *hub_configs(sorted(ex.spool)),
         "---",
         "",
         f"# {info.name}",
@@ -252,7 +291,12 @@ def data_card(ex: Examples, info: ExportInfo) -> str:
         "`outcome` = success vs failure after the same actions; `prm` = highest vs lowest "
         "process-reward score).",
         "",
-        "Load with `datasets.load_from_disk('<folder>/sft')` or the files in `parquet/`.",
+        "- `sft` also has `messages`: the prompt and the target as chat messages "
+        '(`{"type": "image"}` parts for the `images`, in order), the layout TRL and Hugging '
+        "Face processors' chat templates read.",
+        "",
+        "Load with `datasets.load_dataset('<folder or repo>', 'sft', split='train')`, "
+        "`datasets.load_from_disk('<folder>/sft')`, or the files in `parquet/`.",
         "",
     ]
     return "\n".join(lines)

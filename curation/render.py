@@ -84,6 +84,30 @@ def sft_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [*messages, {"role": "assistant", "content": row["completion"]}]
 
 
+def chat_messages(prompt: str, completion: str) -> list[dict[str, Any]]:
+    """The prompt (``render(messages)``) and its target as chat messages in the layout Hugging
+    Face processors' chat templates and TRL's trainers read: every content a list of parts,
+    ``{"type": "text", "text": …}`` or ``{"type": "image", "text": None}`` (the image itself
+    is the row's ``images`` entry at the same position), then the assistant's reply."""
+    out = []
+    for m in json.loads(prompt):
+        content = m.get("content")
+        parts = (
+            [_part(p) for p in content]
+            if isinstance(content, list)
+            else [{"type": "text", "text": str(content or "")}]
+        )
+        out.append({"role": m["role"], "content": parts})
+    out.append({"role": "assistant", "content": [{"type": "text", "text": completion}]})
+    return out
+
+
+def _part(part: dict[str, Any]) -> dict[str, Any]:
+    if part.get("type") == "image_url" or "image_url" in part:
+        return {"type": "image", "text": None}
+    return {"type": "text", "text": str(part.get("text") or "")}
+
+
 def _image_bytes(img: Any) -> bytes:
     if isinstance(img, dict):
         return img["bytes"]

@@ -12,6 +12,10 @@ import pyarrow as pa
 KINDS = ("sft", "rl", "preferences")
 
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets' Image() storage
+# A chat message as Hugging Face processors' chat templates and TRL read it: text parts and
+# image placeholders (``{"type": "image"}``) whose images are the row's ``images``, in order.
+_PART = pa.struct([("type", pa.string()), ("text", pa.string())])
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_PART))])
 
 SFT_SCHEMA = pa.schema(
     [
@@ -31,6 +35,8 @@ SFT_SCHEMA = pa.schema(
         ("image_hashes", pa.list_(pa.string())),
         ("prompt_hash", pa.string()),  # the stored prompt blob of this state (null: none stored)
         ("weight", pa.float64()),
+        # the prompt and the target as chat messages (user/system turns, then the assistant's)
+        ("messages", pa.list_(MESSAGE)),
     ]
 )
 RL_SCHEMA = pa.schema(

@@ -15,7 +15,7 @@ import polars as pl
 
 from curation.blob_reader import BlobReader
 from curation.reads import read_run_configs, read_steps, steps_by_trajectory, trajectory_info
-from curation.render import StoredTrajectory, base_columns, prompt_config, reply
+from curation.render import StoredTrajectory, base_columns, chat_messages, prompt_config, reply
 from rollouts.actions import proposed_action_text
 from warehouse.ids import make_id
 from warehouse.store import Warehouse
@@ -34,6 +34,7 @@ def sft_rows(
             if i >= len(t.steps) or t.steps[i]["step_idx"] != i:
                 continue  # not contiguous: the step-index gate reports it
             prompt, images, hashes = t.prompt(i)
+            completion = t.target(i, rationales.get((tid, i)))
             rows.append(
                 {
                     "example_id": make_id("sft", tid, i, "step"),
@@ -42,11 +43,12 @@ def sft_rows(
                     "step_idx": i,
                     **base_columns(t),
                     "prompt": prompt,
-                    "completion": t.target(i, rationales.get((tid, i))),
+                    "completion": completion,
                     "images": images,
                     "image_hashes": hashes,
                     "prompt_hash": t.steps[i]["prompt_hash"],
                     "weight": float(t.info.get("weight") or 1.0),
+                    "messages": chat_messages(prompt, completion),
                 }
             )
     return rows
@@ -72,6 +74,7 @@ def intervention_rows(
         cfg = prompt_config(configs.get(info[tid]["run_id"]), k_images)
         t = StoredTrajectory(info[tid], steps, cfg, reader)
         prompt, images, hashes = t.prompt(int(at))
+        completion = reply(action, r.get("rationale"))
         rows.append(
             {
                 "example_id": make_id("sft", r["intervention_id"], "intervention"),
@@ -80,11 +83,12 @@ def intervention_rows(
                 "step_idx": int(at),
                 **base_columns(t),
                 "prompt": prompt,
-                "completion": reply(action, r.get("rationale")),
+                "completion": completion,
                 "images": images,
                 "image_hashes": hashes,
                 "prompt_hash": steps[int(at)]["prompt_hash"],
                 "weight": 1.0,
+                "messages": chat_messages(prompt, completion),
             }
         )
     reader.clear()

@@ -29,7 +29,9 @@ def home(tmp_path_factory) -> Path:
     return h
 
 
-def test_curate_then_list_show_and_diff(prefect_harness, home: Path, tmp_path: Path):
+def test_curate_then_list_show_and_diff(
+    prefect_harness, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE)
     out = webloop(home, "curate", "--recipe", str(recipe), "--out", str(tmp_path / "ds")).stdout
@@ -61,6 +63,25 @@ def test_curate_then_list_show_and_diff(prefect_harness, home: Path, tmp_path: P
     )
     assert (rows["count sft"]["a"], rows["count sft"]["b"]) == ("8", "5")
     assert rows["snapshot"]["a"] == rows["snapshot"]["b"] == snap
+    _push(home, tmp_path, monkeypatch)
+
+
+def _push(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``webloop datasets push`` to a local stand-in of the Hub's upload endpoints: the newest
+    cli-set goes up; the token is sent, never printed; offline, a one-line error and exit 1."""
+    from tests.curation.hub_stand_in import HubStandIn
+
+    monkeypatch.setenv("HF_TOKEN", "hf_cli_secret")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with HubStandIn(tmp_path / "hub", "hf_cli_secret") as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        res = webloop(home, "datasets", "push", "cli-set", "--repo", "me/cli-set")
+    assert "pushed cli-set (dataset-" in res.stdout and "5 files to me/cli-set" in res.stdout
+    assert "hf_cli_secret" not in res.stdout + res.stderr
+    assert (tmp_path / "hub" / "me" / "cli-set" / "parquet" / "sft.parquet").is_file()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = webloop(home, "datasets", "push", "cli-set", "--repo", "me/cli-set", ok=False)
+    assert res.returncode == 1 and "offline mode" in res.stderr
 
 
 def test_bad_recipe_and_unknown_dataset_are_one_line_usage_errors(home: Path, tmp_path: Path):

@@ -124,3 +124,103 @@ def test_data_card_names_composition_filters_licence_and_provenance(built):
     assert '| drop_invalid_steps | {"noop": false} | 0 | 1 |' in card  # the oslo step
     assert "Apache-2.0" in card and "| bundled |" in card
     assert "sft: 8" in card
+
+
+def _rows(ds: datasets.Dataset) -> list[dict]:
+    raw = ds.cast_column("images", datasets.List(datasets.Image(decode=False)))
+    return [{**r, "images": [i["bytes"] for i in r["images"]]} for r in raw]
+
+
+def test_the_folder_loads_as_a_hub_dataset_repository_with_the_same_rows(
+    built, tmp_path, monkeypatch
+):
+    """``load_dataset(folder, "sft")`` reads the data card's configs, as for a Hub repository;
+    the rows equal ``load_from_disk``'s. The files a push uploads, alone in a folder (the repo's
+    layout), load the same."""
+    from curation.export import hub_files
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = Path(built["first"].export_path)
+    from_disk = _rows(datasets.load_from_disk(str(path / "sft")))
+    loaded = datasets.load_dataset(str(path), "sft", split="train")
+    assert _rows(loaded) == from_disk and len(from_disk) == 8
+    default = datasets.load_dataset(str(path), split="train")  # sft is the default config
+    assert default["example_id"] == loaded["example_id"]
+    rl = datasets.load_dataset(str(path), "rl", split="train")
+    assert sorted(rl["reward"]) == [0.0, 1.0, 1.0]
+
+    files = hub_files(path)
+    assert [str(f) for f in files] == [
+        "README.md", "metadata.json", "parquet/preferences.parquet", "parquet/rl.parquet",
+        "parquet/sft.parquet", "recipe.json",
+    ]  # fmt: skip
+    repo = tmp_path / "repo"
+    for f in files:
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_bytes((path / f).read_bytes())
+    assert _rows(datasets.load_dataset(str(repo), "sft", split="train")) == from_disk
+
+
+def test_sft_messages_render_with_a_processor_chat_template(built, tiny):
+    """The ``messages`` column renders with a Hugging Face processor's chat template (the real
+    Qwen2.5-VL template from TRL): one image placeholder per screenshot, in the order of
+    ``images``, the prompt's text and the target; the processor takes the row's images."""
+    from trl.chat_template_utils import qwen2_5_vl_chat_template
+
+    from rollouts.hf import image_only_processor_class
+
+    processor = image_only_processor_class().from_pretrained(str(tiny))
+    processor.chat_template = qwen2_5_vl_chat_template
+    sft = datasets.load_from_disk(str(Path(built["first"].export_path) / "sft"))
+    row = next(r for r in sft if len(r["images"]) >= 2)
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[-1] == "assistant" and "user" in roles
+    assert row["messages"][-1]["content"] == [{"type": "text", "text": row["completion"]}]
+    text = processor.apply_chat_template(row["messages"], tokenize=False)
+    assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == len(row["images"])
+    assert row["completion"] in text and text.index("<|im_start|>assistant") > text.index(
+        "<|vision_start|>"
+    )
+    task_line = next(
+        p["text"] for m in row["messages"] if m["role"] == "user" for p in m["content"]
+        if p["type"] == "text"
+    )  # fmt: skip
+    assert task_line[:40] in text
+    batch = processor(text=[text], images=row["images"], return_tensors="pt")
+    n_pad = int(
+        (batch["input_ids"] == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()
+    )
+    assert batch["pixel_values"].shape[0] > 0 and n_pad == int(
+        (batch["image_grid_thw"].prod(-1) // 4).sum()
+    )
+
+
+def test_a_push_uploads_the_files_that_load_as_the_folder_does(built, tmp_path, monkeypatch):
+    """``push_folder`` through huggingface_hub's own client, to a local stand-in of the Hub's
+    upload endpoints (the Hub cannot be reached here): the files committed are the Hub files,
+    the user's token went with the requests, and the repository they make loads the same rows."""
+    from curation.hub import PushError, push_folder
+    from tests.curation.hub_stand_in import HubStandIn
+
+    path = Path(built["first"].export_path)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_123")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with HubStandIn(tmp_path / "hub", "hf_secret_token_123") as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        res = push_folder(path, "me/webloop-sft")
+        assert any(r.endswith("/commit/main") for r in hub.requests)
+        monkeypatch.setenv("HF_TOKEN", "wrong")
+        with pytest.raises(PushError, match="the Hub refused the push to me/other"):
+            push_folder(path, "me/other")
+    repo = tmp_path / "hub" / "me" / "webloop-sft"
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == list(
+        res.files
+    )
+    assert "/datasets/me/webloop-sft/commit/" in res.commit_url
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = datasets.load_dataset(str(repo), "sft", split="train")
+    assert _rows(loaded) == _rows(datasets.load_from_disk(str(path / "sft")))
+    with pytest.raises(PushError, match="offline mode"):
+        push_folder(path, "me/webloop-sft")
