@@ -79,7 +79,8 @@ def config_parameters(
             name = f"{outer.name}{NESTED}{f.name}"
             default = getattr(nested, f.name) if dataclasses.is_dataclass(nested) else default_of(f)
             callback = (callbacks or {}).get(name)
-            params.append(_parameter(name, f, tp, _nested_flag(outer, f), default, callback))
+            flag = _nested_flag(outer, f)
+            params.append(_parameter(name, f, tp, flag, default, callback, outer.name))
     return params
 
 
@@ -110,13 +111,15 @@ def _parameter(
     flag: str,
     default: Any,
     callback: Callable[..., Any] | None,
+    within: str | None = None,
 ) -> inspect.Parameter:
     decls = [flag]
     if tp in (bool, bool | None):  # --x / --no-x (a file's True can be turned off)
         decls = [f"{flag}/--no-{flag.removeprefix('--')}"]
+    text = f.metadata.get("help", "")
     option = typer.Option(
         *decls,
-        help=f.metadata.get("help", ""),
+        help=f"{within}: {text}" if within else text,
         min=f.metadata.get("min"),
         max=f.metadata.get("max"),
         callback=callback,

@@ -19,36 +19,25 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from flows.flywheel import flywheel_flow
+from stages.config import load_config, with_settings
 from stages.flywheel import FlywheelConfig, Lent, eval_line, flywheel_status
 
 __all__ = ["Lent", "demo_config", "demo_state", "lend", "run_demo", "summary_lines"]
 
 
+DEMO_PRESET = Path(__file__).parents[1] / "stages" / "presets" / "demo.yaml"
+
+
 def demo_config(seed: int = 0, rounds: int = 2, **overrides: Any) -> FlywheelConfig:
-    """The CPU-scale flywheel: sizes chosen to finish in minutes on 2 cores."""
-    base: dict[str, Any] = dict(
-        rounds=rounds,
-        seed=seed,
-        bundled_tasks=240,
-        expert_tasks=40,
-        noise=0.1,
-        policy_tasks=8,
-        group_size=2,
-        prm_states=4,
-        prm_k=3,
-        interventions=2,
-        # ~80 SFT rows: many cheap epochs (after the first, which encodes the pages, only the
-        # small scorer runs); 8 + 3 epochs gave 0/24 -> 3/24 in a measured run: too few steps
-        epochs=20,
-        later_epochs=6,
-        eval_n=24,
-        eval_max_steps=24,
-        concurrency=4,
-    )
-    return FlywheelConfig(**{**base, **overrides})
+    """The CPU-scale flywheel: the demo preset (``stages/presets/demo.yaml``) with ``seed``,
+    ``rounds`` and any other settings (a nested config's as a mapping: ``rollout={"samples":
+    4}``)."""
+    cfg = load_config(FlywheelConfig, DEMO_PRESET)
+    return with_settings(cfg, {"seed": seed, "rounds": rounds, **overrides})
 
 
 def demo_state(cfg: FlywheelConfig, home: str | None = None) -> str:

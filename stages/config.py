@@ -231,6 +231,22 @@ def _pydantic_problem(error: dict[str, Any]) -> str:
     return msg
 
 
+def with_settings(cfg: C, changes: Mapping[str, Any]) -> C:
+    """``cfg`` with ``changes`` (field → value; for a field holding a config, a mapping of that
+    config's changes, as in a YAML file), checked (:class:`ConfigError` naming the field)."""
+    hints = type_hints(type(cfg))
+    known = {f.name for f in fields_of(type(cfg))}
+    updates: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key not in known:
+            raise ConfigError(f"{key}: unknown field of {type(cfg).__name__}")
+        nested = is_config(hints[key]) and isinstance(value, Mapping)
+        updates[key] = with_settings(getattr(cfg, key), value) if nested else value
+    out = dataclasses.replace(cfg, **updates)  # type: ignore[type-var]
+    check_config(out)
+    return out
+
+
 def dump_config(cfg: Any) -> str:
     """``cfg`` as YAML that :func:`load_config` reads back to an equal config."""
     return yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False, allow_unicode=True)

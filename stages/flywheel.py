@@ -44,7 +44,7 @@ from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
-from stages.config import ConfigError, setting
+from stages.config import ConfigError, check_config, setting
 from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
@@ -80,33 +80,64 @@ class FlywheelError(ConfigError):
     """A flywheel configuration that cannot run (names the option)."""
 
 
+def flywheel_expert() -> CollectConfig:
+    """Round 1's expert rollouts by default: the noisy scripted expert on 24 ``train`` tasks,
+    accessibility tree only (the ranker reads it; no screenshots: fast), 26 steps."""
+    return CollectConfig(
+        policy="expert", n_tasks=24, noise=0.12, prompt_mode="a11y", max_steps=26,
+        action_timeout_s=1.5,
+    )  # fmt: skip
+
+
+def flywheel_rollout() -> CollectConfig:
+    """Each round's policy rollouts by default: the round's ranker checkpoint, G = 2 samples at
+    temperature 1 on 8 ``train`` tasks (the step budget: the recipe's horizon schedule)."""
+    return CollectConfig(
+        policy="ranker", n_tasks=8, samples=2, temperature=1.0, prompt_mode="a11y",
+        action_timeout_s=1.5,
+    )  # fmt: skip
+
+
+def flywheel_eval() -> CollectConfig:
+    """Each round's evaluation rollouts by default: greedy on 24 held-out ``test`` tasks."""
+    return dataclasses.replace(
+        eval_rollout(), split="test", n_tasks=24, max_steps=24, action_timeout_s=1.5
+    )
+
+
+#: The flywheel's settings before it held collect configs, by their old names (its id keeps them,
+#: so existing flywheels resume): old name → (nested config, field).
+_OLD_KEYS = {
+    "expert_tasks": ("expert", "n_tasks"),
+    "noise": ("expert", "noise"),
+    "expert_max_steps": ("expert", "max_steps"),
+    "policy_tasks": ("rollout", "n_tasks"),
+    "group_size": ("rollout", "samples"),
+    "temperature": ("rollout", "temperature"),
+    "eval_split": ("eval", "split"),
+    "eval_n": ("eval", "n_tasks"),
+    "eval_max_steps": ("eval", "max_steps"),
+    "action_timeout_s": ("rollout", "action_timeout_s"),
+}
+#: Set by the flywheel (per round and stage), or operational: not part of its id.
+_SET_BY_FLYWHEEL = {"seed", "run_name", "concurrency", "model", "workers", "dask_address"}
+_SET_BY_FLYWHEEL |= {"lease_wait_s", "task_ids"}
+_SET_BY_FLYWHEEL_ROLLOUT = {"max_steps"}  # the recipe's horizon schedule
+
+
 @dataclass(frozen=True)
 class FlywheelConfig:
-    """The whole loop's sizes. Everything but ``concurrency`` names the flywheel (its id prefixes
-    every run it makes), so the same configuration resumes the same flywheel."""
+    """The whole loop: its rounds, the stages' configs and the training schedule. The expert's,
+    the policy's and the evaluation's rollouts are collect configs (``expert``, ``rollout``,
+    ``eval``); the flywheel sets their seeds (``seed``; the policy's ``seed + round``), run names,
+    the policy's checkpoint and step budget (the recipe's horizon schedule) and ``concurrency``.
+    Everything but ``concurrency`` names the flywheel (its id prefixes every run it makes), so the
+    same configuration resumes the same flywheel."""
 
     rounds: int = setting(2, help="Rounds of the loop.", min=1, max=1000)
     seed: int = setting(0, help="Seed of tasks, rollouts and training.", min=0, max=2**32 - 1)
     bundled_tasks: int = setting(
         200, help="Bundled tasks to generate (train/test/ood).", min=1, max=1_000_000
-    )
-    expert_tasks: int = setting(
-        24, help="Round 1: noisy-expert rollouts on train tasks.", min=1, max=1_000_000
-    )
-    noise: float = setting(0.12, help="The expert's mistake rate per step.", min=0.0, max=1.0)
-    expert_max_steps: int = setting(
-        26,
-        help="The expert's step budget (the longest reference has 21 steps).",
-        min=1,
-        max=1000,
-        cli=False,
-    )
-    policy_tasks: int = setting(
-        8, help="Train tasks the policy rolls out each round.", min=1, max=1_000_000
-    )
-    group_size: int = setting(2, help="Samples per task (G).", min=1, max=1000)
-    temperature: float = setting(
-        1.0, help="The policy's sampling temperature when collecting.", min=0.0, max=5.0
     )
     prm_states: int = setting(
         4, help="States of the round's main run scored by the exact PRM (0: skip).", min=0
@@ -127,21 +158,51 @@ class FlywheelConfig:
     )
     lr: float = setting(2e-3, help="SFT learning rate.", min=1e-12, max=10.0, cli=False)
     batch_size: int = setting(16, help="SFT batch size.", min=1, max=100_000, cli=False)
-    eval_split: str = setting("test", help="Held-out split evaluated.", cli=False)
-    eval_n: int = setting(24, help="Held-out tasks evaluated.", min=1, max=1_000_000)
-    eval_max_steps: int = setting(24, help="Step budget of an evaluation episode.", min=1)
-    action_timeout_s: float = setting(
-        1.5,
-        help="Seconds an action waits (local sites answer in ms).",
-        min=0.1,
-        max=600.0,
-        cli=False,
-    )
     concurrency: int = setting(4, help="Trajectories in flight.", min=1, max=256)
+    expert: CollectConfig = setting(
+        factory=flywheel_expert,
+        help="Round 1's expert rollouts (a collect config; defaults: flywheel_expert).",
+        cli_fields=("n_tasks", "noise"),
+        flags={"n_tasks": "--expert-tasks", "noise": "--noise"},
+    )
+    rollout: CollectConfig = setting(
+        factory=flywheel_rollout,
+        help="Each round's policy rollouts (a collect config; defaults: flywheel_rollout).",
+        cli_fields=("n_tasks", "samples", "temperature"),
+        flags={"n_tasks": "--policy-tasks", "samples": "--group-size"},
+    )
+    eval: CollectConfig = setting(
+        factory=flywheel_eval,
+        help="Each round's evaluation rollouts (a collect config; defaults: flywheel_eval).",
+        cli_fields=("n_tasks", "max_steps"),
+        flags={"n_tasks": "--eval-n", "max_steps": "--eval-max-steps"},
+    )
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("concurrency")
+        """What names the flywheel: its own fields, the nested settings it had before it held
+        collect configs under their old names (earlier flywheels resume), then any other nested
+        setting changed from the flywheel's defaults (``rollout.k_images``, …)."""
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("expert", "rollout", "eval", "concurrency")
+        }
+        d.update({old: getattr(getattr(self, c), f) for old, (c, f) in _OLD_KEYS.items()})
+        known = {(c, f) for c, f in _OLD_KEYS.values()}
+        # one action timeout for every stage was one setting (action_timeout_s, the rollout's now)
+        timeout = {"action_timeout_s": self.rollout.action_timeout_s}
+        defaults = {
+            "expert": dataclasses.replace(flywheel_expert(), **timeout),
+            "rollout": flywheel_rollout(),
+            "eval": dataclasses.replace(flywheel_eval(), **timeout),
+        }
+        for name, default in defaults.items():
+            skip = _SET_BY_FLYWHEEL | (_SET_BY_FLYWHEEL_ROLLOUT if name == "rollout" else set())
+            for f in dataclasses.fields(default):
+                value = getattr(getattr(self, name), f.name)
+                if (name, f.name) in known or f.name in skip or value == getattr(default, f.name):
+                    continue
+                d[f"{name}.{f.name}"] = value
         if self.recipe is not None:  # the recipe's content names it, not its path
             d["recipe"] = recipe_hash(self.load_recipe())
         return d
@@ -157,23 +218,29 @@ class FlywheelConfig:
 
     def horizon(self, round_: int) -> int:
         """The policy's step budget in round ``round_`` (1-based): the recipe's horizon
-        schedule (the last entry repeats), else ``eval_max_steps``."""
-        return horizon_at(self.load_recipe().curriculum.horizon, round_ - 1, self.eval_max_steps)
+        schedule (the last entry repeats), else the evaluation's step budget."""
+        return horizon_at(self.load_recipe().curriculum.horizon, round_ - 1, self.eval.max_steps)
 
     def check(self) -> None:
-        """Bad sizes, before any work (one message naming the option)."""
-        for name in ("rounds", "bundled_tasks", "expert_tasks", "policy_tasks", "group_size"):
-            if getattr(self, name) < 1:
-                raise FlywheelError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("eval_n", "epochs", "later_epochs", "concurrency", "batch_size"):
-            if getattr(self, name) < 1:
-                raise FlywheelError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.prm_states and self.prm_k < 2:
-            raise FlywheelError("--prm-k must be at least 2 (advantages compare candidates)")
-        if not 0.0 <= self.noise <= 1.0:
-            raise FlywheelError(f"--noise {self.noise}: a mistake rate in [0, 1]")
-        if self.temperature < 0:
-            raise FlywheelError(f"--temperature {self.temperature}: must be >= 0")
+        """Bad values and stages that cannot work here, before any work (one message naming
+        the setting)."""
+        try:
+            check_config(self)
+        except ConfigError as exc:
+            raise FlywheelError(str(exc)) from None
+        wanted = {"expert": "expert", "rollout": "ranker", "eval": "ranker"}
+        for name, policy in wanted.items():
+            got = getattr(self, name).policy
+            if got != policy:
+                raise FlywheelError(
+                    f"{name}.policy: {got!r}; this flywheel runs the {policy} there (it trains "
+                    "the ranker on the bundled sites)"
+                )
+            if getattr(self, name).suite != "bundled":
+                raise FlywheelError(
+                    f"{name}.suite: {getattr(self, name).suite!r}; this flywheel generates and "
+                    "grades the bundled suite (its expert teacher and exact PRM need it)"
+                )
         if self.recipe is not None and not Path(self.recipe).is_file():
             raise FlywheelError(f"--recipe {self.recipe}: no such file")
         self.load_recipe()  # a RecipeError names the line
@@ -261,34 +328,20 @@ def untrained_checkpoint(home: str | None, seed: int) -> str:
 
 
 def expert_config(cfg: FlywheelConfig) -> CollectConfig:
-    return CollectConfig(
-        suite="bundled",
-        split="train",
-        n_tasks=cfg.expert_tasks,
-        policy="expert",
-        noise=cfg.noise,
-        prompt_mode="a11y",  # the ranker reads the accessibility tree; no screenshots: fast
-        max_steps=cfg.expert_max_steps,
-        action_timeout_s=cfg.action_timeout_s,
-        seed=cfg.seed,
-        concurrency=cfg.concurrency,
-        run_name=run_name(cfg, 1, "expert"),
+    """Round 1's expert run: ``cfg.expert`` with the flywheel's seed and run name."""
+    return dataclasses.replace(
+        cfg.expert, seed=cfg.seed, concurrency=cfg.concurrency, run_name=run_name(cfg, 1, "expert")
     )
 
 
 def policy_config(cfg: FlywheelConfig, round_: int, checkpoint: str) -> CollectConfig:
-    return CollectConfig(
-        suite="bundled",
-        split="train",
-        n_tasks=cfg.policy_tasks,
-        samples=cfg.group_size,
-        policy="ranker",
+    """Round ``round_``'s policy run: ``cfg.rollout`` by ``checkpoint``, with the recipe's step
+    budget for the round and another seeded subset of train tasks each round."""
+    return dataclasses.replace(
+        cfg.rollout,
         model=checkpoint,
-        prompt_mode="a11y",
         max_steps=cfg.horizon(round_),
-        action_timeout_s=cfg.action_timeout_s,
-        temperature=cfg.temperature,
-        seed=cfg.seed + round_,  # another seeded subset of train tasks each round
+        seed=cfg.seed + round_,
         concurrency=cfg.concurrency,
         run_name=run_name(cfg, round_, "policy"),
     )
@@ -319,7 +372,7 @@ def score_run(
         max_states=cfg.prm_states,
         seed=cfg.seed,
         concurrency=cfg.concurrency,
-        action_timeout_s=cfg.action_timeout_s,
+        action_timeout_s=cfg.rollout.action_timeout_s,
     )
     with _open(home) as wh:
         if wh.sql(
@@ -354,7 +407,7 @@ def intervene_run(
             max_trajectories=left,
             concurrency=min(2, cfg.concurrency),
             run_name=run_name(cfg, round_, "intervene"),
-            action_timeout_s=cfg.action_timeout_s,
+            action_timeout_s=cfg.rollout.action_timeout_s,
         )
         res = _run(lent, lambda **kw: run_intervene_async(wh, icfg, **kw))
     return {**dataclasses.asdict(res), "settled": settled}
@@ -409,15 +462,7 @@ def evaluate_checkpoint(
     home: str | None, cfg: FlywheelConfig, checkpoint: str, lent: Lent | None = None
 ) -> dict[str, Any]:
     """The checkpoint, greedy, on held-out tasks: success with a 95% Wilson interval."""
-    rollout = dataclasses.replace(
-        eval_rollout(),
-        split=cfg.eval_split,
-        n_tasks=cfg.eval_n,
-        max_steps=cfg.eval_max_steps,
-        seed=cfg.seed,
-        action_timeout_s=cfg.action_timeout_s,
-        concurrency=cfg.concurrency,
-    )
+    rollout = dataclasses.replace(cfg.eval, seed=cfg.seed, concurrency=cfg.concurrency)
     ecfg = EvalConfig(checkpoint=checkpoint, rollout=rollout)
     with _open(home) as wh:
         res = _run(lent, lambda **kw: run_evaluation(wh, ecfg, **kw))

@@ -84,6 +84,24 @@ def _ids() -> dict[str, str]:
             "collect", collect_config(EvalConfig(checkpoint="c"), "/ck", "a11y").identity()
         ),
         "flywheel": demo_config().flywheel_id,
+        "flywheel seed 1": demo_config(
+            seed=1,
+            rounds=3,
+            rollout={"temperature": 0.7},
+            eval={"max_steps": 20},
+            expert={"max_steps": 22},
+        ).flywheel_id,
+        "flywheel timeout": demo_config(
+            bundled_tasks=60,
+            expert={"n_tasks": 4, "noise": 0.12, "action_timeout_s": 1.0},
+            rollout={"n_tasks": 3, "action_timeout_s": 1.0},
+            eval={"n_tasks": 3, "max_steps": 10, "action_timeout_s": 1.0},
+            prm_states=2,
+            prm_k=2,
+            interventions=1,
+            epochs=2,
+            later_epochs=1,
+        ).flywheel_id,
         "rl step_grpo": registry.training_run_id("rl", "ranker", "ds-a", rl_step.identity()),
         "rl pool": registry.training_run_id("rl", "ranker", None, rl_pool.identity()),
         "eval ood": run_id_for("collect", collect_config(ev, "/ck", "a11y").identity()),
@@ -109,7 +127,9 @@ PINNED = {
     "rl": "train-rl-49208f746e5a5785a758",
     "eval": "collect-c0d2aa36888008322ac9",
     "flywheel": "flywheel-1e5ee5f62215bd1a85d7",
-    # pinned from the flat RLConfig/EvalConfig before they held collect and score-steps configs
+    # pinned from the flat RL, eval and flywheel configs, before they held the stages' configs
+    "flywheel seed 1": "flywheel-904ecf9dce9b45ed4f89",
+    "flywheel timeout": "flywheel-da0e62677ceb0d127a1f",
     "rl step_grpo": "train-rl-8988608103b7cb2b846b",
     "rl pool": "train-rl-83d8c425c885fe15b010",
     "eval ood": "collect-2f08c626037b0ca1eab8",

@@ -28,17 +28,15 @@ ROOT = Path(__file__).parents[2]
 TINY: dict[str, Any] = dict(
     rounds=2,
     bundled_tasks=60,
-    expert_tasks=4,
-    noise=0.0,  # the policy's failures feed the interventions; an expert's skipped steps only wait
-    policy_tasks=3,
-    group_size=2,
+    # noise 0: the policy's failures feed the interventions; an expert's skipped steps only wait
+    expert={"n_tasks": 4, "noise": 0.0},
+    rollout={"n_tasks": 3, "samples": 2},
     prm_states=1,
     prm_k=2,
     interventions=1,
     epochs=2,
     later_epochs=1,
-    eval_n=3,
-    eval_max_steps=8,
+    eval={"n_tasks": 3, "max_steps": 8},
     concurrency=2,
 )
 # the default recipe with a short horizon schedule: the policy's rollouts get 5, then 8 steps
@@ -54,9 +52,10 @@ def tiny_recipe(tmp_path_factory) -> str:
 
 
 def tiny_config(recipe: str) -> Any:
+    from stages.config import config_from_mapping
     from stages.flywheel import FlywheelConfig
 
-    return FlywheelConfig(**TINY, recipe=recipe)
+    return config_from_mapping(FlywheelConfig, {**TINY, "recipe": recipe})
 
 
 def refuse(*args, **kwargs):
@@ -213,7 +212,7 @@ def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
     assert len(ckpts) == 2 and all(ckpts)
     counts = {k: resumed["stored"][k] for k in ("datasets", "training_runs", "evaluations")}
     assert counts == {"datasets": 2, "training_runs": 2, "evaluations": 3}
-    assert resumed["stored"]["eval_trajectories"] == 3 * cfg.eval_n
+    assert resumed["stored"]["eval_trajectories"] == 3 * cfg.eval.n_tasks
 
 
 def test_each_round_leaves_its_rows(resumed):
