@@ -80,7 +80,8 @@ def config_parameters(
             default = getattr(nested, f.name) if dataclasses.is_dataclass(nested) else default_of(f)
             callback = (callbacks or {}).get(name)
             flag = _nested_flag(outer, f)
-            params.append(_parameter(name, f, tp, flag, default, callback, outer.name))
+            text = outer.metadata.get("helps", {}).get(f.name)
+            params.append(_parameter(name, f, tp, flag, default, callback, outer.name, text))
     return params
 
 
@@ -112,11 +113,12 @@ def _parameter(
     default: Any,
     callback: Callable[..., Any] | None,
     within: str | None = None,
+    text: str | None = None,
 ) -> inspect.Parameter:
     decls = [flag]
     if tp in (bool, bool | None):  # --x / --no-x (a file's True can be turned off)
         decls = [f"{flag}/--no-{flag.removeprefix('--')}"]
-    text = f.metadata.get("help", "")
+    text = text or f.metadata.get("help", "")
     option = typer.Option(
         *decls,
         help=f"{within}: {text}" if within else text,

@@ -67,12 +67,16 @@ def _live(label: str) -> Any:
 def _print_eval(res: EvalResult) -> None:
     ev, s = res.evaluation, res.summary
     console.print(
-        f"evaluation {ev.evaluation_id} ({ev.policy} on {ev.suite}/{ev.split}): "
+        f"evaluation {ev.evaluation_id} ({ev.policy} on {ev.suite}/{ev.split}"
+        + (f", judge {ev.judge}" if ev.judge else "")
+        + "): "
         f"success {s.n_success}/{s.n} = {s.rate:.1%} "
         f"[95% CI {s.ci_low:.1%}, {s.ci_high:.1%}]"
         + (f"; left out {s.excluded}" if s.excluded else ""),
         soft_wrap=True,
     )
+    if res.judged is not None:
+        console.print(f"  judge run: {res.judged.line}", soft_wrap=True)
     for by in ("by_site", "by_difficulty"):
         for r in getattr(s, by):
             key = r.get("site", r.get("difficulty"))

@@ -50,6 +50,7 @@ def setting(
     cli_fields: tuple[str, ...] | None = None,
     flags: Mapping[str, str] | None = None,
     prefix: str = "",
+    helps: Mapping[str, str] | None = None,
 ) -> Any:
     """A config field: its default (or ``factory`` for a mutable one), its ``help`` text, the
     bounds of a number (``min``/``max``, inclusive), the CLI flag when it is not
@@ -59,9 +60,11 @@ def setting(
     A field that holds another stage's config (an evaluation's rollouts are a collect config)
     defaults through ``factory`` to that config with the defaults this stage wants; its fields
     named in ``cli_fields`` become this command's options too, as ``--{prefix}{flag}`` unless
-    ``flags`` renames them (``{"samples": "--group-size"}``)."""
+    ``flags`` renames them (``{"samples": "--group-size"}``) and ``helps`` says what they mean
+    here when the nested config's own help does not."""
     meta = {"help": help, "min": min, "max": max, "flag": flag, "cli": cli}
     meta.update(cli_fields=cli_fields, flags=dict(flags or {}), prefix=prefix)
+    meta.update(helps=dict(helps or {}))
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -2,6 +2,12 @@
 checkpoint) on a split's tasks, graded, summarised with
 95% Wilson intervals per site and difficulty, stored in ``evaluations``.
 
+Graded by the rollouts' own outcome (the bundled checkers at episode end), or, with a judge
+(``--judge rubric_vlm --judge-base-url … --judge-model …``; any suite, e.g. imported live-web
+tasks), by that judge's verdicts: it judges the rollouts, the evaluation records it, a
+trajectory it could not decide is left out (never a failure), and deltas compare evaluations of
+the same judge only.
+
 Thin: the rollouts are a collect run (resumable, so a re-run continues and then re-summarises
 the same trajectories into the same evaluation id); the summary is ``training.evaluate``.
 A checkpoint is run by the rollout policy its folder is for (``ranker`` or ``hf``); text-only
@@ -18,6 +24,7 @@ from typing import Any, Literal
 from stages import runs
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import setting
+from stages.judge import JudgeConfig, JudgeResult, check_judge, run_judge_async
 from stages.report import markdown_table, percent
 from training.evaluate import Summary, compare, record
 from training.load import POLICY_OF, model_kind, resolve_policy
@@ -48,6 +55,18 @@ class EvalConfig:
         "policy would repeat them to the step budget.",
         min=0,
         max=1000,
+    )
+    judge: JudgeConfig = setting(
+        factory=lambda: JudgeConfig(judge=OWN_GRADING),
+        help="Who decides the outcomes: 'none' (the rollouts' own grading: the bundled "
+        "checkers), or a judge config (programmatic, rubric_vlm, ensemble) that judges them.",
+        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
+        flags={"judge": "--judge"},
+        prefix="judge-",
+        helps={
+            "judge": "none (the rollouts' own grading: the bundled checkers), or a judge that "
+            "decides the outcomes: programmatic, rubric_vlm or ensemble."
+        },
     )
     rollout: CollectConfig = setting(
         factory=eval_rollout,
@@ -82,6 +101,14 @@ class EvalConfig:
         return self.rollout.split
 
 
+OWN_GRADING = "none"  # EvalConfig.judge.judge: the rollouts' own outcomes decide
+
+
+def judged(cfg: EvalConfig) -> bool:
+    """Whether a judge decides the evaluation's outcomes."""
+    return cfg.judge.judge != OWN_GRADING
+
+
 def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> CollectConfig:
     """The collect run an evaluation rolls out (its id names the evaluation): ``cfg.rollout``
     with the resolved policy's model and prompt mode."""
@@ -101,6 +128,7 @@ class EvalResult:
     summary: Summary
     collect: CollectResult
     deltas: tuple[dict[str, Any], ...] = ()
+    judged: JudgeResult | None = None  # the judge run over the rollouts (None: own grading)
 
     @property
     def evaluation_id(self) -> str:
@@ -124,9 +152,14 @@ async def run_evaluation(
     browser: Any = None,
 ) -> EvalResult:
     """Roll out, grade, summarise and store the evaluation."""
+    if judged(cfg):
+        check_judge(cfg.judge)  # a bad judge is refused before any rollout
     policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.rollout.model, cfg.prompt_mode)
     coll = collect_config(cfg, policy.model, policy.prompt_mode)
     res = await run_collect(wh, coll, on_progress, server=server, browser=browser)
+    jres, jcfg = None, dataclasses.replace(cfg.judge, run=res.run_id)
+    if judged(cfg):
+        jres = await run_judge_async(wh, jcfg)
     ev, summary = record(
         wh,
         res.run_id,
@@ -135,16 +168,26 @@ async def run_evaluation(
         policy=cfg.policy,
         checkpoint_id=policy.checkpoint_id,
         extra={"config": dataclasses.asdict(cfg), "flow_run_id": runs.orchestrator_run()},
+        judge=jres.judge if jres else None,
+        judge_identity=jcfg.identity() if jres else None,
     )
-    return EvalResult(evaluation=ev, summary=summary, collect=res)
+    return EvalResult(evaluation=ev, summary=summary, collect=res, judged=jres)
 
 
 def earlier_evaluations(wh: Warehouse, ev: dict[str, Any], limit: int = 5) -> list[dict[str, Any]]:
-    """The newest other evaluations on the same suite and split (at most ``limit``)."""
+    """The newest other evaluations on the same suite and split, decided by the same judge (or
+    all by their own grading), at most ``limit``."""
     return wh.sql(
         "SELECT * FROM evaluations WHERE suite = $suite AND split = $split "
-        "AND evaluation_id <> $id ORDER BY created_at DESC, evaluation_id LIMIT $limit",
-        {"suite": ev["suite"], "split": ev["split"], "id": ev["evaluation_id"], "limit": limit},
+        "AND judge IS NOT DISTINCT FROM $judge AND evaluation_id <> $id "
+        "ORDER BY created_at DESC, evaluation_id LIMIT $limit",
+        {
+            "suite": ev["suite"],
+            "split": ev["split"],
+            "judge": ev.get("judge"),
+            "id": ev["evaluation_id"],
+            "limit": limit,
+        },
     ).to_dicts()
 
 
@@ -169,7 +212,8 @@ def evaluation_markdown(res: EvalResult) -> str:
     lines = [
         f"# Evaluation `{ev.evaluation_id}`",
         "",
-        f"{who}; collect run `{res.run_id}`"
+        f"{who}; collect run `{res.run_id}`; outcomes: "
+        + (f"judge `{ev.judge}`" if ev.judge else "the rollouts' own grading")
         + (f"; left out {s['excluded']}" if s["excluded"] else ""),
         "",
         "## Success (95% Wilson intervals)",

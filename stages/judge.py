@@ -129,35 +129,50 @@ def judge_ids(
     progress: Callable[[JudgeSummary], None] | None = None,
 ) -> JudgeSummary:
     """Judge ``ids`` (its own event loop); closes the judge's HTTP client."""
+    return asyncio.run(judge_ids_async(wh, cfg, judge, ids, run_id, progress))
 
-    async def work() -> JudgeSummary:
-        try:
-            return await judge_all(
-                wh,
-                judge,
-                ids,
-                concurrency=cfg.concurrency,
-                attempts=cfg.attempts,
-                run_id=run_id,
-                progress=progress,
-            )
-        finally:
-            client = getattr(judge, "client", None)
-            if client is not None:
-                await client.aclose()
 
-    return asyncio.run(work())
+async def judge_ids_async(
+    wh: Warehouse,
+    cfg: JudgeConfig,
+    judge: Judge,
+    ids: list[str],
+    run_id: str,
+    progress: Callable[[JudgeSummary], None] | None = None,
+) -> JudgeSummary:
+    """:func:`judge_ids` on the caller's event loop."""
+    try:
+        return await judge_all(
+            wh,
+            judge,
+            ids,
+            concurrency=cfg.concurrency,
+            attempts=cfg.attempts,
+            run_id=run_id,
+            progress=progress,
+        )
+    finally:
+        client = getattr(judge, "client", None)
+        if client is not None:
+            await client.aclose()
 
 
 def run_judge(
     wh: Warehouse, cfg: JudgeConfig, progress: Callable[[JudgeSummary], None] | None = None
 ) -> JudgeResult:
     """Judge the backlog of ``cfg``'s judge (recorded as a run)."""
+    return asyncio.run(run_judge_async(wh, cfg, progress))
+
+
+async def run_judge_async(
+    wh: Warehouse, cfg: JudgeConfig, progress: Callable[[JudgeSummary], None] | None = None
+) -> JudgeResult:
+    """:func:`run_judge` on the caller's event loop (an evaluation judges its rollouts)."""
     judge = build_judge(cfg)
     run_id = run_id_for("judge", cfg.identity())
     ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
     with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
-        summary = judge_ids(wh, cfg, judge, ids, run_id, progress)
+        summary = await judge_ids_async(wh, cfg, judge, ids, run_id, progress)
     return result_of(run_id, judge, len(ids), summary)
 
 

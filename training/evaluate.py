@@ -24,11 +24,17 @@ from warehouse.store import Warehouse
 OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
 
 
-def run_outcomes(wh: Warehouse, run_id: str) -> pl.DataFrame:
+def run_outcomes(wh: Warehouse, run_id: str, judge: str | None = None) -> pl.DataFrame:
     """One row per trajectory of the run: task, suite, site, difficulty, split (of the task
     version it ran), status, success (null where the status is no outcome). A ``finished``
     trajectory takes its judges' verdict (``trajectory_verdicts`` of
-    :mod:`warehouse.relations`)."""
+    :mod:`warehouse.relations`).
+
+    With ``judge``, every trajectory's outcome is that judge's latest verdict; one the judge
+    could not decide is left out under ``judge_error`` (or ``unjudged``, ``judge_<verdict>``),
+    never counted a failure; infrastructure errors and running trajectories stay left out."""
+    if judge is not None:
+        return _judged_outcomes(wh, run_id, judge)
     df = wh.sql(
         with_relations(
             "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
@@ -39,6 +45,26 @@ def run_outcomes(wh: Warehouse, run_id: str) -> pl.DataFrame:
             "WHERE t.run_id = ? ORDER BY t.traj_id"
         ),
         [run_id],
+    )
+    return df.with_columns(
+        success=pl.col("status").replace_strict(OUTCOME, default=None, return_dtype=pl.Int64)
+    )
+
+
+def _judged_outcomes(wh: Warehouse, run_id: str, judge: str) -> pl.DataFrame:
+    df = wh.sql(
+        with_relations(
+            "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
+            "CASE WHEN t.status IN ('infra_error', 'running') THEN t.status "
+            "WHEN j.traj_id IS NULL THEN 'unjudged' "
+            "WHEN j.error IS NOT NULL THEN 'judge_error' "
+            "WHEN j.verdict IN ('success', 'failure') THEN j.verdict "
+            "ELSE 'judge_' || coalesce(j.verdict, 'none') END AS status "
+            "FROM trajectories t LEFT JOIN trajectory_tasks k USING (traj_id) "
+            "LEFT JOIN (SELECT * FROM latest_judgments WHERE judge = $judge) j USING (traj_id) "
+            "WHERE t.run_id = $run ORDER BY t.traj_id"
+        ),
+        {"run": run_id, "judge": judge},
     )
     return df.with_columns(
         success=pl.col("status").replace_strict(OUTCOME, default=None, return_dtype=pl.Int64)
@@ -81,8 +107,10 @@ def _rows(scored: pl.DataFrame, by: str) -> list[dict[str, Any]]:
     return breakdown(scored, [by]).sort(by).to_dicts()
 
 
-def evaluation_id_for(run_id: str) -> str:
-    return make_id("eval", run_id)
+def evaluation_id_for(run_id: str, judge: Any = None) -> str:
+    """An evaluation's id: from its collect run, and the judge's identity when a judge decided
+    its outcomes (the same rollouts judged otherwise are another evaluation)."""
+    return make_id("eval", run_id) if judge is None else make_id("eval", run_id, judge)
 
 
 def record(
@@ -94,12 +122,15 @@ def record(
     policy: str,
     checkpoint_id: str | None,
     extra: dict[str, Any] | None = None,
+    judge: str | None = None,
+    judge_identity: Any = None,
 ) -> tuple[Evaluation, Summary]:
     """Summarise the run's trajectories and store the evaluation (id from the run: re-running
     an evaluation replaces its row with the same numbers)."""
-    s = summarize(run_outcomes(wh, run_id))
+    s = summarize(run_outcomes(wh, run_id, judge))
     ev = Evaluation(
-        evaluation_id=evaluation_id_for(run_id),
+        evaluation_id=evaluation_id_for(run_id, judge_identity if judge else None),
+        judge=judge,
         suite=suite,
         split=split,
         n=s.n,

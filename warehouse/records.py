@@ -389,6 +389,7 @@ class Evaluation(Record):
     ci_high: float | None = None
     breakdown: dict[str, Any] | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
+    judge: str | None = None  # the judge whose verdicts are the outcomes (None: the rollouts')
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("eval",): [
         *("--policy", "expert", "--split", "ood", "--n", "5", "--max-repeats", "0"),
         *("--samples", "2", "--allow-origin", "http://a.test"),
+        *("--judge", "rubric_vlm", "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-k", "2"),
     ],
     ("flywheel",): ["--rounds", "3", "--noise", "0.2", "--prm-states", "0", "--eval-n", "12"],
     ("warehouse", "maintain"): ["--keep-recent-minutes", "5"],

@@ -181,3 +181,66 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
         [ranker.run_id],
     ).rows()
     assert all(n < 4 for e, n in ended if e == "repeated action"), ended
+
+
+@pytest.mark.browser
+def test_a_judged_evaluation_records_its_judge_and_leaves_what_it_could_not_decide_out(
+    server, chromium, wh: Warehouse
+):
+    """``eval --judge rubric_vlm``: the same rollouts, decided by a rubric judge over a local
+    OpenAI-protocol server (a stand-in for a paid judge model: its verdicts are scripted per
+    task). Another evaluation id, the judge recorded, a reply it cannot parse left out (never a
+    failure), deltas only against evaluations of the same judge; a bad judge is refused before
+    any rollout."""
+    from sites.tasks import generate
+    from stages.config import config_from_mapping
+    from stages.evaluate import EvalConfig, evaluation_deltas, run_evaluation
+    from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+    from warehouse.config import ConfigError
+    from warehouse.tasks import put_tasks
+
+    put_tasks(wh, generate(60, seed=0))
+    rollout = {"policy": "expert", "split": "test", "n_tasks": 3, "concurrency": 3, "seed": 7}
+
+    def evaluate(judge: dict | None = None):
+        data = {"rollout": rollout, **({"judge": judge} if judge else {})}
+        cfg = config_from_mapping(EvalConfig, data)
+        return chromium.run(run_evaluation(wh, cfg, server=server, browser=chromium.browser))
+
+    own = evaluate()
+    assert (own.summary.n, own.summary.n_success, own.evaluation.judge) == (3, 3, None)
+    tasks = wh.sql(
+        "SELECT k.instruction FROM trajectories t JOIN tasks k USING (task_id) "
+        "WHERE t.run_id = ? ORDER BY k.instruction",
+        [own.run_id],
+    )["instruction"].to_list()
+    verdict = {tasks[0]: "success", tasks[1]: "failure", tasks[2]: "garbage"}
+
+    def model(body):
+        text = last_user_text(body)
+        if "List the key points" in text:
+            return "1. do what the task asks"
+        said = next(v for t, v in verdict.items() if t in text)
+        return "no verdict here" if said == "garbage" else json.dumps({"verdict": said})
+
+    with FakeOpenAI([], default=("fn", model)) as fake:
+        judge = {"judge": "rubric_vlm", "base_url": fake.url, "model": "judge-m"}
+        judge["selection"] = "heuristic"
+        judged = evaluate(judge)
+        again = evaluate(judge)
+    assert judged.run_id == own.run_id  # the same rollouts, not collected again
+    assert judged.evaluation_id == again.evaluation_id != own.evaluation_id
+    assert judged.evaluation.judge == "rubric_vlm" and judged.judged.judge == "rubric_vlm"
+    s = judged.summary
+    assert (s.n, s.n_success, s.excluded) == (2, 1, {"judge_error": 1})
+    row = wh.sql(
+        "SELECT judge, n, n_success FROM evaluations WHERE evaluation_id = ?",
+        [judged.evaluation_id],
+    ).row(0)
+    assert row == ("rubric_vlm", 2, 1)
+    assert evaluation_deltas(wh, judged) == ()  # the own-graded evaluation is not comparable
+    assert [d["a"] for d in evaluation_deltas(wh, own)] == []
+    n_runs = wh.sql("SELECT count(*) FROM runs").item()
+    with pytest.raises(ConfigError, match="judge 'nope'"):
+        evaluate({"judge": "nope"})
+    assert wh.sql("SELECT count(*) FROM runs").item() == n_runs  # refused before any rollout
