@@ -24,7 +24,14 @@ from typing import Any, Literal
 from stages import runs
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import setting
-from stages.judge import JudgeConfig, JudgeResult, check_judge, run_judge_async
+from stages.judge import (
+    JudgeConfig,
+    JudgeResult,
+    check_judge,
+    judges,
+    own_grading,
+    run_judge_async,
+)
 from stages.report import markdown_table, percent
 from training.evaluate import Summary, compare, record
 from training.load import POLICY_OF, model_kind, resolve_policy
@@ -57,7 +64,7 @@ class EvalConfig:
         max=1000,
     )
     judge: JudgeConfig = setting(
-        factory=lambda: JudgeConfig(judge=OWN_GRADING),
+        factory=own_grading,
         help="Who decides the outcomes: 'none' (the rollouts' own grading: the bundled "
         "checkers), or a judge config (programmatic, rubric_vlm, ensemble) that judges them.",
         cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
@@ -99,14 +106,6 @@ class EvalConfig:
     @property
     def split(self) -> str | None:
         return self.rollout.split
-
-
-OWN_GRADING = "none"  # EvalConfig.judge.judge: the rollouts' own outcomes decide
-
-
-def judged(cfg: EvalConfig) -> bool:
-    """Whether a judge decides the evaluation's outcomes."""
-    return cfg.judge.judge != OWN_GRADING
 
 
 def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> CollectConfig:
@@ -152,13 +151,13 @@ async def run_evaluation(
     browser: Any = None,
 ) -> EvalResult:
     """Roll out, grade, summarise and store the evaluation."""
-    if judged(cfg):
+    if judges(cfg.judge):
         check_judge(cfg.judge)  # a bad judge is refused before any rollout
     policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.rollout.model, cfg.prompt_mode)
     coll = collect_config(cfg, policy.model, policy.prompt_mode)
     res = await run_collect(wh, coll, on_progress, server=server, browser=browser)
     jres, jcfg = None, dataclasses.replace(cfg.judge, run=res.run_id)
-    if judged(cfg):
+    if judges(cfg.judge):
         jres = await run_judge_async(wh, jcfg)
     ev, summary = record(
         wh,

@@ -107,6 +107,21 @@ class JudgeResult:
     shards: int = 0
 
 
+OWN_GRADING = "none"
+"""``JudgeConfig.judge`` of a stage that holds a judge config but lets the rollouts' own outcome
+(the bundled checkers at episode end) decide: an evaluation's or RL's default."""
+
+
+def own_grading() -> JudgeConfig:
+    """The judge config that judges nothing (:data:`OWN_GRADING`)."""
+    return JudgeConfig(judge=OWN_GRADING)
+
+
+def judges(cfg: JudgeConfig) -> bool:
+    """Whether ``cfg`` names a judge that decides outcomes (not :data:`OWN_GRADING`)."""
+    return cfg.judge != OWN_GRADING
+
+
 def build_judge(cfg: JudgeConfig) -> Judge:
     """The judge ``cfg`` names (:class:`ConfigError` for a missing or bad option)."""
     options = cfg.judge_options()

@@ -23,6 +23,7 @@ from curation.curriculum import horizon_at
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.config import setting
+from stages.judge import JudgeConfig, check_judge, judges, own_grading, run_judge_async
 from stages.report import markdown_table
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
@@ -345,6 +346,19 @@ class RLConfig:
         cli_fields=("scorer", "k", "candidates", "max_states", "scorer_base_url", "scorer_model"),
         prefix="prm-",
     )
+    judge: JudgeConfig = setting(
+        factory=own_grading,
+        help="The reward judge (a judge config): 'none' rewards the rollouts' own outcome (the "
+        "bundled checkers); a judge judges each iteration's rollouts and its verdicts are the "
+        "rewards (what it cannot decide gets none, never a failure's).",
+        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
+        flags={"judge": "--reward-judge"},
+        prefix="reward-judge-",
+        helps={
+            "judge": "none (reward the rollouts' own outcome: the bundled checkers), or the "
+            "judge whose verdicts are the rewards: programmatic, rubric_vlm or ensemble."
+        },
+    )
 
     def identity(self) -> dict[str, Any]:
         """What names the run: the fields RL had before its configs composed under their old
@@ -354,7 +368,7 @@ class RLConfig:
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
             if f.name not in ("rollout", "prm")
-        }
+        }  # (the judge's part is added below)
         d.update({old: getattr(self.rollout, new) for new, old in _ROLLOUT_KEYS.items()})
         d.update(_changed("rollout", self.rollout, rl_rollout(), {*_ROLLOUT_KEYS, *_ROLLOUT_SET}))
         if self.estimator in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
@@ -365,6 +379,9 @@ class RLConfig:
             d.pop("anchor_coef")
         if not self.task_pool:  # likewise
             d.pop("task_pool")
+        d.pop("judge")
+        if judges(self.judge):  # added later: runs rewarded by their own outcome keep their ids
+            d["reward_judge"] = {k: v for k, v in self.judge.identity().items() if k != "run"}
         return d
 
     @property
@@ -416,6 +433,8 @@ async def run_rl(
     makes no update; if no iteration trained, the start checkpoint is the result."""
     say = progress or (lambda _line: None)
     cfg.check()
+    if judges(cfg.judge):
+        check_judge(cfg.judge)  # a bad reward judge is refused before any rollout
     start = resolve_policy(wh, _policy_name(cfg.policy, wh), cfg.policy)
     anchor, anchor_id = _anchor(wh, cfg)
     run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
@@ -438,7 +457,8 @@ async def run_rl(
         if cfg.estimator in STEP_LEVEL:
             await _score_states(wh, cfg, it, current, col.run_id, say, server, browser)
             options["scorer"] = cfg.prm.scorer
-        turns, stats = prepare(wh, [col.run_id], cfg.estimator, **options)
+        judge = await _judge_rollouts(wh, cfg, it, col.run_id, say)
+        turns, stats = prepare(wh, [col.run_id], cfg.estimator, judge=judge, **options)
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
             f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
@@ -511,6 +531,18 @@ def _iteration(
         checkpoint_id=policy.checkpoint_id,
         stats=dict(stats),
     )
+
+
+async def _judge_rollouts(
+    wh: Warehouse, cfg: RLConfig, it: int, collect_run: str, say: Progress
+) -> str | None:
+    """The reward judge over iteration ``it``'s rollouts (stored verdicts are kept: a re-run
+    judges only what is left); its name, or None when the rollouts' own outcome rewards."""
+    if not judges(cfg.judge):
+        return None
+    res = await run_judge_async(wh, dataclasses.replace(cfg.judge, run=collect_run))
+    say(f"  rl iteration {it + 1}: reward judge {res.line}")
+    return res.judge
 
 
 def failures_first(order: list[str], status: dict[str, str], n: int) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from rollouts.prompts import BLOB_REF, PROMPT_FORMAT_VERSION
 from training.interface import DataMismatch, Turn
 from warehouse.blobs import BlobError
 from warehouse.records import INFRA_ERROR, TIMEOUT
-from warehouse.relations import with_relations
+from warehouse.relations import JUDGED_STATUS, ONE_JUDGE, with_relations
 from warehouse.store import Warehouse
 
 REWARDS = {"success": 1.0, "failure": 0.0}  # trajectory status → reward (curation uses the same)
@@ -132,27 +132,36 @@ def _png(img: Any) -> bytes:
 # -- RL: the steps of collected runs ------------------------------------------------------------
 
 
-def run_steps(wh: Warehouse, run_ids: Sequence[str]) -> pl.DataFrame:
+def run_steps(wh: Warehouse, run_ids: Sequence[str], judge: str | None = None) -> pl.DataFrame:
     """One row per stored step of the runs' trajectories: ids, group, status, reward, the task's
     site and difficulty, the prompt hash, the model output and the sampling log-prob.
 
     Reward: 1/0 for a ``success``/``failure`` status (bundled tasks are graded as they end);
     for a ``finished`` trajectory (live web), its judges' verdict (``trajectory_verdicts`` of
     :mod:`warehouse.relations`); null otherwise (unjudged, ``infra_error``, ``timeout``: such
-    turns never train). Site, difficulty, split: the task version the trajectory ran."""
+    turns never train). Site, difficulty, split: the task version the trajectory ran.
+
+    With ``judge``, the reward is that judge's verdict for every trajectory (bundled ones too);
+    one it could not decide gets none (:data:`warehouse.relations.JUDGED_STATUS`)."""
+    status = (
+        JUDGED_STATUS
+        if judge is not None
+        else "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
+        "ELSE t.status END"
+    )
+    verdicts = ONE_JUDGE if judge is not None else "LEFT JOIN trajectory_verdicts j USING (traj_id)"
     return wh.sql(
         with_relations(
             "SELECT s.traj_id, s.step_idx, t.run_id, t.task_id, t.group_id, "
-            "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
-            "ELSE t.status END AS status, k.site, k.difficulty, k.split, s.prompt_hash, "
+            f"{status} AS status, k.site, k.difficulty, k.split, s.prompt_hash, "
             "s.model_output, s.action_text, s.logprob, "
             "count(*) OVER (PARTITION BY s.traj_id) AS n_turns "
             "FROM steps s JOIN trajectories t USING (traj_id) "
             "LEFT JOIN trajectory_tasks k USING (traj_id) "
-            "LEFT JOIN trajectory_verdicts j USING (traj_id) "
+            f"{verdicts} "
             "WHERE t.run_id IN (SELECT unnest($runs)) ORDER BY s.traj_id, s.step_idx"
         ),
-        {"runs": list(run_ids)},
+        {"runs": list(run_ids), **({"judge": judge} if judge is not None else {})},
     ).with_columns(
         reward=pl.col("status").replace_strict(REWARDS, default=None, return_dtype=pl.Float64)
     )

@@ -18,7 +18,7 @@ import polars as pl
 from training.stats import breakdown, diff_interval, wilson
 from warehouse.ids import make_id
 from warehouse.records import Evaluation
-from warehouse.relations import with_relations
+from warehouse.relations import JUDGED_STATUS, ONE_JUDGE, with_relations
 from warehouse.store import Warehouse
 
 OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
@@ -55,14 +55,9 @@ def _judged_outcomes(wh: Warehouse, run_id: str, judge: str) -> pl.DataFrame:
     df = wh.sql(
         with_relations(
             "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
-            "CASE WHEN t.status IN ('infra_error', 'running') THEN t.status "
-            "WHEN j.traj_id IS NULL THEN 'unjudged' "
-            "WHEN j.error IS NOT NULL THEN 'judge_error' "
-            "WHEN j.verdict IN ('success', 'failure') THEN j.verdict "
-            "ELSE 'judge_' || coalesce(j.verdict, 'none') END AS status "
+            f"{JUDGED_STATUS} AS status "
             "FROM trajectories t LEFT JOIN trajectory_tasks k USING (traj_id) "
-            "LEFT JOIN (SELECT * FROM latest_judgments WHERE judge = $judge) j USING (traj_id) "
-            "WHERE t.run_id = $run ORDER BY t.traj_id"
+            f"{ONE_JUDGE} WHERE t.run_id = $run ORDER BY t.traj_id"
         ),
         {"run": run_id, "judge": judge},
     )

@@ -42,9 +42,14 @@ WEIGHTED = frozenset({"awr", "step_awr"})
 
 
 def prepare(
-    wh: Warehouse, run_ids: Sequence[str], estimator: str, **options: Any
+    wh: Warehouse,
+    run_ids: Sequence[str],
+    estimator: str,
+    judge: str | None = None,
+    **options: Any,
 ) -> tuple[list[Turn], dict[str, Any]]:
-    """Turns with advantages for ``estimator`` over the runs' trajectories, and counts."""
+    """Turns with advantages for ``estimator`` over the runs' trajectories, and counts. With
+    ``judge`` (trajectory-level estimators), the rewards are that judge's verdicts."""
     if estimator not in ESTIMATOR_OPTIONS:
         raise DataMismatch(
             f"unknown advantage estimator {estimator!r}; known: {sorted(ESTIMATOR_OPTIONS)}"
@@ -52,7 +57,7 @@ def prepare(
     if estimator in STEP_LEVEL:
         frame = candidate_frame(wh, run_ids, options.pop("scorer", None), estimator)
     else:
-        frame = run_steps(wh, run_ids)
+        frame = run_steps(wh, run_ids, judge)
     rewarded = frame.filter(pl.col("reward").is_not_null())
     stats = {
         "rows": frame.height,

@@ -86,6 +86,21 @@ def _trajectory_verdicts(table: Table) -> str:
     )
 
 
+JUDGED_STATUS = (
+    "CASE WHEN t.status IN ('infra_error', 'running') THEN t.status "
+    "WHEN j.traj_id IS NULL THEN 'unjudged' "
+    "WHEN j.error IS NOT NULL THEN 'judge_error' "
+    "WHEN j.verdict IN ('success', 'failure') THEN j.verdict "
+    "ELSE 'judge_' || coalesce(j.verdict, 'none') END"
+)
+"""A trajectory's outcome by one judge (``t``: the trajectory, ``j``: that judge's row of
+``latest_judgments``, joined as :data:`ONE_JUDGE`): its verdict; what it could not decide is
+``judge_error`` (``unjudged``, ``judge_<verdict>``), never a failure; an infrastructure error
+or a running trajectory stays what it is. Judged evaluations and judge-rewarded RL read it."""
+
+ONE_JUDGE = "LEFT JOIN (SELECT * FROM latest_judgments WHERE judge = $judge) j USING (traj_id)"
+
+
 RELATIONS: dict[str, Callable[[Table], str]] = {
     "trajectory_tasks": _trajectory_tasks,
     "latest_judgments": _latest("traj_id", "judge"),

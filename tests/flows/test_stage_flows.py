@@ -12,6 +12,7 @@ The flows run as users run them: each stage that needs the sites or a browser st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def eval_sft(home: str, sft: tuple) -> tuple[Any, str]:
     return run(evaluate_flow, cfg, home)
 
 
-_ROLLOUT = {"samples", "n_tasks", "seed", "temperature"}
+_ROLLOUT = {"samples", "n_tasks", "seed", "temperature", "max_steps"}
 
 
 def _rl(sft: tuple, **kw: Any) -> RLConfig:
@@ -272,6 +273,59 @@ def test_train_rl(home: str, sft: tuple, dataset: tuple, rl: tuple):
     assert sql(home, q, [out.training_run_id])[0][0] == it.steps_run > 0
     assert out.checkpoint_id != sft[0].checkpoint_id
     assert "## Iterations" in artifact("training-rl", fr)
+
+
+def test_train_rl_rewards_are_the_reward_judges_verdicts(home: str, sft: tuple):
+    """``--reward-judge rubric_vlm``: each iteration's rollouts are judged by a rubric judge
+    over a local OpenAI-protocol server (a stand-in for a paid judge model, its verdicts scripted
+    per task: success, and a reply it cannot parse for one task). The rewards are its verdicts,
+    not the checkers' outcomes; the trajectories it could not decide get no reward."""
+    from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+
+    seed = 6
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""), read_only=True) as wh:
+        from stages.collect import select_tasks
+
+        tasks = select_tasks(wh, CollectConfig(n_tasks=2, seed=seed))
+    undecided = tasks[0].instruction
+
+    def model(body):
+        text = last_user_text(body)
+        if "List the key points" in text:
+            return "1. do what the task asks"
+        return "no verdict" if undecided in text else json.dumps({"verdict": "success"})
+
+    with FakeOpenAI([], default=("fn", model)) as fake:
+        judge = {
+            "judge": "rubric_vlm",
+            "base_url": fake.url,
+            "model": "rm",
+            "selection": "heuristic",
+        }
+        cfg = _rl(sft, estimator="grpo", samples=2, n_tasks=2, seed=seed, judge=judge)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_steps=2))
+        out, _ = run(train_rl_flow, cfg, home)
+    [it] = out.iterations
+    statuses = dict(
+        sql(home, "SELECT traj_id, status FROM trajectories WHERE run_id = ?", [it.collect_run])
+    )
+    assert set(statuses.values()) != {"success"}  # two steps: the checkers say failure
+    verdicts = dict(
+        sql(
+            home,
+            "SELECT j.traj_id, coalesce(j.verdict, 'error') FROM judgments j JOIN trajectories t "
+            "USING (traj_id) WHERE t.run_id = ? AND j.judge = 'rubric_vlm'",
+            [it.collect_run],
+        )
+    )
+    assert sorted(verdicts.values()) == ["error", "error", "success", "success"]
+    assert it.trajectories == 4 and it.mean_reward == 1.0  # the judge's, not the checkers'
+    assert it.stats["rewarded_rows"] < it.stats["rows"]  # the undecided task's turns: no reward
+    config = _json(
+        sql(home, "SELECT config FROM training_runs WHERE training_run_id = ?",
+            [out.training_run_id])[0][0]
+    ) if out.training_run_id else cfg.identity()  # fmt: skip
+    assert config["reward_judge"]["judge"] == "rubric_vlm"
 
 
 def test_train_rl_without_a_learning_signal_leaves_the_policy_unchanged(home: str, sft: tuple):
