@@ -244,3 +244,47 @@ def test_a_judged_evaluation_records_its_judge_and_leaves_what_it_could_not_deci
     with pytest.raises(ConfigError, match="judge 'nope'"):
         evaluate({"judge": "nope"})
     assert wh.sql("SELECT count(*) FROM runs").item() == n_runs  # refused before any rollout
+
+
+@pytest.mark.browser
+def test_an_imported_suite_is_evaluated_by_its_judge(server, chromium, wh: Warehouse):
+    """A suite with no checker (tasks as an import stores them: a plain web start URL, here a
+    bundled site's, and a rubric) ends its episodes ``finished``: the rollouts' own grading has
+    no outcome for them, the rubric judge (a local OpenAI-protocol stand-in, verdicts scripted)
+    decides them."""
+    from stages.config import config_from_mapping
+    from stages.evaluate import EvalConfig, run_evaluation
+    from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+    from warehouse.records import Task
+    from warehouse.tasks import put_tasks
+
+    shop = server.urls["shop"]
+    put_tasks(
+        wh,
+        [
+            Task(task_id=f"local/{i}", suite="local-rubric", split="test", site="shop",
+                 instruction=text, start_url=f"{shop}/", rubric=["the page shows it"])
+            for i, text in enumerate(["Find a kettle", "Find a mug"])
+        ],
+    )  # fmt: skip
+    rollout = {"policy": "random", "suite": "local-rubric", "split": "test", "n_tasks": 2}
+    rollout.update(max_steps=2, concurrency=2)
+
+    def evaluate(judge: dict | None = None):
+        data = {"rollout": rollout, **({"judge": judge} if judge else {})}
+        cfg = config_from_mapping(EvalConfig, data)
+        return chromium.run(run_evaluation(wh, cfg, server=server, browser=chromium.browser))
+
+    own = evaluate()
+    assert own.summary.n == 0 and sum(own.summary.excluded.values()) == 2  # no outcome
+
+    def model(body):
+        text = last_user_text(body)
+        if "List the key points" in text:
+            return "1. the page shows it"
+        return json.dumps({"verdict": "success" if "kettle" in text else "failure"})
+
+    with FakeOpenAI([], default=("fn", model)) as fake:
+        judged = evaluate({"judge": "rubric_vlm", "base_url": fake.url, "model": "j"})
+    assert judged.run_id == own.run_id and judged.evaluation.suite == "local-rubric"
+    assert (judged.summary.n, judged.summary.n_success) == (2, 1)
