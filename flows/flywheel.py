@@ -36,6 +36,7 @@ curate = task(name="curate", retries=1, retry_delay_seconds=2, cache_policy=NO_C
 train = task(name="train", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(
     stage.train_round
 )
+rl = task(name="rl", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.rl_round)
 evaluate = task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.evaluate_checkpoint)
 
 
@@ -73,9 +74,11 @@ def run_round(
     dataset = curate(home, cfg, n)
     start = "ranker" if n == 1 else policy
     trained = train(home, cfg, dataset["dataset_id"], start)
-    after = evaluate(home, cfg, trained.checkpoint, lent)
+    rl_res = rl(home, cfg, n, trained, dataset["dataset_id"], lent) if cfg.train_rl else None
+    final = rl_res if rl_res is not None else trained
+    after = evaluate(home, cfg, final.checkpoint, lent)
     r = stage.round_record(
-        n, collected, judged, scored, intervened, dataset, trained, before, after
+        n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res
     )
     r["markdown"] = publish(cfg, r)
     return r

@@ -50,7 +50,7 @@ from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import JudgeConfig, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
-from stages.train import SFTConfig, TrainResult, run_sft
+from stages.train import RLConfig, SFTConfig, TrainResult, rl_rollout, run_rl, run_sft
 from training.evaluate import compare
 from warehouse import Warehouse, WarehouseConfig, migrations
 from warehouse.ids import make_id
@@ -102,6 +102,22 @@ def flywheel_eval() -> CollectConfig:
     """Each round's evaluation rollouts by default: greedy on 24 held-out ``test`` tasks."""
     return dataclasses.replace(
         eval_rollout(), split="test", n_tasks=24, max_steps=24, action_timeout_s=1.5
+    )
+
+
+ROUND_SFT = "(the round's SFT checkpoint)"
+"""``FlywheelConfig.rl.policy``: each round's RL starts from that round's SFT checkpoint."""
+
+
+def flywheel_rl() -> RLConfig:
+    """Each round's RL stage by default (with ``train_rl``): one GRPO iteration from the round's
+    SFT checkpoint, G = 4 samples on 8 ``train`` tasks, the SFT loss on the round's dataset as
+    the anchor (PPO-ptx: what the batch leaves out is not forgotten)."""
+    rollout = dataclasses.replace(
+        rl_rollout(), n_tasks=8, samples=4, max_steps=24, action_timeout_s=1.5
+    )
+    return RLConfig(
+        policy=ROUND_SFT, estimator="grpo", iterations=1, anchor_coef=1.0, rollout=rollout
     )
 
 
@@ -171,6 +187,18 @@ class FlywheelConfig:
         cli_fields=("n_tasks", "samples", "temperature"),
         flags={"n_tasks": "--policy-tasks", "samples": "--group-size"},
     )
+    train_rl: bool = setting(
+        False,
+        help="After each round's SFT, on-policy RL from its checkpoint (the rl config); the "
+        "round's policy is then RL's checkpoint.",
+    )
+    rl: RLConfig = setting(
+        factory=flywheel_rl,
+        help="Each round's RL stage with train_rl (an RL config; its policy and anchor dataset "
+        "are the round's; defaults: flywheel_rl).",
+        cli_fields=("estimator", "iterations", "lr", "kl_coef", "anchor_coef"),
+        prefix="rl-",
+    )
     eval: CollectConfig = setting(
         factory=flywheel_eval,
         help="Each round's evaluation rollouts (a collect config; defaults: flywheel_eval).",
@@ -185,8 +213,10 @@ class FlywheelConfig:
         d = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("expert", "rollout", "eval", "concurrency")
+            if f.name not in ("expert", "rollout", "eval", "concurrency", "train_rl", "rl")
         }
+        if self.train_rl:  # added later: flywheels without RL keep their ids
+            d["rl"] = self.rl.identity()
         d.update({old: getattr(getattr(self, c), f) for old, (c, f) in _OLD_KEYS.items()})
         known = {(c, f) for c, f in _OLD_KEYS.values()}
         # one action timeout for every stage was one setting (action_timeout_s, the rollout's now)
@@ -458,6 +488,31 @@ def train_round(home: str | None, cfg: FlywheelConfig, dataset_id: str, start: s
         return run_sft(wh, scfg)
 
 
+def rl_round(
+    home: str | None,
+    cfg: FlywheelConfig,
+    round_: int,
+    sft: TrainResult,
+    dataset_id: str,
+    lent: Lent | None = None,
+) -> TrainResult:
+    """Round ``round_``'s RL (``cfg.rl``) from its SFT checkpoint, anchored by its dataset, on
+    another seeded subset of train tasks; resumes by its run id. Without an update (no batch had
+    a learning signal) the result is the SFT checkpoint."""
+    rcfg = rl_config(cfg, round_, str(sft.checkpoint), dataset_id)
+    with _open(home) as wh:
+        return _run(lent, lambda **kw: run_rl(wh, rcfg, None, **kw))
+
+
+def rl_config(cfg: FlywheelConfig, round_: int, checkpoint: str, dataset_id: str) -> RLConfig:
+    """``cfg.rl`` for round ``round_``: from ``checkpoint``, anchored by ``dataset_id``."""
+    rollout = dataclasses.replace(
+        cfg.rl.rollout, seed=cfg.seed + 1000 + round_, concurrency=cfg.concurrency
+    )
+    anchor = dataset_id if cfg.rl.anchor_coef else None
+    return dataclasses.replace(cfg.rl, policy=checkpoint, anchor_dataset=anchor, rollout=rollout)
+
+
 def evaluate_checkpoint(
     home: str | None, cfg: FlywheelConfig, checkpoint: str, lent: Lent | None = None
 ) -> dict[str, Any]:
@@ -514,6 +569,7 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in ds["counts"].items())
         + " |",
         f"| checkpoint | {r['trained']['checkpoint_id']} (from {r['start']}) |",
+        *([f"| RL | {_rl_line(r['rl'])} |"] if r.get("rl") else []),
         f"| success before ({b['label']}) | {eval_line(b)} |",
         f"| success after (round {n}) | {eval_line(a)} |",
         f"| difference | {100 * d['diff']:+.1f} points "
@@ -522,6 +578,17 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
         + " |",
     ]
     return "\n".join(rows)
+
+
+def _rl_line(rl: dict[str, Any]) -> str:
+    its = "; ".join(
+        f"iteration {i['iteration']}: mean reward {i['mean_reward']:.2f}, "
+        f"{i['nonzero_advantage']}/{i['turns']} turns with a signal"
+        for i in rl["iterations"]
+    )
+    if rl["training_run_id"] is None:
+        return f"no update (no batch had a learning signal): {its}"
+    return f"{rl['training_run_id']} → {rl['checkpoint_id']}: {its}"
 
 
 def _iv_line(iv: dict[str, Any] | None) -> str:
@@ -575,8 +642,11 @@ def round_record(
     trained: TrainResult,
     before: dict[str, Any],
     after: dict[str, Any],
+    rl: TrainResult | None = None,
 ) -> dict[str, Any]:
-    """What round ``n`` did, from its stages' results (the round's artifact shows it)."""
+    """What round ``n`` did, from its stages' results (the round's artifact shows it);
+    ``trained`` is the SFT result, ``rl`` RL's (its checkpoint is then the round's)."""
+    final = rl if rl is not None else trained
     return {
         "round": n,
         "collected": {k: dataclasses.asdict(c) for k, c in collected.items()},
@@ -586,11 +656,23 @@ def round_record(
         "dataset": dataset,
         "start": "a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint",
         "trained": {
+            "training_run_id": final.training_run_id,
+            "checkpoint_id": final.checkpoint_id,
+            "checkpoint": final.checkpoint,
+        },
+        "sft": {
             "training_run_id": trained.training_run_id,
             "checkpoint_id": trained.checkpoint_id,
             "checkpoint": trained.checkpoint,
         },
-        "steps_run": trained.steps_run,
+        "rl": None
+        if rl is None
+        else {
+            "training_run_id": rl.training_run_id,  # None: no batch had a learning signal
+            "checkpoint_id": rl.checkpoint_id,
+            "iterations": [dataclasses.asdict(i) for i in rl.iterations],
+        },
+        "steps_run": trained.steps_run + (rl.steps_run if rl is not None else 0),
         "before": before,
         "after": {**after, "label": f"round {n}"},
         "delta": compare(before, after),
