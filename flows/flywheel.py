@@ -67,7 +67,7 @@ def run_round(
         runs["expert"] = stage.expert_config(cfg)
     runs["policy"] = stage.policy_config(cfg, n, policy)
     collected: dict[str, CollectResult] = {k: collect(home, c, lent) for k, c in runs.items()}
-    judged = {k: judge(home, c.run_id) for k, c in collected.items()}
+    judged = {k: judge(home, cfg, c.run_id) for k, c in collected.items()}
     main = collected["expert" if n == 1 else "policy"].run_id
     scored = score(home, cfg, main, lent)
     intervened = intervene(home, cfg, n, collected["policy"].run_id, lent)

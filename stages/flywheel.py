@@ -47,7 +47,7 @@ from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
 from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
-from stages.judge import JudgeConfig, run_judge
+from stages.judge import JudgeConfig, check_judge, judges, own_grading, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.train import RLConfig, SFTConfig, TrainResult, rl_rollout, run_rl, run_sft
@@ -103,6 +103,19 @@ def flywheel_eval() -> CollectConfig:
     return dataclasses.replace(
         eval_rollout(), split="test", n_tasks=24, max_steps=24, action_timeout_s=1.5
     )
+
+
+_NESTED_OR_LATER = {"expert", "rollout", "eval", "concurrency", "train_rl", "rl", "judge"}
+_NESTED_OR_LATER |= {"eval_judge"}
+
+
+def programmatic() -> JudgeConfig:
+    """The flywheel's judge by default: the bundled sites' checkers."""
+    return JudgeConfig(judge="programmatic")
+
+
+def _judge_identity(cfg: JudgeConfig) -> dict[str, Any]:
+    return {k: v for k, v in cfg.identity().items() if k != "run"}
 
 
 ROUND_SFT = "(the round's SFT checkpoint)"
@@ -199,6 +212,23 @@ class FlywheelConfig:
         cli_fields=("estimator", "iterations", "lr", "kl_coef", "anchor_coef"),
         prefix="rl-",
     )
+    judge: JudgeConfig = setting(
+        factory=programmatic,
+        help="The judge of every round's rollouts, whose successes the default recipe keeps (a "
+        "judge config; the default: the bundled checkers, programmatic).",
+        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
+        flags={"judge": "--judge"},
+        prefix="judge-",
+    )
+    eval_judge: JudgeConfig = setting(
+        factory=own_grading,
+        help="Who decides the evaluations' outcomes: 'none' (the rollouts' own grading: the "
+        "bundled checkers) or a judge config.",
+        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
+        flags={"judge": "--eval-judge"},
+        prefix="eval-judge-",
+        helps={"judge": "none (the rollouts' own grading) or the evaluations' judge."},
+    )
     eval: CollectConfig = setting(
         factory=flywheel_eval,
         help="Each round's evaluation rollouts (a collect config; defaults: flywheel_eval).",
@@ -213,10 +243,14 @@ class FlywheelConfig:
         d = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("expert", "rollout", "eval", "concurrency", "train_rl", "rl")
+            if f.name not in _NESTED_OR_LATER
         }
         if self.train_rl:  # added later: flywheels without RL keep their ids
             d["rl"] = self.rl.identity()
+        if self.judge != programmatic():  # likewise
+            d["judge"] = _judge_identity(self.judge)
+        if judges(self.eval_judge):  # likewise
+            d["eval_judge"] = _judge_identity(self.eval_judge)
         d.update({old: getattr(getattr(self, c), f) for old, (c, f) in _OLD_KEYS.items()})
         known = {(c, f) for c, f in _OLD_KEYS.values()}
         # one action timeout for every stage was one setting (action_timeout_s, the rollout's now)
@@ -242,8 +276,10 @@ class FlywheelConfig:
         return make_id("flywheel", self.identity())
 
     def load_recipe(self) -> Recipe:
+        """The configured recipe, or the default one keeping the successes of ``judge``."""
         if self.recipe is None:
-            return parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
+            text = DEFAULT_RECIPE.replace("[programmatic]", f"[{self.judge.judge}]")
+            return parse_recipe(text, "stages/flywheel.py:DEFAULT_RECIPE")
         return load_recipe(Path(self.recipe))
 
     def horizon(self, round_: int) -> int:
@@ -271,6 +307,9 @@ class FlywheelConfig:
                     f"{name}.suite: {getattr(self, name).suite!r}; this flywheel generates and "
                     "grades the bundled suite (its expert teacher and exact PRM need it)"
                 )
+        check_judge(self.judge)
+        if judges(self.eval_judge):
+            check_judge(self.eval_judge)
         if self.recipe is not None and not Path(self.recipe).is_file():
             raise FlywheelError(f"--recipe {self.recipe}: no such file")
         self.load_recipe()  # a RecipeError names the line
@@ -383,10 +422,10 @@ def collect_run(home: str | None, ccfg: CollectConfig, lent: Lent | None = None)
         return _run(lent, lambda **kw: run_collect(wh, ccfg, **kw))
 
 
-def judge_run(home: str | None, run_id: str) -> dict[str, Any]:
-    """The programmatic judge over the run's backlog."""
+def judge_run(home: str | None, cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
+    """The flywheel's judge (``cfg.judge``) over the run's backlog."""
     with _open(home) as wh:
-        return dataclasses.asdict(run_judge(wh, JudgeConfig(judge="programmatic", run=run_id)))
+        return dataclasses.asdict(run_judge(wh, dataclasses.replace(cfg.judge, run=run_id)))
 
 
 def score_run(
@@ -513,12 +552,17 @@ def rl_config(cfg: FlywheelConfig, round_: int, checkpoint: str, dataset_id: str
     return dataclasses.replace(cfg.rl, policy=checkpoint, anchor_dataset=anchor, rollout=rollout)
 
 
+def eval_config(cfg: FlywheelConfig, checkpoint: str) -> EvalConfig:
+    """A round's evaluation of ``checkpoint``: ``cfg.eval``'s rollouts, ``cfg.eval_judge``."""
+    rollout = dataclasses.replace(cfg.eval, seed=cfg.seed, concurrency=cfg.concurrency)
+    return EvalConfig(checkpoint=checkpoint, rollout=rollout, judge=cfg.eval_judge)
+
+
 def evaluate_checkpoint(
     home: str | None, cfg: FlywheelConfig, checkpoint: str, lent: Lent | None = None
 ) -> dict[str, Any]:
     """The checkpoint, greedy, on held-out tasks: success with a 95% Wilson interval."""
-    rollout = dataclasses.replace(cfg.eval, seed=cfg.seed, concurrency=cfg.concurrency)
-    ecfg = EvalConfig(checkpoint=checkpoint, rollout=rollout)
+    ecfg = eval_config(cfg, checkpoint)
     with _open(home) as wh:
         res = _run(lent, lambda **kw: run_evaluation(wh, ecfg, **kw))
     s = res.summary

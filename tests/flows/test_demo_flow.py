@@ -4,6 +4,7 @@ everything done and starts nothing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,38 @@ def test_every_preset_loads_and_checks():
     assert [p.name for p in presets] == ["demo.yaml"]
     for path in presets:
         load_config(FlywheelConfig, path).check()
+
+
+def test_the_flywheel_s_judges_are_configs(tmp_path):
+    """The rollouts' judge (whose successes the default recipe keeps) and the evaluations' judge
+    are judge configs: a rubric judge on a local OpenAI-protocol stand-in judges a run's
+    trajectories; the default recipe names it; the evaluations take theirs; a bad judge is
+    refused before anything starts; the defaults keep the flywheel's id."""
+    from flows.demo import demo_config
+    from stages.flywheel import eval_config, judge_run
+    from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+    from warehouse import Warehouse, WarehouseConfig, sample
+    from warehouse.config import ConfigError
+
+    def model(body):
+        if "List the key points" in last_user_text(body):
+            return "1. done"
+        return json.dumps({"verdict": "success"})
+
+    home = str(tmp_path / "home")
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        data = sample.generate(seed=4, n_tasks=2, samples=1)
+        sample.load(wh, data)
+    with FakeOpenAI([], default=("fn", model)) as fake:
+        rubric = {"judge": "rubric_vlm", "base_url": fake.url, "model": "j", "k": 2}
+        cfg = demo_config(judge=rubric, eval_judge=rubric)
+        cfg.check()
+        out = judge_run(home, cfg, data.run.run_id)
+    assert out["judge"] == "rubric_vlm" and out["judged"] == len(data.trajectories)
+    [verdict] = [f for f in cfg.load_recipe().filters if f.name == "verdict"]
+    assert verdict.params.judges == ("rubric_vlm",)
+    assert eval_config(cfg, "ck").judge.judge == "rubric_vlm"
+    assert eval_config(demo_config(), "ck").judge.judge == "none"  # the rollouts' own grading
+    assert cfg.flywheel_id != demo_config().flywheel_id == demo_config(judge={}).flywheel_id
+    with pytest.raises(ConfigError, match="judge 'nope'"):
+        demo_config(judge={"judge": "nope"}).check()
