@@ -32,6 +32,7 @@ from stages.config import (
     is_config,
     load_config,
     nested_fields,
+    where_in_file,
 )
 
 CONFIG_HELP = "A YAML file of this command's settings (options given here override it)."
@@ -172,6 +173,25 @@ def build_config(cls: type, ctx: typer.Context, path: Path | None, values: dict[
     return cfg
 
 
+def _check(cfg: Any, path: Path | None) -> None:
+    """The config's own check of settings that cannot work together (``cfg.check()``, where it
+    has one), before the command runs; an error naming a field names the file's line too."""
+    check = getattr(cfg, "check", None)
+    if not callable(check):
+        return
+    try:
+        check()
+    except ValueError as exc:
+        from curation.recipe import RecipeError
+        from training.interface import DataMismatch
+
+        if not isinstance(exc, ConfigError | RecipeError | DataMismatch):
+            raise
+        if path is None:
+            raise ConfigError(str(exc)) from None
+        raise ConfigError(where_in_file(path, str(exc))) from None
+
+
 def _nested_class(cls: type, outer: str) -> type:
     return dict((f.name, tp) for f, tp in nested_fields(cls))[outer]
 
@@ -238,6 +258,7 @@ def config_command(
             return None
         path = values.pop("config", None)
         cfg = build_config(cls, ctx, path, {k: v for k, v in values.items() if k in names})
+        _check(cfg, path)
         return run_body(body, cfg, **{k: v for k, v in values.items() if k not in names})
 
     params = [ctx_param, config_param, *fields, *extra]

@@ -250,6 +250,19 @@ def with_settings(cfg: C, changes: Mapping[str, Any]) -> C:
     return out
 
 
+def where_in_file(path: str | Path, error: str) -> str:
+    """``error`` (``"rollout.policy: …"``, a check naming a field path) prefixed with the file
+    and the line that sets that field (or its nearest enclosing one): ``"run.yaml:4: …"``."""
+    field = error.split(": ", 1)[0]
+    if not field or " " in field:
+        return f"{path}: {error}"
+    try:
+        _data, lines = read_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    except (OSError, YamlError):
+        return f"{path}: {error}"
+    return f"{path}:{line_of(lines, tuple(field.split('.')))}: {error}"
+
+
 def dump_config(cfg: Any) -> str:
     """``cfg`` as YAML that :func:`load_config` reads back to an equal config."""
     return yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False, allow_unicode=True)

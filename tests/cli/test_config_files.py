@@ -206,3 +206,17 @@ def test_a_run_from_a_config_file_names_the_same_run_and_writes_the_same_rows(
             runs = wh.sql("SELECT run_id, config FROM runs WHERE kind = 'judge'").rows()
         rows.append((judged, [r[0] for r in runs]))
     assert rows[0] == rows[1] and len(rows[0][0]) >= 4 and len(rows[0][1]) == 1
+
+
+def test_settings_that_cannot_work_together_are_refused_naming_the_line(
+    home: Path, tmp_path: Path, configs: list[Any]
+) -> None:
+    """A config's own check (settings valid alone, not together) runs before the command does;
+    from a file, the error names the line that sets the field."""
+    file = tmp_path / "fw.yaml"
+    file.write_text("rounds: 1\nrollout:\n  n_tasks: 4\n  policy: hf\n")
+    res = webloop(home, "flywheel", "--config", str(file), ok=False)
+    assert res.returncode == 2 and "fw.yaml:4: rollout.policy: 'hf'" in res.stderr, res.stderr
+    res = webloop(home, "train", "rl", "--policy", "ck-1", "--anchor-coef", "0.5", ok=False)
+    assert res.returncode == 2 and "anchor_coef 0.5 needs an anchor dataset" in res.stderr
+    assert configs == []  # neither command ran
