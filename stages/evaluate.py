@@ -28,8 +28,8 @@ from stages.judge import (
     JudgeConfig,
     JudgeResult,
     check_judge,
+    judge_setting,
     judges,
-    own_grading,
     run_judge_async,
 )
 from stages.report import markdown_table, percent
@@ -63,17 +63,11 @@ class EvalConfig:
         min=0,
         max=1000,
     )
-    judge: JudgeConfig = setting(
-        factory=own_grading,
-        help="Who decides the outcomes: 'none' (the rollouts' own grading: the bundled "
-        "checkers), or a judge config (programmatic, rubric_vlm, ensemble) that judges them.",
-        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
-        flags={"judge": "--judge"},
+    judge: JudgeConfig = judge_setting(
+        "Who decides the outcomes: 'none' (the rollouts' own grading: the bundled checkers), "
+        "or a judge config (programmatic, rubric_vlm, ensemble) that judges them.",
+        flag="--judge",
         prefix="judge-",
-        helps={
-            "judge": "none (the rollouts' own grading: the bundled checkers), or a judge that "
-            "decides the outcomes: programmatic, rubric_vlm or ensemble."
-        },
     )
     rollout: CollectConfig = setting(
         factory=eval_rollout,

@@ -47,7 +47,7 @@ from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
 from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
-from stages.judge import JudgeConfig, check_judge, judges, own_grading, run_judge
+from stages.judge import JudgeConfig, check_judge, judge_setting, judges, run_judge
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.train import RLConfig, SFTConfig, TrainResult, rl_rollout, run_rl, run_sft
@@ -212,22 +212,18 @@ class FlywheelConfig:
         cli_fields=("estimator", "iterations", "lr", "kl_coef", "anchor_coef"),
         prefix="rl-",
     )
-    judge: JudgeConfig = setting(
-        factory=programmatic,
-        help="The judge of every round's rollouts, whose successes the default recipe keeps (a "
+    judge: JudgeConfig = judge_setting(
+        "The judge of every round's rollouts, whose successes the default recipe keeps (a "
         "judge config; the default: the bundled checkers, programmatic).",
-        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
-        flags={"judge": "--judge"},
+        flag="--judge",
         prefix="judge-",
+        factory=programmatic,
     )
-    eval_judge: JudgeConfig = setting(
-        factory=own_grading,
-        help="Who decides the evaluations' outcomes: 'none' (the rollouts' own grading: the "
+    eval_judge: JudgeConfig = judge_setting(
+        "Who decides the evaluations' outcomes: 'none' (the rollouts' own grading: the "
         "bundled checkers) or a judge config.",
-        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
-        flags={"judge": "--eval-judge"},
+        flag="--eval-judge",
         prefix="eval-judge-",
-        helps={"judge": "none (the rollouts' own grading) or the evaluations' judge."},
     )
     eval: CollectConfig = setting(
         factory=flywheel_eval,

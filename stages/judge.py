@@ -122,6 +122,28 @@ def judges(cfg: JudgeConfig) -> bool:
     return cfg.judge != OWN_GRADING
 
 
+JUDGE_CLI_FIELDS = ("judge", "base_url", "model", "k", "selection", "members", "rule")
+
+
+def judge_setting(help: str, flag: str, prefix: str, factory: Any = own_grading) -> Any:
+    """A stage config's field holding a judge config (an evaluation's, RL's reward judge, the
+    flywheel's): its options ``flag`` (the judge) and ``--{prefix}base-url``, ``…model``, …"""
+    helps = None
+    if factory is own_grading:
+        helps = {
+            "judge": "none (the rollouts' own grading: the bundled checkers), or the judge that "
+            "decides: programmatic, rubric_vlm or ensemble."
+        }
+    return setting(
+        factory=factory,
+        help=help,
+        cli_fields=JUDGE_CLI_FIELDS,
+        flags={"judge": flag},
+        prefix=prefix,
+        helps=helps,
+    )
+
+
 def build_judge(cfg: JudgeConfig) -> Judge:
     """The judge ``cfg`` names (:class:`ConfigError` for a missing or bad option)."""
     options = cfg.judge_options()

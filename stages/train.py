@@ -23,7 +23,7 @@ from curation.curriculum import horizon_at
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.config import setting
-from stages.judge import JudgeConfig, check_judge, judges, own_grading, run_judge_async
+from stages.judge import JudgeConfig, check_judge, judge_setting, judges, run_judge_async
 from stages.report import markdown_table
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
@@ -346,18 +346,12 @@ class RLConfig:
         cli_fields=("scorer", "k", "candidates", "max_states", "scorer_base_url", "scorer_model"),
         prefix="prm-",
     )
-    judge: JudgeConfig = setting(
-        factory=own_grading,
-        help="The reward judge (a judge config): 'none' rewards the rollouts' own outcome (the "
+    judge: JudgeConfig = judge_setting(
+        "The reward judge (a judge config): 'none' rewards the rollouts' own outcome (the "
         "bundled checkers); a judge judges each iteration's rollouts and its verdicts are the "
         "rewards (what it cannot decide gets none, never a failure's).",
-        cli_fields=("judge", "base_url", "model", "k", "selection", "members", "rule"),
-        flags={"judge": "--reward-judge"},
+        flag="--reward-judge",
         prefix="reward-judge-",
-        helps={
-            "judge": "none (reward the rollouts' own outcome: the bundled checkers), or the "
-            "judge whose verdicts are the rewards: programmatic, rubric_vlm or ensemble."
-        },
     )
 
     def identity(self) -> dict[str, Any]:
