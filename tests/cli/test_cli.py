@@ -7,9 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -181,36 +178,20 @@ def test_tasks_generate_list_and_import(tmp_path: Path):
 
 @pytest.mark.slow  # a server process
 def test_sites_serve_prints_urls_and_keeps_the_secret_private(tmp_path: Path):
-    import re
     import signal
-    import time
 
     import httpx
 
+    from tests.sites.serve_process import serve_until_ready
+
     h = tmp_path / "h"
-    env = {**os.environ, "WEBLOOP_HOME": str(h), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.app", "sites", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, urls = serve_until_ready(h)
     try:
-        urls = {}
-        deadline = time.monotonic() + 60
-        while len(urls) < 4 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            m = re.match(r"(\w+)\s+(http://127\.0\.0\.1:\d+)", line)
-            if m:
-                urls[m.group(1)] = m.group(2)
         assert set(urls) == {"shop", "travel", "wiki", "mail"}
         assert httpx.get(urls["wiki"] + "/").status_code == 200
+        # written before the URLs are printed: there is nothing to wait for
         secret_file = h / "sites.secret"
-        deadline = time.monotonic() + 60
-        while not (secret_file.exists() and secret_file.read_text()):
-            assert time.monotonic() < deadline, "sites serve wrote no secret file"
-            time.sleep(0.05)
+        assert secret_file.read_text(), "sites serve wrote no secret file"
         assert secret_file.stat().st_mode & 0o077 == 0  # only the owner may read it
         r = httpx.get(
             urls["mail"] + "/__webloop/state?session=x",

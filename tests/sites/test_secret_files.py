@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from sites.secret_files import SecretFileError, read_secret_file, write_secret_file
-
-
-def _serve_until_ready(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
-    env = {**os.environ, "WEBLOOP_HOME": str(home), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.app", "sites", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    urls: dict[str, str] = {}
-    deadline = time.monotonic() + 60
-    while len(urls) < 4 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise AssertionError(proc.stderr.read())
-        m = re.match(r"(\w+)\s+(http://127\.0\.0\.1:\d+)", line)
-        if m:
-            urls[m.group(1)] = m.group(2)
-    return proc, urls
+from tests.sites.serve_process import serve_until_ready
 
 
 @pytest.mark.slow  # a server process
@@ -44,7 +20,7 @@ def test_sites_serve_replaces_a_readable_secret_file_and_a_planted_link(tmp_path
     secret = home / "sites.secret"
     secret.write_text("old secret")
     secret.chmod(0o644)  # left world-readable by an earlier version, or by hand
-    proc, urls = _serve_until_ready(home)
+    proc, urls = serve_until_ready(home)
     try:
         assert set(urls) == {"shop", "travel", "wiki", "mail"}
         assert secret.stat().st_mode & 0o777 == 0o600
@@ -63,7 +39,7 @@ def test_sites_serve_replaces_a_readable_secret_file_and_a_planted_link(tmp_path
     victim.write_text("do not overwrite")
     secret.unlink()
     secret.symlink_to(victim)
-    proc, urls = _serve_until_ready(home)
+    proc, urls = serve_until_ready(home)
     try:
         assert len(urls) == 4
         assert victim.read_text() == "do not overwrite"
