@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from cli import app as cli
 from sites.secret_files import SecretFileError
+from tests.cli.cli_runner import webloop
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.blobs import BlobCorruptError, BlobError
 from warehouse.config import ConfigError
@@ -92,18 +93,8 @@ def test_known_choices_reach_the_flow(tmp_path: Path, no_flows: list[str]):
 
 def run_main(home: Path, *args: str) -> tuple[int, str, str]:
     """``webloop ARGS`` through the console entry point, in this process."""
-    argv = sys.argv
-    env = {"WEBLOOP_HOME": str(home), "WEBLOOP_WAREHOUSE": None, "COLUMNS": "300"}
-    with CliRunner().isolation(env=env) as (out, err, _):
-        sys.argv = ["webloop", *args]
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            sys.argv = argv
-        return code, out.getvalue().decode(), err.getvalue().decode()
+    res = webloop(home, *args, ok=False)
+    return res.returncode, res.stdout, res.stderr
 
 
 def test_a_runtime_failure_is_one_line_exit_1_with_the_traceback_in_the_log(
