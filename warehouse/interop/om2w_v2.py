@@ -31,7 +31,7 @@ import base64
 import binascii
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,6 @@ class V2Steps:
     shots: list[str]
     answer: str | None
     reference_length: int | None = None
-    final_action: str = "TASK_COMPLETE"
 
 
 def read_steps(result: dict[str, Any]) -> V2Steps:
@@ -91,7 +90,6 @@ def read_steps(result: dict[str, Any]) -> V2Steps:
         shots=[s[4] for s in steps],
         answer=answer,
         reference_length=_reference_length(result),
-        final_action=steps[-1][0],
     )
 
 
@@ -172,7 +170,6 @@ class ShotSource:
     data: bytes | None = None
     problem: str | None = None
     url: str | None = None
-    kind: str = field(default="file")
 
 
 def shot_source(base: Path, ref: str, i: int) -> ShotSource:
@@ -182,12 +179,12 @@ def shot_source(base: Path, ref: str, i: int) -> ShotSource:
         return _data_uri(ref, i)
     if _WEB.match(ref):
         shown = ref if len(ref) <= 80 else ref[:77] + "…"
-        return ShotSource(shown, problem="a URL (not fetched)", url=ref, kind="url")
+        return ShotSource(shown, problem="a URL (not fetched)", url=ref)
     found = _file(base, ref)
     if found is not None:
         return found
     if len(ref) >= _MIN_BASE64 and _BASE64.match(ref):
-        return _decoded(f"step {i} (base64)", ref, "base64")
+        return _decoded(f"step {i} (base64)", ref)
     shown = ref if len(ref) <= 80 else ref[:77] + "…"
     return ShotSource(shown, problem="no such file under trajectory/ (nor a data URI or URL)")
 
@@ -221,18 +218,18 @@ def _data_uri(ref: str, i: int) -> ShotSource:
     head, sep, payload = ref.partition(",")
     name = f"step {i} (data URI)"
     if not sep or not head.lower().endswith(";base64"):
-        return ShotSource(name, problem="a data URI that is not base64", kind="data")
-    return _decoded(name, payload, "data")
+        return ShotSource(name, problem="a data URI that is not base64")
+    return _decoded(name, payload)
 
 
-def _decoded(name: str, text: str, kind: str) -> ShotSource:
+def _decoded(name: str, text: str) -> ShotSource:
     if len(text) > images.MAX_BYTES * 4 // 3 + 4:
-        return ShotSource(name, problem=f"larger than {images.MAX_BYTES // 2**20} MiB", kind=kind)
+        return ShotSource(name, problem=f"larger than {images.MAX_BYTES // 2**20} MiB")
     try:
         data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
-        return ShotSource(name, problem="not valid base64", kind=kind)
-    return ShotSource(name, data=data, kind=kind)
+        return ShotSource(name, problem="not valid base64")
+    return ShotSource(name, data=data)
 
 
 # -- writing ---------------------------------------------------------------------------------
