@@ -87,7 +87,8 @@ class RLIteration:
     steps_run: int
     checkpoint: str | None
     checkpoint_id: str | None
-    stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # all that `prepare` said
+    # the rest of what `prepare` counted (rows, rewarded_rows: turns with a reward)
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -523,8 +524,11 @@ def _iteration(
         steps_run=steps,
         checkpoint=policy.model,
         checkpoint_id=policy.checkpoint_id,
-        stats=dict(stats),
+        stats={k: v for k, v in stats.items() if k not in _ITERATION_FIELDS},
     )
+
+
+_ITERATION_FIELDS = {"trajectories", "mean_reward", "turns", "nonzero_advantage"}
 
 
 async def _judge_rollouts(
