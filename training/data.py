@@ -30,7 +30,7 @@ from rollouts.prompts import BLOB_REF, PROMPT_FORMAT_VERSION
 from training.interface import DataMismatch, Turn
 from warehouse.blobs import BlobError
 from warehouse.records import INFRA_ERROR, TIMEOUT
-from warehouse.relations import JUDGED_STATUS, ONE_JUDGE, with_relations
+from warehouse.relations import outcome_sql, with_relations
 from warehouse.store import Warehouse
 
 REWARDS = {"success": 1.0, "failure": 0.0}  # trajectory status → reward (curation uses the same)
@@ -143,13 +143,7 @@ def run_steps(wh: Warehouse, run_ids: Sequence[str], judge: str | None = None) -
 
     With ``judge``, the reward is that judge's verdict for every trajectory (bundled ones too);
     one it could not decide gets none (:data:`warehouse.relations.JUDGED_STATUS`)."""
-    status = (
-        JUDGED_STATUS
-        if judge is not None
-        else "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
-        "ELSE t.status END"
-    )
-    verdicts = ONE_JUDGE if judge is not None else "LEFT JOIN trajectory_verdicts j USING (traj_id)"
+    status, verdicts = outcome_sql(judge)
     return wh.sql(
         with_relations(
             "SELECT s.traj_id, s.step_idx, t.run_id, t.task_id, t.group_id, "

@@ -18,7 +18,7 @@ import polars as pl
 from training.stats import breakdown, diff_interval, wilson
 from warehouse.ids import make_id
 from warehouse.records import Evaluation
-from warehouse.relations import JUDGED_STATUS, ONE_JUDGE, with_relations
+from warehouse.relations import outcome_sql, with_relations
 from warehouse.store import Warehouse
 
 OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
@@ -33,33 +33,15 @@ def run_outcomes(wh: Warehouse, run_id: str, judge: str | None = None) -> pl.Dat
     With ``judge``, every trajectory's outcome is that judge's latest verdict; one the judge
     could not decide is left out under ``judge_error`` (or ``unjudged``, ``judge_<verdict>``),
     never counted a failure; infrastructure errors and running trajectories stay left out."""
-    if judge is not None:
-        return _judged_outcomes(wh, run_id, judge)
+    status, verdicts = outcome_sql(judge)
     df = wh.sql(
         with_relations(
             "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
-            "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict "
-            "ELSE t.status END AS status FROM trajectories t "
-            "LEFT JOIN trajectory_tasks k USING (traj_id) "
-            "LEFT JOIN trajectory_verdicts j USING (traj_id) "
-            "WHERE t.run_id = ? ORDER BY t.traj_id"
+            f"{status} AS status FROM trajectories t "
+            f"LEFT JOIN trajectory_tasks k USING (traj_id) {verdicts} "
+            "WHERE t.run_id = $run ORDER BY t.traj_id"
         ),
-        [run_id],
-    )
-    return df.with_columns(
-        success=pl.col("status").replace_strict(OUTCOME, default=None, return_dtype=pl.Int64)
-    )
-
-
-def _judged_outcomes(wh: Warehouse, run_id: str, judge: str) -> pl.DataFrame:
-    df = wh.sql(
-        with_relations(
-            "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
-            f"{JUDGED_STATUS} AS status "
-            "FROM trajectories t LEFT JOIN trajectory_tasks k USING (traj_id) "
-            f"{ONE_JUDGE} WHERE t.run_id = $run ORDER BY t.traj_id"
-        ),
-        {"run": run_id, "judge": judge},
+        {"run": run_id, **({"judge": judge} if judge is not None else {})},
     )
     return df.with_columns(
         success=pl.col("status").replace_strict(OUTCOME, default=None, return_dtype=pl.Int64)

@@ -101,6 +101,19 @@ or a running trajectory stays what it is. Judged evaluations and judge-rewarded 
 ONE_JUDGE = "LEFT JOIN (SELECT * FROM latest_judgments WHERE judge = $judge) j USING (traj_id)"
 
 
+def outcome_sql(judge: str | None) -> tuple[str, str]:
+    """(status expression, join) of a trajectory ``t``'s outcome, the one rule evaluations and
+    RL rewards read: its own status, a ``finished`` one taking its judges' verdict
+    (``trajectory_verdicts``); or, given a ``judge`` (bound as ``$judge``), that judge's verdict
+    (:data:`JUDGED_STATUS`)."""
+    if judge is not None:
+        return JUDGED_STATUS, ONE_JUDGE
+    own = (
+        "CASE WHEN t.status = 'finished' AND j.verdict IS NOT NULL THEN j.verdict ELSE t.status END"
+    )
+    return own, "LEFT JOIN trajectory_verdicts j USING (traj_id)"
+
+
 RELATIONS: dict[str, Callable[[Table], str]] = {
     "trajectory_tasks": _trajectory_tasks,
     "latest_judgments": _latest("traj_id", "judge"),
