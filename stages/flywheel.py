@@ -109,6 +109,14 @@ _NESTED_OR_LATER = {"expert", "rollout", "eval", "concurrency", "train_rl", "rl"
 _NESTED_OR_LATER |= {"eval_judge"}
 
 
+def _judged_by(spec: Any, judge: str) -> Any:
+    """A recipe filter with its ``verdict`` judges set to ``judge`` (other filters as they are)."""
+    if spec.name != "verdict":
+        return spec
+    params = spec.params.model_copy(update={"judges": (judge,)})
+    return spec.model_copy(update={"params": params})
+
+
 def programmatic() -> JudgeConfig:
     """The flywheel's judge by default: the bundled sites' checkers."""
     return JudgeConfig(judge="programmatic")
@@ -273,10 +281,11 @@ class FlywheelConfig:
 
     def load_recipe(self) -> Recipe:
         """The configured recipe, or the default one keeping the successes of ``judge``."""
-        if self.recipe is None:
-            text = DEFAULT_RECIPE.replace("[programmatic]", f"[{self.judge.judge}]")
-            return parse_recipe(text, "stages/flywheel.py:DEFAULT_RECIPE")
-        return load_recipe(Path(self.recipe))
+        if self.recipe is not None:
+            return load_recipe(Path(self.recipe))
+        recipe = parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
+        filters = tuple(_judged_by(f, self.judge.judge) for f in recipe.filters)
+        return recipe.model_copy(update={"filters": filters})
 
     def horizon(self, round_: int) -> int:
         """The policy's step budget in round ``round_`` (1-based): the recipe's horizon
