@@ -48,7 +48,14 @@ def serve_model(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (``/v1``) until Ctrl-C / SIGTERM,
     which stop the engine and every process it started."""
-    from serving.supervisor import ServerError, ServerSpec, command, resolve_model, supervise
+    from serving.supervisor import (
+        ServerError,
+        ServerSpec,
+        command,
+        is_loopback,
+        resolve_model,
+        supervise,
+    )
 
     try:
         path = resolve_model(model)
@@ -60,6 +67,7 @@ def serve_model(
             name=name or model,
             max_model_len=max_model_len,
             kv_cache_gib=kv_cache_gib,
+            dev_mode=is_loopback(host),  # in-place weight reloads: never on a public address
         )
         command(spec)  # refuses early, e.g. when the vLLM environment is missing
         code = supervise(

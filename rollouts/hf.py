@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,7 @@ class Generation:
     completion_tokens: int
     finish_reason: str = "stop"
     pieces: list[str] = field(default_factory=list)  # the text each token adds (streaming)
+    token_ids: list[int] = field(default_factory=list)  # the reply's token ids, in order
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,13 @@ class HFGenerator:
     wait_s: float = 0.01
     batches: int = 0
     _worker: BatchWorker | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def swap(self, model: Any, processor: Any) -> None:
+        """Generate with ``model`` and ``processor`` from the next batch on (a weight sync: the
+        batch running now finishes with the old ones)."""
+        with self._lock:
+            self.model, self.processor = model, processor
 
     async def generate(
         self,
@@ -252,6 +261,16 @@ class HFGenerator:
         """Generate for a batch of prompts (message lists or raw text). ``sampling``: per-row
         parameters (default greedy); ``limits``: per-row token limits (default
         ``max_new_tokens``)."""
+        with self._lock:
+            return self._run_batch(batch, max_new_tokens, sampling, limits)
+
+    def _run_batch(
+        self,
+        batch: list[Prompt],
+        max_new_tokens: int,
+        sampling: list[Sampling] | None,
+        limits: list[int] | None,
+    ) -> list[Generation]:
         import torch
         from transformers import LogitsProcessorList
 
@@ -290,7 +309,7 @@ class HFGenerator:
             text, pieces = _pieces(tok, ids)
             results.append(
                 Generation(
-                    text, lp, int(inputs["attention_mask"][i].sum()), len(ids), finish, pieces
+                    text, lp, int(inputs["attention_mask"][i].sum()), len(ids), finish, pieces, ids
                 )
             )
         return results

@@ -257,6 +257,7 @@ class OpenAIPolicy:
         backoff_s: float = 0.5,
         logprobs: bool = True,
         prompt: PromptConfig | None = None,
+        seeded: bool = False,
     ) -> None:
         self.client = ChatClient(
             base_url, model, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s
@@ -264,13 +265,17 @@ class OpenAIPolicy:
         self.base_url, self.model = self.client.base_url, model
         self.temperature, self.max_tokens, self.logprobs = temperature, max_tokens, logprobs
         self.prompt = prompt or PromptConfig()
+        # seeded: each sampled request carries a seed from the episode's rng (servers that
+        # honour it, vLLM and webloop's hf engine, then reproduce a run's samples)
+        self.seeded = seeded
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         messages = build_messages(
             ctx.instruction, ctx.turns, self.prompt, ctx.memory.get("summary")
         )
+        seed = ctx.rng.getrandbits(31) if self.seeded and self.temperature > 0 else None
         start = time.perf_counter()
-        body = await self.complete(messages)
+        body = await self.complete(messages, seed=seed)
         choice = body["choices"][0]
         text = message_text(choice)
         remember_summary(ctx, text)
@@ -278,8 +283,12 @@ class OpenAIPolicy:
             text, parse_action(text), _logprob(choice), time.perf_counter() - start, messages
         )
 
-    async def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    async def complete(
+        self, messages: list[dict[str, Any]], seed: int | None = None
+    ) -> dict[str, Any]:
         options: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if seed is not None:
+            options["seed"] = seed
         if self.logprobs:
             options["logprobs"] = True
         try:

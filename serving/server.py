@@ -17,7 +17,12 @@ It speaks the protocol the way stock clients (the ``openai`` package) use it:
 - ``logprobs`` of the chosen tokens (chat: ``logprobs=true``; completions: ``logprobs=0``);
 - a 400 with an ``invalid_request_error`` naming the parameter for everything else it cannot
   honour (tools, response formats, penalties, logit bias, top alternatives, echo, ...);
-- ``GET /v1/models``, ``GET /health``.
+- ``GET /v1/models``, ``GET /health``;
+- vLLM's ``return_tokens_as_token_ids`` (chat log-probs name tokens ``token_id:N``, so a trainer
+  can score exactly the tokens the server chose);
+- with ``--dev-mode`` (as vLLM's ``VLLM_SERVER_DEV_MODE``; loopback only), vLLM's weight-sync
+  call: ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``
+  loads checkpoint DIR in place (same port; requests in flight finish on the old weights).
 
 ``python -m serving.server --model DIR --port N`` runs it (the supervisor starts it so).
 """
@@ -26,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -198,6 +205,14 @@ def _chat_logprobs(gen: Generation) -> dict[str, Any]:
     }
 
 
+def as_token_ids(gen: Generation) -> Generation:
+    """``gen`` with its log-prob tokens named by id (``token_id:N``, vLLM's form)."""
+    pairs = [
+        (f"token_id:{i}", lp) for i, (_, lp) in zip(gen.token_ids, gen.token_logprobs, strict=True)
+    ]
+    return dataclasses.replace(gen, token_logprobs=pairs)
+
+
 def _text_logprobs(gen: Generation) -> dict[str, Any]:
     offsets, pos = [], 0
     for piece in gen.pieces:
@@ -333,8 +348,11 @@ def _completion_logprobs(body: dict[str, Any]) -> bool:
     return True
 
 
-def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> Starlette:
-    """The Starlette app serving ``model_path`` under the model name ``name``."""
+def build_app(
+    model_path: str, name: str | None = None, max_batch: int = 8, dev_mode: bool = False
+) -> Starlette:
+    """The Starlette app serving ``model_path`` under the model name ``name`` (``dev_mode``: with
+    the in-place weight reload of ``POST /collective_rpc``)."""
     model, proc = load_model(model_path)
     gen = HFGenerator(model, proc, max_batch=max_batch)
     served = name or model_path
@@ -359,6 +377,8 @@ def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> S
             outs = await _generate(gen, messages, p)
         except ValueError as exc:  # BadRequest, and the model's refusals (e.g. a bad image)
             return _error(f"bad request: {exc}")
+        if body.get("return_tokens_as_token_ids"):
+            outs = [as_token_ids(g) for g in outs]
         n_prompt = outs[0].prompt_tokens
         if p.stream:
             return StreamingResponse(
@@ -391,14 +411,35 @@ def build_app(model_path: str, name: str | None = None, max_batch: int = 8) -> S
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "batches": gen.batches})
 
+    async def collective_rpc(request: Request) -> Response:
+        try:
+            path = reload_path(await body_of(request))
+            model, proc = await asyncio.to_thread(load_model, path)
+        except (ValueError, OSError) as exc:
+            return _error(f"reload_weights: {exc}")
+        gen.swap(model, proc)
+        return JSONResponse({"results": [None]})
+
+    dev = [Route("/collective_rpc", collective_rpc, methods=["POST"])] if dev_mode else []
     return Starlette(
         routes=[
+            *dev,
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models),
             Route("/health", health),
         ]
     )
+
+
+def reload_path(body: dict[str, Any]) -> str:
+    """The checkpoint folder of a ``reload_weights`` call (BadRequest for any other call)."""
+    if body.get("method") != "reload_weights":
+        raise BadRequest(f"only the reload_weights method is served, not {body.get('method')!r}")
+    path = (body.get("kwargs") or {}).get("weights_path")
+    if not isinstance(path, str) or not (Path(path) / "config.json").is_file():
+        raise BadRequest(f"weights_path {path!r} is not a checkpoint folder (no config.json)")
+    return path
 
 
 def serve(
@@ -418,8 +459,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--name", default=None, help="model name clients use")
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--dev-mode", action="store_true", help="serve POST /collective_rpc")
     a = ap.parse_args(argv)
-    serve(a.model, host=a.host, port=a.port, name=a.name, max_batch=a.max_batch)
+    serve(
+        a.model, host=a.host, port=a.port, name=a.name, max_batch=a.max_batch, dev_mode=a.dev_mode
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ process outlives it: vLLM's API server forks an engine-core process that a plain
 checkpoint (weight sync for online RL) and measures how long the server was away;
 :meth:`ModelServer.reload_weights` is vLLM's in-place alternative (0.32's dev-mode RPC
 ``reload_weights`` + ``reset_prefix_cache``: new weights from a folder into the running engine,
-same port, no restart); :meth:`ModelServer.sync_weights` uses it where it can.
+same port, no restart; webloop's ``hf`` engine serves the same call in dev mode);
+:meth:`ModelServer.sync_weights` uses it where it can.
 
 vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub access and float32
 (facts in STACK-NOTES); on a CUDA machine the same command serves on the GPU.
@@ -17,6 +18,7 @@ vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub acc
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from serving.children import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("hf", "vllm")
@@ -42,6 +46,16 @@ def vllm_python(root: Path = ROOT) -> Path | None:
     """The python of the vLLM environment (``make vllm``), or None when it is not built."""
     py = root / ".venv-vllm" / "bin" / "python"
     return py if py.exists() else None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,6 +109,11 @@ class ServerSpec:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ServerError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+        if self.dev_mode and not is_loopback(self.host):
+            raise ServerError(
+                f"the weight-reload endpoint (dev mode) is served on loopback only, not on "
+                f"{self.host!r}: turn dev mode off to bind another address"
+            )
 
     @property
     def served_name(self) -> str:
@@ -111,6 +130,8 @@ def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     if spec.engine == "hf":
         argv = [sys.executable, "-m", "serving.server", "--model", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), "--name", spec.served_name]
+        if spec.dev_mode:
+            argv.append("--dev-mode")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         return argv + spec.extra, env
     py = vllm_python()
@@ -143,8 +164,14 @@ class ModelServer:
         OpenAI(base_url=srv.base_url, api_key="-")...
     """
 
-    def __init__(self, spec: ServerSpec, log: str | Path | None = None) -> None:
+    def __init__(
+        self, spec: ServerSpec, log: str | Path | None = None, die_with_starter: bool = True
+    ) -> None:
+        """``die_with_starter``: the kernel stops the engine when the thread that launched it
+        ends, however it ends (SIGKILL included): launch from a thread that lives as long as
+        the server should (pass False from a short-lived one and stop it yourself)."""
         self.spec = spec
+        self.die_with_starter = die_with_starter
         self.log_path = Path(log) if log else None
         self.proc: subprocess.Popen | None = None
         self._log: IO[str] | None = None
@@ -174,8 +201,16 @@ class ModelServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the server
         out = self._log if self._log is not None else subprocess.DEVNULL
+        # its own process group (stop() signals all of it), and SIGTERM from the kernel when
+        # this process dies however it died (SIGKILL included): no engine outlives its owner
         self.proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+            preexec_fn=die_with_parent if self.die_with_starter else None,
         )
         return self
 
@@ -241,16 +276,18 @@ class ModelServer:
         return time.monotonic() - t0
 
     def reload_weights(self, path: str, timeout_s: float = 600) -> float:
-        """vLLM: load the weights of checkpoint folder ``path`` (same architecture) into the
-        running engine and drop its prefix cache (KV computed with the old weights); the
-        seconds it took. ServerError when the engine cannot (hf engine, no dev mode, a
-        failure)."""
-        if self.spec.engine != "vllm" or not self.spec.dev_mode:
-            raise ServerError("in-place weight reload needs the vllm engine in dev mode")
+        """Load the weights of checkpoint folder ``path`` (same architecture) into the running
+        engine (vLLM: and drop its caches, computed with the old weights); the seconds it took.
+        ServerError when the engine cannot (no dev mode, a failure)."""
+        if not self.spec.dev_mode:
+            raise ServerError("in-place weight reload needs the server in dev mode")
         root = f"http://{self.spec.host}:{self.spec.port}"
         t0 = time.monotonic()
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
         _post(f"{root}/collective_rpc", body, timeout_s)
+        if self.spec.engine == "hf":  # webloop's engine keeps no caches across requests
+            self.spec = replace(self.spec, model=str(path))
+            return time.monotonic() - t0
         # everything computed with the old weights goes: the multimodal input caches of the
         # front end and the engine (the worker's alone would desync them: "cache miss"), the
         # vision encoder outputs (scheduler and worker) and the KV prefix cache
@@ -268,7 +305,7 @@ class ModelServer:
     def sync_weights(self, path: str, timeout_s: float = 600) -> tuple[str, float]:
         """Serve checkpoint ``path`` from now on: in place where the engine can
         (:meth:`reload_weights`), else by :meth:`restart`; (how, seconds)."""
-        if self.spec.engine == "vllm" and self.spec.dev_mode:
+        if self.spec.dev_mode:
             try:
                 return "reload", self.reload_weights(path, timeout_s)
             except ServerError:

@@ -37,6 +37,7 @@ from sites.tasks import BUNDLED_SCHEME, resolve_start_url
 from stages.config import setting
 from stages.grading import engine_grader
 from stages.runs import recorded_run
+from stages.served import served_policy
 from stages.shards import Session
 from warehouse import Warehouse, WarehouseError
 from warehouse.ids import run_id_for, stable_hash, traj_id_for
@@ -242,6 +243,10 @@ def checkpoint_policy(
 
     if not model:
         raise WarehouseError(f"--policy {name} needs --model (a checkpoint folder)")
+    if name == "hf":
+        served = served_policy(model, prompt, temperature)  # RL: the run's served checkpoint
+        if served is not None:
+            return served
     return make_policy(name, model_path=model, prompt=prompt, temperature=temperature)
 
 

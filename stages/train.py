@@ -14,10 +14,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from curation.curriculum import horizon_at
 from stages import runs
@@ -27,6 +28,7 @@ from stages.judge import JudgeConfig, check_judge, judge_setting, judges, run_ju
 from stages.report import markdown_table
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
+from stages.served import ServedCheckpoints, serving_checkpoints
 from training import registry
 from training.data import check_modality, find_dataset, sft_turns
 from training.interface import DataMismatch
@@ -89,6 +91,11 @@ class RLIteration:
     checkpoint_id: str | None
     # the rest of what `prepare` counted (rows, rewarded_rows: turns with a reward)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # seconds: rollout_s (collect, and the PRM's scoring), judge_s, update_s, sync_s and the
+    # served model's start_s; and the sync's parity_* figures
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the checkpoint folder the served model rolled out from (None: in-process, or no rollout ran)
+    served_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -347,6 +354,19 @@ class RLConfig:
         cli_fields=("scorer", "k", "candidates", "max_states", "scorer_base_url", "scorer_model"),
         prefix="prm-",
     )
+    serve: Literal["auto", "hf", "vllm", "in-process"] = setting(
+        "auto",
+        help="Where a VLM's rollouts run: served behind the OpenAI protocol (auto: vLLM where "
+        "`make vllm` built it, else webloop's hf engine), weights synced after each update; or "
+        "in-process. The ranker always runs in-process.",
+    )
+    parity_tol: float = setting(
+        0.05,
+        help="Served VLM: largest per-token log-prob difference between server and trainer "
+        "at a sync (more stops the run).",
+        min=0.0,
+        max=100.0,
+    )
     judge: JudgeConfig = judge_setting(
         "The reward judge (a judge config): 'none' rewards the rollouts' own outcome (the "
         "bundled checkers); a judge judges each iteration's rollouts and its verdicts are the "
@@ -375,6 +395,8 @@ class RLConfig:
         if not self.task_pool:  # likewise
             d.pop("task_pool")
         d.pop("judge")
+        d.pop("serve")  # where rollouts run and how closely they are checked name no run
+        d.pop("parity_tol")
         if judges(self.judge):  # added later: runs rewarded by their own outcome keep their ids
             d["reward_judge"] = {k: v for k, v in self.judge.identity().items() if k != "run"}
         return d
@@ -434,69 +456,18 @@ async def run_rl(
     anchor, anchor_id = _anchor(wh, cfg)
     run_id = registry.training_run_id("rl", start.model or cfg.policy, anchor_id, cfg.identity())
     out_root = checkpoints_dir(wh, run_id)
-    current, step_offset, rounds = start, 0, []
-    row, last = None, None
     # the KL term keeps the policy near where RL started (the start checkpoint, frozen)
     ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
-    for it in range(cfg.iterations):
-        it_dir = out_root / f"iter-{it}"
-        coll = _collect_config(cfg, it, current, run_id)
-        if cfg.task_pool:
-            picked = await _failures_first(wh, coll, cfg, it, say, server, browser)
-            coll = dataclasses.replace(coll, task_ids=picked)
-        say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
-        # a live bar (it has ``steps``) also shows the collection's episodes
-        live = say if callable(getattr(say, "steps", None)) else None
-        col = await run_collect(wh, coll, live, server=server, browser=browser)
-        options = dict(cfg.estimator_options)
-        if cfg.estimator in STEP_LEVEL:
-            await _score_states(wh, cfg, it, current, col.run_id, say, server, browser)
-            options["scorer"] = cfg.prm.scorer
-        judge = await _judge_rollouts(wh, cfg, it, col.run_id, say)
-        turns, stats = prepare(wh, [col.run_id], cfg.estimator, judge=judge, **options)
-        say(
-            f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
-            f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
-            "with a learning signal"
-        )
-        if stats["nonzero_advantage"] == 0:
-            # every group's samples got the same reward: no gradient. As GRPO loops do, the
-            # iteration makes no update (the policy stays as it is) instead of failing the run.
-            say(f"  rl iteration {it + 1}: no learning signal; the policy is unchanged")
-            rounds.append(_iteration(it, col.run_id, stats, 0, current))
-            continue
-        model = _load(wh, current.model, cfg)
-        res, row = _fit(
-            wh,
-            model,
-            turns,
-            _rl_train_config(cfg, it),
-            run_id=run_id,
-            stage="rl",
-            base_model=start.model or cfg.policy,
-            dataset_id=anchor_id,
-            source_run=col.run_id,
-            config={
-                **cfg.identity(),
-                "start_checkpoint": start.checkpoint_id,
-                "flow_run_id": runs.orchestrator_run(),
-            },
-            progress=say,
-            step_offset=step_offset,
-            out_dir=it_dir,
-            ref_model=ref,
-            anchor=anchor,
-        )
-        registry.MetricsLog(wh, run_id, every=1)(
-            res.last_step, {"mean_reward": stats["mean_reward"], "iteration": float(it)}
-        )
-        step_offset, last = res.last_step, res
-        current = dataclasses.replace(
-            current, model=res.checkpoint, checkpoint_id=res.checkpoint_id
-        )
-        rounds.append(_iteration(it, col.run_id, stats, res.steps_run, current))
+    served = _served(cfg, start, out_root)
+    loop = _Loop(wh, cfg, say, server, browser, run_id, start, ref, served, anchor, anchor_id)
+    with serving_checkpoints(served):
+        for it in range(cfg.iterations):
+            await loop.iteration(it)
+    row, rounds, current = loop.row, loop.rounds, loop.current
     if row is not None:
         registry.end_run(wh, row, "completed")
+    last = loop.last
+    step_offset = loop.step_offset
     return TrainResult(
         # None when no iteration trained (none had a learning signal): no run was registered
         training_run_id=run_id if row is not None else None,
@@ -510,8 +481,140 @@ async def run_rl(
     )
 
 
+def _served(cfg: RLConfig, start: Any, out_root: Path) -> ServedCheckpoints | None:
+    """The server of a VLM run's rollouts (None: the ranker, or ``serve: in-process``)."""
+    if cfg.serve == "in-process" or start.policy != "hf":
+        return None
+    return ServedCheckpoints(engine=cfg.serve, log_dir=out_root, parity_tol=cfg.parity_tol)
+
+
+@dataclass
+class _Loop:
+    """The state RL's iterations carry: the current checkpoint, the training run row, the step
+    count, the iterations' records; :meth:`iteration` runs one."""
+
+    wh: Warehouse
+    cfg: RLConfig
+    say: Progress
+    server: Any
+    browser: Any
+    run_id: str
+    start: Any
+    ref: Any
+    served: ServedCheckpoints | None
+    anchor: list
+    anchor_id: str | None
+    current: Any = None
+    step_offset: int = 0
+    row: Any = None
+    last: Any = None
+    rounds: list[RLIteration] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.current = self.start
+
+    async def iteration(self, it: int) -> None:
+        """Collect, judge (score), update, save and sync: iteration ``it``."""
+        wh, cfg, say = self.wh, self.cfg, self.say
+        timing: dict[str, float] = {}
+        t0 = time.monotonic()
+        coll = _collect_config(cfg, it, self.current, self.run_id)
+        if cfg.task_pool:
+            picked = await _failures_first(wh, coll, cfg, it, say, self.server, self.browser)
+            coll = dataclasses.replace(coll, task_ids=picked)
+        say(f"  rl iteration {it + 1}/{cfg.iterations}: collect {cfg.n_tasks} × {cfg.group_size}")
+        # a live bar (it has ``steps``) also shows the collection's episodes
+        live = say if callable(getattr(say, "steps", None)) else None
+        col = await run_collect(wh, coll, live, server=self.server, browser=self.browser)
+        options = dict(cfg.estimator_options)
+        if cfg.estimator in STEP_LEVEL:
+            await _score_states(
+                wh, cfg, it, self.current, col.run_id, say, self.server, self.browser
+            )
+            options["scorer"] = cfg.prm.scorer
+        timing["rollout_s"] = time.monotonic() - t0
+        served_from = self.served.serving if self.served is not None else None
+        t0 = time.monotonic()
+        judge = await _judge_rollouts(wh, cfg, it, col.run_id, say)
+        turns, stats = prepare(wh, [col.run_id], cfg.estimator, judge=judge, **options)
+        timing["judge_s"] = time.monotonic() - t0
+        say(
+            f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
+            f"{stats['mean_reward']:.3f}, {stats['nonzero_advantage']}/{stats['turns']} turns "
+            "with a learning signal"
+        )
+        if stats["nonzero_advantage"] == 0:
+            # every group's samples got the same reward: no gradient. As GRPO loops do, the
+            # iteration makes no update (the policy stays as it is) instead of failing the run.
+            say(f"  rl iteration {it + 1}: no learning signal; the policy is unchanged")
+            timing.update(self.served.take_timings() if self.served is not None else {})
+            record = _iteration(it, col.run_id, stats, 0, self.current, timing)
+            self.rounds.append(dataclasses.replace(record, served_from=served_from))
+            return
+        t0 = time.monotonic()
+        model = _load(wh, self.current.model, cfg)
+        res, self.row = _fit(
+            wh,
+            model,
+            turns,
+            _rl_train_config(cfg, it),
+            run_id=self.run_id,
+            stage="rl",
+            base_model=self.start.model or cfg.policy,
+            dataset_id=self.anchor_id,
+            source_run=col.run_id,
+            config={
+                **cfg.identity(),
+                "start_checkpoint": self.start.checkpoint_id,
+                "flow_run_id": runs.orchestrator_run(),
+            },
+            progress=say,
+            step_offset=self.step_offset,
+            out_dir=checkpoints_dir(wh, self.run_id) / f"iter-{it}",
+            ref_model=self.ref,
+            anchor=self.anchor,
+        )
+        timing["update_s"] = time.monotonic() - t0
+        self.current = dataclasses.replace(
+            self.current, model=res.checkpoint, checkpoint_id=res.checkpoint_id
+        )
+        if self.served is not None:
+            timing.update(self._sync(it, model, turns))
+        timing.update(self.served.take_timings() if self.served is not None else {})
+        values = {"mean_reward": stats["mean_reward"], "iteration": float(it), **timing}
+        registry.MetricsLog(wh, self.run_id, every=1)(res.last_step, values)
+        self.step_offset, self.last = res.last_step, res
+        record = _iteration(it, col.run_id, stats, res.steps_run, self.current, timing)
+        self.rounds.append(dataclasses.replace(record, served_from=served_from))
+
+    def _sync(self, it: int, model: Any, turns: list) -> dict[str, float]:
+        """Serve the new checkpoint (in place where the engine can) and check log-prob parity
+        between the server and the trainer's model of it; the figures for the metrics."""
+        assert self.served is not None
+        how, took = self.served.sync(str(self.current.model))
+        if how == "none":  # the server never started (nothing was rolled out by it)
+            return {}
+        parity = self.served.parity(model, turns)
+        self.say(
+            f"  rl iteration {it + 1}: weights synced ({how}, {took:.1f} s); log-prob parity "
+            f"over {parity.tokens} tokens of {parity.prompts} prompts: max |diff| "
+            f"{parity.max_abs_diff:.2e}"
+        )
+        return {
+            "parity_max_abs_diff": parity.max_abs_diff,
+            "parity_tokens": float(parity.tokens),
+            "parity_retokenized_differently": float(parity.retokenized_differently),
+            "sync_in_place": 1.0 if how == "reload" else 0.0,
+        }
+
+
 def _iteration(
-    it: int, collect_run: str, stats: dict[str, Any], steps: int, policy: Any
+    it: int,
+    collect_run: str,
+    stats: dict[str, Any],
+    steps: int,
+    policy: Any,
+    timing: dict[str, float] | None = None,
 ) -> RLIteration:
     """Iteration ``it``'s record (``policy``: the checkpoint after it)."""
     return RLIteration(
@@ -525,6 +628,7 @@ def _iteration(
         checkpoint=policy.model,
         checkpoint_id=policy.checkpoint_id,
         stats={k: v for k, v in stats.items() if k not in _ITERATION_FIELDS},
+        timing=dict(timing or {}),
     )
 
 
@@ -709,5 +813,8 @@ def training_markdown(stage: str, res: TrainResult, metrics: list[dict[str, Any]
     if res.iterations:
         cols = ["iteration", "collect_run", "trajectories", "mean_reward", "steps_run"]
         rows = [dataclasses.asdict(i) for i in res.iterations]
+        for r in rows:
+            r.update({k: round(v, 3) for k, v in r["timing"].items()})
+        cols += sorted({k for r in res.iterations for k in r.timing})
         lines += ["", "## Iterations", "", markdown_table(rows, cols)]
     return "\n".join(lines)

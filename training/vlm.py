@@ -26,6 +26,7 @@ end-of-turn token and without λ) is not this number: recompute ``old_logprob`` 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import re
@@ -230,6 +231,24 @@ class VLMTrainable:
             n_tokens=torch.stack(n_rows),
             covered=torch.tensor([e.covered for e in enc], device=dev),
         )
+
+    def token_logprobs(self, turn: Turn, reply_ids: Sequence[int]) -> list[float]:
+        """The log-prob of each of ``reply_ids`` (exactly these tokens, no end-of-turn token,
+        unweighted) after ``turn``'s prompt, without gradients: what a server reports for the
+        tokens it chose, for checking that trainer and server agree (RL's log-prob parity)."""
+        import torch
+
+        if not reply_ids:
+            return []
+        enc = dataclasses.replace(
+            self.encode(turn), reply_ids=list(reply_ids), reply_weights=[1.0] * len(reply_ids)
+        )
+        inputs, n_keep = self._collate([enc])
+        with torch.no_grad():
+            logits = self.module(**inputs, use_cache=False, logits_to_keep=n_keep).logits.float()
+        rows = torch.log_softmax(logits[0, : n_keep - 1], -1)
+        target = torch.tensor(enc.reply_ids, device=rows.device)
+        return rows.gather(-1, target[:, None])[:, 0].tolist()
 
     def save(self, path: str | Path) -> None:
         """``save_pretrained`` of the model and processor; with LoRA, the MERGED weights (base +

@@ -105,12 +105,49 @@ def test_model_server_restart_serves_the_new_checkpoint(idefics, tmp_path):
         took = server.restart(str(other), timeout_s=600)
         assert took > 0 and server.pgid != pgid and group_members(pgid) == []
         assert server.spec.model == str(other) and reply() != before
+        # the weight sync of online RL: in place (dev mode), same process, the old weights back
+        pgid = server.pgid
+        how, took = server.sync_weights(str(idefics), timeout_s=600)
+        assert (how, server.pgid, server.spec.model) == ("reload", pgid, str(idefics))
+        assert reply() == before
+        bad = httpx.post(
+            server.base_url.removesuffix("/v1") + "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}},
+            timeout=60,
+        )
+        assert bad.status_code == 400 and "no config.json" in bad.json()["error"]["message"]
+        assert reply() == before  # a refused reload changes nothing
     assert not server.alive()
+
+
+def test_an_engine_does_not_outlive_a_killed_owner(idefics, tmp_path):
+    """SIGKILL of the process that started a model server (no Python runs in it) still stops
+    the engine: the kernel signals it (PR_SET_PDEATHSIG)."""
+    code = (
+        "import sys, time; from serving.supervisor import ModelServer, ServerSpec, free_port\n"
+        f"s = ModelServer(ServerSpec('hf', {str(idefics)!r}, port=free_port())).launch()\n"
+        "print(s.pgid, flush=True); time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=serving.ROOT
+    )
+    engine = int(owner.stdout.readline())
+    assert group_members(engine)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 60
+    while group_members(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_members(engine) == []
+    owner.stdout.close()
 
 
 def test_bad_input_is_refused_clearly(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match="unknown engine 'tgi'"):
         ServerSpec("tgi", "x")
+    with pytest.raises(ServerError, match="loopback only"):
+        ServerSpec("hf", "x", host="0.0.0.0")
+    assert ServerSpec("hf", "x", host="0.0.0.0", dev_mode=False).host == "0.0.0.0"
     with pytest.raises(ServerError, match=r"no config\.json"):
         serving.resolve_model(str(tmp_path))
     monkeypatch.setattr(serving, "vllm_python", lambda root=serving.ROOT: None)

@@ -43,7 +43,10 @@ class EarlyVllm:
             from training.models import build_tiny_idefics
 
             self.model = build_tiny_idefics(self.dir / NAME)
-            self.server = ModelServer(spec_of("vllm", self.model), log=self.dir / "vllm.log")
+            # launched from this short-lived thread: not tied to it (close() stops it)
+            self.server = ModelServer(
+                spec_of("vllm", self.model), log=self.dir / "vllm.log", die_with_starter=False
+            )
             self.server.launch()
         except BaseException as exc:  # re-raised where a test needs the server
             self.error = exc

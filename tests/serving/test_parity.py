@@ -1,0 +1,42 @@
+"""RL's log-prob parity check (``stages.served.ServedCheckpoints.parity``) against both engines:
+the server's log-probs of the tokens it chose equal the trainer's for the same tokens when the
+trainer holds the served weights, and the check stops the run when it holds others (what weights
+that did not arrive, or a drifted tokenizer or chat template, look like)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from rollouts.prompts import DATA_URL, render
+from stages.served import ParityError, ServedCheckpoints
+from tests.serving.test_protocol import ENGINES, WITH_IMAGE
+from tests.serving.vllm_tier import NAME
+from training.interface import Turn
+
+TOL = 1e-4  # float32 on both sides (see test_vllm_tier's docstring for the measured gap)
+
+
+def turns() -> list[Turn]:
+    png = base64.b64decode(WITH_IMAGE[0]["content"][0]["image_url"]["url"][len(DATA_URL) :])
+    text_only = [{"role": "user", "content": "Task: open the inbox. Action:"}]
+    return [Turn(render(WITH_IMAGE), "x", (png,), key="img"), Turn(render(text_only), "x")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_parity_holds_for_the_served_weights_and_fails_for_others(engine, server_of, tmp_path):
+    from training.models import build_tiny_idefics
+    from training.vlm import VLMTrainable
+
+    served = ServedCheckpoints(engine=engine, parity_tol=TOL)
+    served.server = server_of  # the session's server (not stopped here)
+    assert served.server.spec.served_name == NAME
+    same = VLMTrainable.load(served.server.spec.model)
+    parity = served.parity(same, turns())
+    assert parity.prompts == 2 and parity.tokens == 2 * served.parity_tokens
+    assert parity.max_abs_diff < TOL
+    print(f"{engine}: parity over {parity.tokens} tokens, max |diff| {parity.max_abs_diff:.2e}")
+    other = VLMTrainable.load(build_tiny_idefics(tmp_path / "other", seed=1))
+    with pytest.raises(ParityError, match=r"token 0 .* of the reply to turn img: server"):
+        served.parity(other, turns())
