@@ -187,7 +187,10 @@ def _check(cfg: Any, path: Path | None) -> None:
 
         if not isinstance(exc, ConfigError | RecipeError | DataMismatch):
             raise
-        if path is None:
+        if path is None:  # flags only: an error naming a field names its flag
+            field, _, problem = str(exc).partition(": ")
+            if problem and field and " " not in field:
+                raise ConfigError(f"{_flag_of_path(type(cfg), field)}: {problem}") from None
             raise ConfigError(str(exc)) from None
         raise ConfigError(where_in_file(path, str(exc))) from None
 

@@ -28,6 +28,7 @@ from stages.judge import (
     JudgeConfig,
     JudgeResult,
     check_judge,
+    check_judge_fits,
     judge_setting,
     judges,
     run_judge_async,
@@ -101,6 +102,12 @@ class EvalConfig:
     def split(self) -> str | None:
         return self.rollout.split
 
+    def check(self) -> None:
+        """A judge that cannot decide the suite's trajectories is refused before any rollout
+        (the programmatic judge needs checkers, which only the bundled suite has)."""
+        if judges(self.judge):
+            check_judge_fits(self.judge, self.suite, "judge", "the rollouts' own grading")
+
 
 def collect_config(cfg: EvalConfig, model: str | None, prompt_mode: str) -> CollectConfig:
     """The collect run an evaluation rolls out (its id names the evaluation): ``cfg.rollout``
@@ -145,6 +152,7 @@ async def run_evaluation(
     browser: Any = None,
 ) -> EvalResult:
     """Roll out, grade, summarise and store the evaluation."""
+    cfg.check()
     if judges(cfg.judge):
         check_judge(cfg.judge)  # a bad judge is refused before any rollout
     policy = resolve_policy(wh, cfg.policy, cfg.checkpoint, cfg.rollout.model, cfg.prompt_mode)

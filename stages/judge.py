@@ -271,3 +271,27 @@ def merge_shards(
 def check_judge(cfg: JudgeConfig) -> None:
     """Refuse bad judge options before any work starts."""
     build_judge(cfg)
+
+
+#: Suites whose tasks carry programmatic checkers (the bundled sites'): the rollouts' own
+#: grading and the programmatic judge decide outcomes only there.
+CHECKED_SUITES = ("bundled",)
+
+
+def check_judge_fits(cfg: JudgeConfig, suite: str, field: str, own: str) -> None:
+    """Refuse a judge that cannot decide ``suite``'s trajectories, naming ``field`` (the judge's
+    setting): the programmatic judge (or an ensemble with it), or no judge at all (``own``: what
+    the stage would use instead, the rollouts' own grading), on a suite without checkers."""
+    if suite in CHECKED_SUITES:
+        return
+    names = {cfg.judge, *((cfg.members or "").replace(" ", "").split(","))} - {""}
+    if not judges(cfg):
+        raise ConfigError(
+            f"{field}: none ({own}) decides nothing on suite {suite!r}: its tasks have no "
+            "programmatic checkers; set a judge (rubric_vlm on an OpenAI-compatible endpoint)"
+        )
+    if "programmatic" in names:
+        raise ConfigError(
+            f"{field}: programmatic needs tasks with checkers (suites {', '.join(CHECKED_SUITES)}"
+            f"), suite {suite!r} has none; use rubric_vlm (on an OpenAI-compatible endpoint)"
+        )

@@ -23,8 +23,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from curation.curriculum import horizon_at
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
-from stages.config import setting
-from stages.judge import JudgeConfig, check_judge, judge_setting, judges, run_judge_async
+from stages.config import ConfigError, setting
+from stages.judge import (
+    JudgeConfig,
+    check_judge,
+    check_judge_fits,
+    judge_setting,
+    judges,
+    run_judge_async,
+)
 from stages.report import markdown_table
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
@@ -420,6 +427,13 @@ class RLConfig:
             raise DataMismatch(
                 f"anchor_coef {self.anchor_coef} needs an anchor dataset (--anchor-dataset: "
                 "the SFT rows it weighs)"
+            )
+        check_judge_fits(self.judge, self.rollout.suite, "judge", "rewards from own outcomes")
+        exact = self.estimator in STEP_LEVEL and self.prm.scorer == "exact"
+        if exact and self.rollout.suite != "bundled":
+            raise ConfigError(
+                f"prm.scorer: exact replays the bundled sites' reference solutions; suite "
+                f"{self.rollout.suite!r} has none (use the vlm scorer, or estimator grpo)"
             )
         if self.task_pool and self.task_pool <= self.n_tasks:
             raise DataMismatch(

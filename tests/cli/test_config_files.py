@@ -219,4 +219,20 @@ def test_settings_that_cannot_work_together_are_refused_naming_the_line(
     assert res.returncode == 2 and "fw.yaml:4: rollout.policy: 'hf'" in res.stderr, res.stderr
     res = webloop(home, "train", "rl", "--policy", "ck-1", "--anchor-coef", "0.5", ok=False)
     assert res.returncode == 2 and "anchor_coef 0.5 needs an anchor dataset" in res.stderr
-    assert configs == []  # neither command ran
+    # judges and scorers that cannot decide a suite without checkers (an imported one)
+    file = tmp_path / "rl.yaml"
+    file.write_text("policy: ck-1\nrollout:\n  suite: om2w\n")
+    res = webloop(home, "train", "rl", "--config", str(file), ok=False)
+    assert res.returncode == 2 and "rl.yaml:1: judge: none (rewards from own outcomes)" in (
+        res.stderr
+    ), res.stderr
+    file.write_text(
+        "policy: ck-1\nrollout:\n  suite: om2w\nestimator: step_grpo\n"
+        "judge:\n  judge: rubric_vlm\n  base_url: http://127.0.0.1:9/v1\n  model: m\n"
+    )
+    res = webloop(home, "train", "rl", "--config", str(file), ok=False)
+    assert res.returncode == 2 and "prm.scorer: exact replays the bundled" in res.stderr
+    res = webloop(home, "eval", "--policy", "expert", "--suite", "om2w", "--judge", "programmatic",
+                  ok=False)  # fmt: skip
+    assert res.returncode == 2 and "--judge: programmatic needs tasks with checkers" in res.stderr
+    assert configs == []  # no command ran

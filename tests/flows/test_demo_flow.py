@@ -34,12 +34,27 @@ def test_demo_config_is_the_cpu_scale_flywheel():
 
 def test_every_preset_loads_and_checks():
     from stages.config import load_config
+    from stages.evaluate import EvalConfig
     from stages.flywheel import FlywheelConfig
+    from stages.judge import check_judge
+    from stages.train import RLConfig
 
+    kinds = {"demo.yaml": FlywheelConfig, "rl-vlm.yaml": RLConfig}
+    kinds["eval-live-web.yaml"] = EvalConfig
     presets = sorted((ROOT / "stages" / "presets").glob("*.yaml"))
-    assert [p.name for p in presets] == ["demo.yaml"]
+    assert sorted(p.name for p in presets) == sorted(kinds)
     for path in presets:
-        load_config(FlywheelConfig, path).check()
+        cfg = load_config(kinds[path.name], path)
+        cfg.check()
+        if hasattr(cfg, "judge"):
+            check_judge(cfg.judge)
+    rl = load_config(RLConfig, ROOT / "stages" / "presets" / "rl-vlm.yaml")
+    assert (rl.serve, rl.judge.judge, rl.rollout.samples, rl.rollout.temperature) == (
+        "auto",
+        "rubric_vlm",
+        4,
+        1.0,
+    )
 
 
 def test_the_flywheel_s_judges_are_configs(tmp_path):
