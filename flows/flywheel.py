@@ -72,13 +72,14 @@ def run_round(
     scored = score(home, cfg, main, lent)
     intervened = intervene(home, cfg, n, collected["policy"].run_id, lent)
     dataset = curate(home, cfg, n)
-    start = "ranker" if n == 1 else policy
-    trained = train(home, cfg, dataset["dataset_id"], start)
+    start = stage.sft_start(cfg, n, policy)
+    trained = train(home, cfg, dataset["dataset_id"], start, n == 1)
     rl_res = rl(home, cfg, n, trained, dataset["dataset_id"], lent) if cfg.train_rl else None
     final = rl_res if rl_res is not None else trained
     after = evaluate(home, cfg, final.checkpoint, lent)
+    label = None if cfg.policy.kind == "ranker" or n > 1 else f"the VLM {start}"
     r = stage.round_record(
-        n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res
+        n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res, label
     )
     r["markdown"] = publish(cfg, r)
     return r
@@ -108,7 +109,7 @@ def flywheel_flow(
 def _rounds(
     home: str | None, cfg: FlywheelConfig, where: dict[str, Any], lent: Lent | None
 ) -> dict[str, Any]:
-    policy = stage.untrained_checkpoint(home, cfg.seed)
+    policy = stage.start_checkpoint(home, cfg)
     before = {**evaluate(home, cfg, policy, lent), "label": "untrained"}
     baseline = before
     rounds = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,21 +66,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def tiny_idefics_dir() -> Path:
-    """Where the ``tiny-idefics`` preset is built (``$WEBLOOP_HOME/models/tiny-idefics``)."""
-    home = Path(os.environ.get("WEBLOOP_HOME") or ".webloop").absolute()
-    return home / "models" / TINY_IDEFICS
+def tiny_idefics_dir(home: str | Path | None = None) -> Path:
+    """Where the ``tiny-idefics`` preset is built: ``HOME/models/tiny-idefics``, HOME being
+    ``home``, else ``$WEBLOOP_HOME``, else ``.webloop``."""
+    root = Path(home or os.environ.get("WEBLOOP_HOME") or ".webloop").absolute()
+    return root / "models" / TINY_IDEFICS
 
 
-def resolve_model(model: str) -> str:
+def resolve_model(model: str, home: str | Path | None = None) -> str:
     """A checkpoint folder for ``model``: ``tiny-idefics`` is built offline on first use (the
-    tiny Idefics3 preset), anything else must be an existing folder with a ``config.json``."""
+    tiny Idefics3 preset, under ``home``: see :func:`tiny_idefics_dir`), anything else must be
+    an existing folder with a ``config.json``."""
     if model == TINY_IDEFICS:
-        out = tiny_idefics_dir()
+        out = tiny_idefics_dir(home)
         if not (out / "config.json").exists():
             from training.models import build_tiny_idefics
 
-            build_tiny_idefics(out)
+            tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+            build_tiny_idefics(tmp)  # then renamed: a kill leaves no half-built folder
+            if not (out / "config.json").exists():
+                tmp.rename(out)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
         return str(out)
     path = Path(model)
     if not (path / "config.json").exists():

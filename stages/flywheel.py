@@ -36,7 +36,7 @@ import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from curation.build import build_dataset
 from curation.curriculum import horizon_at
@@ -47,7 +47,14 @@ from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
 from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
-from stages.judge import JudgeConfig, check_judge, judge_setting, judges, run_judge
+from stages.judge import (
+    JudgeConfig,
+    check_judge,
+    check_judge_fits,
+    judge_setting,
+    judges,
+    run_judge,
+)
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.train import RLConfig, SFTConfig, TrainResult, rl_rollout, run_rl, run_sft
@@ -106,7 +113,7 @@ def flywheel_eval() -> CollectConfig:
 
 
 _NESTED_OR_LATER = {"expert", "rollout", "eval", "concurrency", "train_rl", "rl", "judge"}
-_NESTED_OR_LATER |= {"eval_judge"}
+_NESTED_OR_LATER |= {"eval_judge", "policy", "teacher", "prm"}
 
 
 def _judged_by(spec: Any, judge: str) -> Any:
@@ -142,6 +149,33 @@ def flywheel_rl() -> RLConfig:
     )
 
 
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy the flywheel trains: the CPU-scale ``ranker`` (a fresh one in round 1), or
+    ``hf``: a Hugging Face vision-language model folder (Qwen2.5-VL / Qwen3-VL class on a GPU;
+    ``tiny-idefics``, built offline, on a CPU) that round 1 fine-tunes and whose RL rollouts
+    are served (``rl.serve``)."""
+
+    kind: Literal["ranker", "hf"] = setting(
+        "ranker", help="ranker (CPU-scale, bundled sites) or hf (a Hugging Face VLM folder)."
+    )
+    model: str | None = setting(
+        None, help="hf: the start checkpoint folder (or tiny-idefics, built offline)."
+    )
+    lora_r: int | None = setting(None, help="hf: LoRA rank of SFT (none: full).", min=1, max=4096)
+
+
+def flywheel_teacher() -> InterveneConfig:
+    """Who corrects the policy's failures by default: the scripted expert (bundled sites)."""
+    return InterveneConfig(teacher="expert")
+
+
+def flywheel_prm() -> ScoreStepsConfig:
+    """How sampled states are scored by default: the exact PRM (replays on the bundled sites),
+    candidates from the noisy expert, every third step."""
+    return ScoreStepsConfig(every=3)
+
+
 #: The flywheel's settings before it held collect configs, by their old names (its id keeps them,
 #: so existing flywheels resume): old name → (nested config, field).
 _OLD_KEYS = {
@@ -159,7 +193,9 @@ _OLD_KEYS = {
 #: Set by the flywheel (per round and stage), or operational: not part of its id.
 _SET_BY_FLYWHEEL = {"seed", "run_name", "concurrency", "model", "workers", "dask_address"}
 _SET_BY_FLYWHEEL |= {"lease_wait_s", "task_ids"}
-_SET_BY_FLYWHEEL_ROLLOUT = {"max_steps"}  # the recipe's horizon schedule
+_SET_BY_FLYWHEEL_ROLLOUT = {"max_steps", "policy"}  # the horizon schedule; policy.kind
+#: Score-steps settings the flywheel sets (its prm_states / prm_k, the round's run, seeds).
+_PRM_SET = {"run", "k", "max_states", "seed"}
 
 
 @dataclass(frozen=True)
@@ -239,6 +275,28 @@ class FlywheelConfig:
         cli_fields=("n_tasks", "max_steps"),
         flags={"n_tasks": "--eval-n", "max_steps": "--eval-max-steps"},
     )
+    policy: PolicyConfig = setting(
+        factory=PolicyConfig,
+        help="The policy trained (ranker, or hf: your VLM folder); it rolls out every round.",
+        cli_fields=("kind", "model", "lora_r"),
+        prefix="policy-",
+    )
+    teacher: InterveneConfig = setting(
+        factory=flywheel_teacher,
+        help="Who corrects `interventions` failures a round (an intervene config: expert on the "
+        "bundled sites, or openai: any OpenAI-compatible model).",
+        cli_fields=("teacher", "base_url", "model"),
+        flags={"teacher": "--teacher"},
+        prefix="teacher-",
+    )
+    prm: ScoreStepsConfig = setting(
+        factory=flywheel_prm,
+        help="How `prm_states` states a round are scored (a score-steps config: exact on the "
+        "bundled sites, or vlm: a judge model scoring candidates).",
+        cli_fields=("scorer", "scorer_base_url", "scorer_model", "policy"),
+        flags={"scorer": "--prm-scorer", "policy": "--prm-candidates-from"},
+        prefix="prm-",
+    )
 
     def identity(self) -> dict[str, Any]:
         """What names the flywheel: its own fields, the nested settings it had before it held
@@ -255,6 +313,12 @@ class FlywheelConfig:
             d["judge"] = _judge_identity(self.judge)
         if judges(self.eval_judge):  # likewise
             d["eval_judge"] = _judge_identity(self.eval_judge)
+        if self.policy != PolicyConfig():  # likewise
+            d["policy"] = dataclasses.asdict(self.policy)
+        if self.teacher != flywheel_teacher():  # likewise
+            d["teacher"] = self.teacher.identity()
+        if self.prm != flywheel_prm():  # likewise
+            d["prm"] = {k: v for k, v in self.prm.identity().items() if k not in _PRM_SET}
         d.update({old: getattr(getattr(self, c), f) for old, (c, f) in _OLD_KEYS.items()})
         known = {(c, f) for c, f in _OLD_KEYS.values()}
         # one action timeout for every stage was one setting (action_timeout_s, the rollout's now)
@@ -285,7 +349,13 @@ class FlywheelConfig:
             return load_recipe(Path(self.recipe))
         recipe = parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
         filters = tuple(_judged_by(f, self.judge.judge) for f in recipe.filters)
-        return recipe.model_copy(update={"filters": filters})
+        update: dict[str, Any] = {"filters": filters}
+        if self.judge.judge != "programmatic":
+            # the gate counts the checkers' successes: another judge's successes may be the
+            # checkers' failures, and suites without checkers have none (the verdict filter
+            # keeps the judge's successes)
+            update["gates"] = recipe.gates.model_copy(update={"success_rate": (0.0, 1.0)})
+        return recipe.model_copy(update=update)
 
     def horizon(self, round_: int) -> int:
         """The policy's step budget in round ``round_`` (1-based): the recipe's horizon
@@ -299,25 +369,106 @@ class FlywheelConfig:
             check_config(self)
         except ConfigError as exc:
             raise FlywheelError(str(exc)) from None
-        wanted = {"expert": "expert", "rollout": "ranker", "eval": "ranker"}
-        for name, policy in wanted.items():
-            got = getattr(self, name).policy
-            if got != policy:
-                raise FlywheelError(
-                    f"{name}.policy: {got!r}; this flywheel runs the {policy} there (it trains "
-                    "the ranker on the bundled sites)"
-                )
-            if getattr(self, name).suite != "bundled":
-                raise FlywheelError(
-                    f"{name}.suite: {getattr(self, name).suite!r}; this flywheel generates and "
-                    "grades the bundled suite (its expert teacher and exact PRM need it)"
-                )
+        _check_policy(self)
+        try:
+            _check_suites(self)
+        except FlywheelError:
+            raise
+        except ConfigError as exc:
+            raise FlywheelError(str(exc)) from None
         check_judge(self.judge)
         if judges(self.eval_judge):
             check_judge(self.eval_judge)
+        if self.train_rl:
+            try:
+                rl_config(self, 1, "-", "-").check()
+            except ValueError as exc:
+                raise FlywheelError(f"rl.{exc}") from None
         if self.recipe is not None and not Path(self.recipe).is_file():
             raise FlywheelError(f"--recipe {self.recipe}: no such file")
-        self.load_recipe()  # a RecipeError names the line
+        recipe = self.load_recipe()  # a RecipeError names the line
+        _check_recipe_judges(self, recipe)
+
+
+def _check_policy(cfg: FlywheelConfig) -> None:
+    """The policy's rollouts are the policy's; a VLM needs a folder and screenshots."""
+    kind = cfg.policy.kind
+    if cfg.expert.policy not in ("expert", "openai"):
+        raise FlywheelError(
+            f"expert.policy: {cfg.expert.policy!r}; round 1's teacher data comes from the "
+            "scripted expert or an OpenAI-compatible model (openai, with base_url and model)"
+        )
+    for name in ("rollout", "eval"):
+        got = getattr(cfg, name).policy
+        if got not in ("ranker", kind):  # (ranker: the default, replaced by policy.kind)
+            raise FlywheelError(
+                f"{name}.policy: {got!r}; this flywheel rolls out the policy it trains "
+                f"(policy.kind: {kind!r}; set policy.kind: hf to train a VLM)"
+            )
+    if kind == "ranker":
+        if cfg.policy.model is not None or cfg.policy.lora_r is not None:
+            raise FlywheelError("policy.model: the ranker starts fresh; set policy.kind: hf")
+        return
+    if not cfg.policy.model:
+        raise FlywheelError("policy.model: policy.kind hf needs a checkpoint folder")
+    for name in ("expert", "rollout", "eval"):
+        if getattr(cfg, name).prompt_mode == "a11y":
+            raise FlywheelError(
+                f"{name}.prompt_mode: 'a11y' records no screenshots; a VLM policy (policy.kind "
+                "hf) trains on and reads them: use both or screenshot"
+            )
+
+
+def _check_recipe_judges(cfg: FlywheelConfig, recipe: Recipe) -> None:
+    """A recipe filter naming a judge the flywheel does not run would find no verdicts on the
+    flywheel's runs (curation would refuse it after the round's collection): refused now."""
+    mine = {cfg.judge.judge, *((cfg.judge.members or "").replace(" ", "").split(","))} - {""}
+    for i, spec in enumerate(recipe.filters):
+        for kind, _sub, name in spec.params.warehouse_names():
+            if kind == "judge" and name not in mine:
+                raise FlywheelError(
+                    f"recipe: filters[{i}].{spec.name} names judge {name!r}, but the flywheel "
+                    f"judges its runs with {cfg.judge.judge!r} (judge): name that one"
+                )
+
+
+def _check_suites(cfg: FlywheelConfig) -> None:
+    """Stages that need the bundled sites (their checkers, reference solutions, the scripted
+    expert) are refused on other suites, naming the setting."""
+    suites = {n: getattr(cfg, n).suite for n in ("expert", "rollout", "eval")}
+    for name, suite in suites.items():
+        if suite == "bundled":
+            continue
+        if name == "expert" and cfg.expert.policy == "expert":
+            raise FlywheelError(
+                f"expert.policy: the scripted expert plays the bundled sites only, not suite "
+                f"{suite!r}: use an OpenAI-compatible teacher model (openai)"
+            )
+        if name == "eval":
+            check_judge_fits(cfg.eval_judge, suite, "eval_judge", "the rollouts' own grading")
+        else:
+            check_judge_fits(cfg.judge, suite, "judge", "the rollouts' own grading")
+    main = suites["expert"]
+    if cfg.prm_states and main != "bundled":
+        if cfg.prm.scorer == "exact":
+            raise FlywheelError(
+                f"prm.scorer: exact replays the bundled sites' reference solutions, suite "
+                f"{main!r} has none: use vlm, or prm_states: 0"
+            )
+        if cfg.prm.policy == "expert":
+            raise FlywheelError(
+                f"prm.policy: expert candidates need the bundled sites, not suite {main!r}: use "
+                "openai (prm base_url/model), or prm_states: 0"
+            )
+    if cfg.interventions and cfg.teacher.teacher == "expert" and suites["rollout"] != "bundled":
+        raise FlywheelError(
+            f"teacher.teacher: the expert teacher corrects bundled tasks only, not suite "
+            f"{suites['rollout']!r}: use openai (teacher base_url/model), or interventions: 0"
+        )
+    if cfg.teacher.teacher == "openai" and not (cfg.teacher.base_url and cfg.teacher.model):
+        raise FlywheelError("teacher.base_url: the openai teacher needs base_url and model")
+    if cfg.prm.scorer == "vlm" and cfg.prm_states and not cfg.prm.scorer_base_url:
+        raise FlywheelError("prm.scorer_base_url: the vlm scorer needs an endpoint")
 
 
 class Lent:
@@ -401,6 +552,25 @@ def untrained_checkpoint(home: str | None, seed: int) -> str:
     return str(path)
 
 
+def start_checkpoint(home: str | None, cfg: FlywheelConfig) -> str:
+    """Round 1's policy folder: the untrained ranker, or the VLM folder ``policy.model``."""
+    if cfg.policy.kind == "ranker":
+        return untrained_checkpoint(home, cfg.seed)
+    from serving.supervisor import ServerError, resolve_model
+
+    try:
+        # tiny-idefics: built offline in this warehouse's home (its path names runs)
+        return resolve_model(str(cfg.policy.model), WarehouseConfig.from_env(home=home).home)
+    except ServerError as exc:
+        raise FlywheelError(f"policy.model: {exc}") from None
+
+
+def sft_start(cfg: FlywheelConfig, round_: int, policy: str) -> str:
+    """What round ``round_``'s SFT starts from: a fresh ranker in round 1 (``ranker``), else
+    ``policy`` (the VLM folder in round 1, the previous round's checkpoint after)."""
+    return "ranker" if round_ == 1 and cfg.policy.kind == "ranker" else policy
+
+
 def expert_config(cfg: FlywheelConfig) -> CollectConfig:
     """Round 1's expert run: ``cfg.expert`` with the flywheel's seed and run name."""
     return dataclasses.replace(
@@ -413,6 +583,7 @@ def policy_config(cfg: FlywheelConfig, round_: int, checkpoint: str) -> CollectC
     budget for the round and another seeded subset of train tasks each round."""
     return dataclasses.replace(
         cfg.rollout,
+        policy=cfg.policy.kind,
         model=checkpoint,
         max_steps=cfg.horizon(round_),
         seed=cfg.seed + round_,
@@ -439,10 +610,10 @@ def score_run(
     """Exact PRM scores of K candidates at a sample of the run's states (scored states kept)."""
     if not cfg.prm_states:
         return None
-    prm = ScoreStepsConfig(
+    prm = dataclasses.replace(
+        cfg.prm,
         run=run_id,
         k=cfg.prm_k,
-        every=3,
         max_states=cfg.prm_states,
         seed=cfg.seed,
         concurrency=cfg.concurrency,
@@ -460,23 +631,23 @@ def score_run(
 def intervene_run(
     home: str | None, cfg: FlywheelConfig, round_: int, run_id: str, lent: Lent | None = None
 ) -> dict[str, Any] | None:
-    """The expert teacher corrects the first error of the run's first ``cfg.interventions``
-    failed trajectories (by id). Those already settled count: a re-run does only what is left,
-    never the next failures."""
+    """The teacher (``cfg.teacher``) corrects the first error of the run's first
+    ``cfg.interventions`` failed trajectories (by id). Those already settled count: a re-run does
+    only what is left, never the next failures."""
     if not cfg.interventions:
         return None
     with _open(home) as wh:
         settled = wh.sql(
             "SELECT count(DISTINCT i.traj_id) FROM interventions i JOIN trajectories t "
-            "USING (traj_id) WHERE t.run_id = ? AND i.proposer = 'expert' "
+            "USING (traj_id) WHERE t.run_id = ? AND i.proposer = ? "
             "AND NOT list_contains(?, i.verified_outcome)",
-            [run_id, list(RETRIED_OUTCOMES)],
+            [run_id, cfg.teacher.teacher_name, list(RETRIED_OUTCOMES)],
         ).item()
         left = cfg.interventions - settled
         if left <= 0:
             return {"selected": 0, "settled": settled, "verified": 0, "not_verified": 0}
-        icfg = InterveneConfig(
-            teacher="expert",
+        icfg = dataclasses.replace(
+            cfg.teacher,
             run=run_id,
             max_trajectories=left,
             concurrency=min(2, cfg.concurrency),
@@ -516,13 +687,19 @@ def _dataset(wh: Warehouse, dataset_id: str) -> dict[str, Any]:
     return row
 
 
-def train_round(home: str | None, cfg: FlywheelConfig, dataset_id: str, start: str) -> TrainResult:
-    """SFT of the ranker on the round's dataset, from ``start`` (``ranker``: a fresh one, else the
-    previous round's checkpoint folder); resumes from the run's last checkpoint."""
+def train_round(
+    home: str | None, cfg: FlywheelConfig, dataset_id: str, start: str, first: bool | None = None
+) -> TrainResult:
+    """SFT of the policy on the round's dataset, from ``start`` (``ranker``: a fresh one, else a
+    checkpoint folder: the VLM's in round 1, the previous round's after); ``first``: round 1
+    (``epochs``, else ``later_epochs``; default: a fresh ranker is round 1). Resumes from the
+    run's last checkpoint."""
+    first = start == "ranker" if first is None else first
     scfg = SFTConfig(
         dataset=dataset_id,
         model=start,
-        epochs=cfg.epochs if start == "ranker" else cfg.later_epochs,
+        lora_r=cfg.policy.lora_r,
+        epochs=cfg.epochs if first else cfg.later_epochs,
         lr=cfg.lr,
         batch_size=cfg.batch_size,
         seed=cfg.seed,
@@ -559,7 +736,9 @@ def rl_config(cfg: FlywheelConfig, round_: int, checkpoint: str, dataset_id: str
 
 def eval_config(cfg: FlywheelConfig, checkpoint: str) -> EvalConfig:
     """A round's evaluation of ``checkpoint``: ``cfg.eval``'s rollouts, ``cfg.eval_judge``."""
-    rollout = dataclasses.replace(cfg.eval, seed=cfg.seed, concurrency=cfg.concurrency)
+    rollout = dataclasses.replace(
+        cfg.eval, policy=cfg.policy.kind, seed=cfg.seed, concurrency=cfg.concurrency
+    )
     return EvalConfig(checkpoint=checkpoint, rollout=rollout, judge=cfg.eval_judge)
 
 
@@ -692,6 +871,7 @@ def round_record(
     before: dict[str, Any],
     after: dict[str, Any],
     rl: TrainResult | None = None,
+    start: str | None = None,
 ) -> dict[str, Any]:
     """What round ``n`` did, from its stages' results (the round's artifact shows it);
     ``trained`` is the SFT result, ``rl`` RL's (its checkpoint is then the round's)."""
@@ -703,7 +883,7 @@ def round_record(
         "scored": scored,
         "intervened": intervened,
         "dataset": dataset,
-        "start": "a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint",
+        "start": start or ("a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint"),
         "trained": {
             "training_run_id": final.training_run_id,
             "checkpoint_id": final.checkpoint_id,

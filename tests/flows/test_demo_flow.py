@@ -14,7 +14,6 @@ ROOT = Path(__file__).parents[2]
 
 def test_demo_config_is_the_cpu_scale_flywheel():
     from flows.demo import demo_config
-    from stages.flywheel import FlywheelError
     from warehouse.config import ConfigError
 
     cfg = demo_config(seed=1, rounds=2)
@@ -25,11 +24,68 @@ def test_demo_config_is_the_cpu_scale_flywheel():
     assert cfg.horizon(1) < cfg.horizon(2) == cfg.horizon(5)  # the recipe's schedule
     with pytest.raises(ConfigError, match="rounds: 0 is below the minimum 1"):
         demo_config(rounds=0)
-    with pytest.raises(FlywheelError, match=r"rollout\.policy: 'hf'; this flywheel runs"):
-        demo_config(rollout={"policy": "hf"}).check()
-    with pytest.raises(FlywheelError, match=r"eval\.suite: 'om2w'"):
-        demo_config(eval={"suite": "om2w"}).check()
     assert (cfg.expert.n_tasks, cfg.rollout.samples, cfg.eval.n_tasks) == (40, 2, 24)
+
+
+RUBRIC = {"judge": "rubric_vlm", "base_url": "http://127.0.0.1:9/v1", "model": "j"}
+OPENAI = {"teacher": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "t"}
+VLM = {"kind": "hf", "model": "tiny-idefics"}
+BOTH = {"prompt_mode": "both"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"rollout": {"policy": "hf"}}, r"rollout\.policy: 'hf'; this flywheel rolls out the"),
+        ({"eval": {"suite": "om2w"}}, r"eval_judge: none \(the rollouts' own grading\) decides"),
+        ({"policy": {"kind": "hf"}}, r"policy\.model: policy\.kind hf needs a checkpoint"),
+        ({"policy": VLM}, r"expert\.prompt_mode: 'a11y' records no screenshots"),
+        ({"policy": {"model": "x"}}, r"policy\.model: the ranker starts fresh"),
+        ({"rollout": {"suite": "om2w"}}, r"judge: programmatic needs tasks with checkers"),
+        (
+            {"rollout": {"suite": "om2w"}, "judge": RUBRIC, "interventions": 1},
+            r"teacher\.teacher: the expert teacher corrects bundled tasks only",
+        ),
+        ({"expert": {"suite": "om2w"}}, r"expert\.policy: the scripted expert plays the bundled"),
+        (
+            {"expert": {"suite": "om2w", "policy": "openai"}, "judge": RUBRIC},
+            r"prm\.scorer: exact replays the bundled sites",
+        ),
+        ({"teacher": {"teacher": "openai"}}, r"teacher\.base_url: the openai teacher needs"),
+        ({"prm": {"scorer": "vlm"}}, r"prm\.scorer_base_url: the vlm scorer needs an endpoint"),
+        (
+            {"judge": RUBRIC, "recipe": "curation/recipes/filtered-bc.yaml"},
+            r"recipe: filters\[0\]\.verdict names judge 'programmatic', but the flywheel",
+        ),
+        (
+            {"train_rl": True, "rl": {"rollout": {"suite": "om2w"}}},
+            r"rl\.judge: none \(rewards from own outcomes\)",
+        ),
+    ],
+)
+def test_a_flywheel_that_cannot_work_is_refused_naming_the_setting(settings, error):
+    from flows.demo import demo_config
+    from stages.flywheel import FlywheelError
+
+    with pytest.raises(FlywheelError, match=error):
+        demo_config(**settings).check()
+
+
+def test_a_vlm_flywheel_with_your_judge_and_teacher_checks_and_has_its_own_id():
+    from flows.demo import demo_config
+
+    cfg = demo_config(
+        policy=VLM,
+        expert=BOTH,
+        rollout=BOTH,
+        eval=BOTH,
+        judge=RUBRIC,
+        teacher=OPENAI,
+        prm={"scorer": "vlm", "scorer_base_url": "http://127.0.0.1:9/v1", "scorer_model": "p"},
+    )
+    cfg.check()
+    ids = {cfg.flywheel_id, demo_config().flywheel_id, demo_config(judge=RUBRIC).flywheel_id}
+    assert len(ids) == 3
 
 
 def test_every_preset_loads_and_checks():
@@ -41,6 +97,7 @@ def test_every_preset_loads_and_checks():
 
     kinds = {"demo.yaml": FlywheelConfig, "rl-vlm.yaml": RLConfig}
     kinds["eval-live-web.yaml"] = EvalConfig
+    kinds["flywheel-vlm.yaml"] = kinds["flywheel-live-web.yaml"] = FlywheelConfig
     presets = sorted((ROOT / "stages" / "presets").glob("*.yaml"))
     assert sorted(p.name for p in presets) == sorted(kinds)
     for path in presets:

@@ -1,0 +1,264 @@
+"""The VLM flywheel preset (``stages/presets/flywheel-vlm.yaml``) end to end on tiny offline
+models: the tiny Idefics3 as the policy; judge, PRM and teacher on one local OpenAI-protocol
+server (a stand-in for paid models, which cannot run here: its judge verdicts alternate per
+task, its PRM scores 7/10 and every screenshot 3/5 relevant, its teacher answers with the
+reference solution's first action).
+
+One round — expert and policy collect with screenshots → rubric judge → VLM PRM → openai
+teacher → curate → SFT of the VLM → RL rolled out by the served checkpoint (webloop's hf engine),
+synced in place after each update with a log-prob parity check → greedy evaluation — started as
+``webloop flywheel`` in its own process group and SIGKILLed once RL's first sync has been
+recorded (mid-RL), then continued in-process: nothing is written twice, the re-run's server
+starts on the checkpoint RL's next rollouts need, and every table holds the round's rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from stages.served import ServedCheckpoints
+from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from warehouse import Warehouse, WarehouseConfig
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
+ROOT = Path(__file__).parents[2]
+PRESET = ROOT / "stages" / "presets" / "flywheel-vlm.yaml"
+
+
+def stand_in() -> FakeOpenAI:
+    """Judge, PRM and teacher in one OpenAI-protocol server (see the module docstring)."""
+    seen: Counter[str] = Counter()
+
+    def reply(body: dict[str, Any]) -> str:
+        text = last_user_text(body)
+        if "List the key points" in text:
+            return "1. do what the task asks"
+        if "Rate it." in text:
+            return "Score: 7"
+        if "How much evidence does it show" in text:  # the judge's screenshot relevance
+            return "Score: 3"
+        if "You are now the TEACHER" in text:
+            first = re.search(r"reference solution[^\n]*\n1\. ([^\n]+)", text)
+            action = first.group(1) if first else 'answer("done")'
+            return f"Error: step 1: it strayed\nThought: follow the plan\nAction: {action}"
+        task = re.search(r"Task: (.*)", text)
+        seen[task.group(1) if task else ""] += 1
+        verdict = "success" if seen[task.group(1) if task else ""] % 2 else "failure"
+        return json.dumps({"verdict": verdict})
+
+    return FakeOpenAI([], default=("fn", reply))
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_settings(url: str) -> dict[str, Any]:
+    """The preset, at the smallest size that still exercises every stage, on the stand-in."""
+    preset = yaml.safe_load(PRESET.read_text())
+    judge = {"judge": "rubric_vlm", "base_url": url, "model": "judge"}
+    return merged(
+        preset,
+        {
+            "rounds": 1,
+            "bundled_tasks": 40,
+            "epochs": 1,
+            "lr": 1e-3,
+            "concurrency": 2,
+            "expert": {"n_tasks": 3, "noise": 0.0, "max_steps": 8},
+            "rollout": {"n_tasks": 1, "samples": 2},
+            "eval": {"n_tasks": 2, "max_steps": 2},
+            "judge": judge,
+            "prm_states": 1,
+            "prm_k": 2,
+            "prm": {"scorer_base_url": url, "scorer_model": "prm"},
+            "interventions": 1,
+            "teacher": {"base_url": url, "model": "teacher"},
+            "rl": {
+                "iterations": 2,
+                "serve": "hf",
+                "lr": 0.05,
+                "batch_size": 8,
+                "ppo_epochs": 1,
+                "rollout": {"n_tasks": 2, "samples": 2, "max_steps": 2},
+                "judge": judge,
+            },
+        },
+    )
+
+
+def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
+    prefect_harness, sites, chromium, tmp_path
+):
+    from flows.flywheel import flywheel
+    from stages.config import config_from_mapping
+    from stages.flywheel import FlywheelConfig, Lent
+
+    home = str(tmp_path / "home")
+    with stand_in() as fake:
+        settings = tiny_settings(fake.url)
+        cfg = config_from_mapping(FlywheelConfig, settings)
+        cfg.check()
+        file = tmp_path / "flywheel.yaml"
+        file.write_text(yaml.safe_dump(settings))
+        env = {**os.environ, "PREFECT_API_URL": prefect_harness, "WEBLOOP_HOME": home}
+        env.pop("WEBLOOP_WAREHOUSE", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.flywheel", "flywheel", "--config", str(file)],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        engine = _kill_after_the_first_sync(proc, home)
+        _assert_gone(engine)
+        before = _counts(home)
+        out = flywheel(cfg, home, Lent(sites, chromium.browser, chromium.run))
+        after = _counts(home)
+    [r] = out["rounds"]
+    first, second = r["rl"]["iterations"]
+    # the re-run: iteration 0 was done (stored); iteration 1's rollouts came from the server it
+    # started on iteration 0's checkpoint, then it synced and checked parity again
+    assert first["served_from"] is None and second["served_from"] == first["checkpoint"]
+    assert second["steps_run"] > 0 and second["timing"]["parity_max_abs_diff"] < 1e-3
+    assert second["timing"]["sync_in_place"] == 1.0
+    for table in ("trajectories", "steps", "judgments", "metrics"):
+        assert after[table] == after[f"distinct_{table}"], table  # nothing written twice
+    assert before["trajectories"] <= after["trajectories"]
+    for table in ("judgments", "step_scores", "interventions", "datasets", "training_runs"):
+        assert after[table] > 0, table  # rows in every table
+    assert after["evaluations"] == 2  # the untrained VLM and round 1's checkpoint
+    assert after["proposers"] == ["openai:teacher"] and after["scorers"] == ["vlm"]
+    assert after["policies"] == ["expert", "hf", "intervention:openai:teacher"]
+    assert r["trained"]["checkpoint"] == second["checkpoint"]  # the round's policy is RL's
+    # after a sync the server answers as the saved checkpoint does in-process
+    served = ServedCheckpoints(engine="hf")
+    try:
+        url, _ = served.endpoint(first["checkpoint"])
+        assert served.sync(second["checkpoint"])[0] == "reload"
+        assert greedy_served(url) == greedy_in_process(second["checkpoint"])
+    finally:
+        served.stop()
+
+
+FIXED = [{"role": "user", "content": "Task: open the inbox.\nAction:"}]
+
+
+def greedy_served(base_url: str) -> str:
+    body = {"model": "policy", "messages": FIXED, "temperature": 0, "max_tokens": 8}
+    r = httpx.post(base_url + "/chat/completions", json=body, timeout=120)
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def greedy_in_process(checkpoint: str) -> str:
+    from rollouts.hf import HFGenerator, load_model
+
+    model, proc = load_model(checkpoint)
+    return HFGenerator(model, proc).run_batch([FIXED], 8)[0].text
+
+
+def _kill_after_the_first_sync(proc: subprocess.Popen, home: str) -> int | None:
+    """SIGKILL the flywheel's process group once RL's first sync is in ``metrics``; the model
+    server's pid (found while it ran) or None."""
+    deadline = time.monotonic() + 1500
+    engine = None
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            engine = engine or _engine_under(home)
+            if _synced(home):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(60)
+                return engine
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    raise AssertionError(f"no RL sync in time: {proc.stderr.read().decode()[-3000:]}")
+
+
+def _engine_under(home: str) -> int | None:
+    """The hf engine serving a checkpoint under ``home`` (its argv names the folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serving.server" in argv and any(a.startswith(home.encode()) for a in argv):
+            return int(entry.name)
+    return None
+
+
+def _synced(home: str) -> bool:
+    if not (Path(home) / "lake").exists():
+        return False
+    try:
+        with Warehouse.open(
+            WarehouseConfig.from_env(home=home, warehouse=""), read_only=True
+        ) as wh:
+            q = "SELECT count(*) FROM metrics WHERE name = 'parity_max_abs_diff'"
+            return bool(wh.sql(q).item())
+    except Exception:  # the catalog is being written: poll again
+        return False
+
+
+def _assert_gone(engine: int | None) -> None:
+    from serving.supervisor import group_members
+
+    assert engine is not None, "the flywheel's RL started no model server"
+    deadline = time.monotonic() + 60
+    while group_members(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_members(engine) == []  # it died with the flywheel (PR_SET_PDEATHSIG)
+
+
+def _counts(home: str) -> dict[str, Any]:
+    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""), read_only=True) as wh:
+
+        def one(q: str) -> Any:
+            return wh.sql(q).item()
+
+        out = {
+            t: one(f"SELECT count(*) FROM {t}")
+            for t in (
+                "trajectories",
+                "steps",
+                "judgments",
+                "metrics",
+                "step_scores",
+                "interventions",
+                "datasets",
+                "training_runs",
+                "evaluations",
+            )
+        }
+        out["distinct_trajectories"] = one("SELECT count(DISTINCT traj_id) FROM trajectories")
+        out["distinct_steps"] = one("SELECT count(DISTINCT (traj_id, step_idx)) FROM steps")
+        out["distinct_judgments"] = one(
+            "SELECT count(DISTINCT (traj_id, judge, judge_version)) FROM judgments"
+        )
+        out["distinct_metrics"] = one(
+            "SELECT count(DISTINCT (training_run_id, step, name)) FROM metrics"
+        )
+        out["proposers"] = sorted(wh.sql("SELECT DISTINCT proposer FROM interventions")["proposer"])
+        out["scorers"] = sorted(wh.sql("SELECT DISTINCT scorer FROM step_scores")["scorer"])
+        out["policies"] = sorted(wh.sql("SELECT DISTINCT policy FROM trajectories")["policy"])
+        return out
