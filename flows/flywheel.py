@@ -73,7 +73,11 @@ def run_round(
     intervened = intervene(home, cfg, n, collected["policy"].run_id, lent)
     dataset = curate(home, cfg, n)
     start = stage.sft_start(cfg, n, policy)
-    trained = train(home, cfg, dataset["dataset_id"], start, n == 1)
+    trained = (
+        train(home, cfg, dataset["dataset_id"], start, n == 1)
+        if cfg.train_sft
+        else stage.no_sft(policy)
+    )
     rl_res = rl(home, cfg, n, trained, dataset["dataset_id"], lent) if cfg.train_rl else None
     final = rl_res if rl_res is not None else trained
     after = evaluate(home, cfg, final.checkpoint, lent)

@@ -113,7 +113,7 @@ def flywheel_eval() -> CollectConfig:
 
 
 _NESTED_OR_LATER = {"expert", "rollout", "eval", "concurrency", "train_rl", "rl", "judge"}
-_NESTED_OR_LATER |= {"eval_judge", "policy", "teacher", "prm"}
+_NESTED_OR_LATER |= {"eval_judge", "policy", "teacher", "prm", "train_sft"}
 
 
 def _judged_by(spec: Any, judge: str) -> Any:
@@ -244,6 +244,11 @@ class FlywheelConfig:
         cli_fields=("n_tasks", "samples", "temperature"),
         flags={"n_tasks": "--policy-tasks", "samples": "--group-size"},
     )
+    train_sft: bool = setting(
+        True,
+        help="Each round's SFT on its curated dataset (off: the round's policy goes to RL, or "
+        "is evaluated, as it is).",
+    )
     train_rl: bool = setting(
         False,
         help="After each round's SFT, on-policy RL from its checkpoint (the rl config); the "
@@ -313,6 +318,8 @@ class FlywheelConfig:
             d["judge"] = _judge_identity(self.judge)
         if judges(self.eval_judge):  # likewise
             d["eval_judge"] = _judge_identity(self.eval_judge)
+        if not self.train_sft:  # likewise
+            d["train_sft"] = False
         if self.policy != PolicyConfig():  # likewise
             d["policy"] = dataclasses.asdict(self.policy)
         if self.teacher != flywheel_teacher():  # likewise
@@ -370,6 +377,8 @@ class FlywheelConfig:
         except ConfigError as exc:
             raise FlywheelError(str(exc)) from None
         _check_policy(self)
+        if not (self.train_sft or self.train_rl):
+            raise FlywheelError("train_sft: with train_rl off too, no round would train anything")
         try:
             _check_suites(self)
         except FlywheelError:
@@ -707,6 +716,12 @@ def train_round(
     )
     with _open(home) as wh:
         return run_sft(wh, scfg)
+
+
+def no_sft(policy: str) -> TrainResult:
+    """A round without SFT (``train_sft`` off): its "SFT checkpoint" is the policy it started
+    with (a fresh ranker has none to start from: it is refused)."""
+    return TrainResult(training_run_id=None, checkpoint_id=None, checkpoint=policy)
 
 
 def rl_round(

@@ -200,15 +200,17 @@ _ACTIVE: ContextVar[ServedCheckpoints | None] = ContextVar("served_checkpoints",
 
 
 @contextlib.contextmanager
-def serving_checkpoints(served: ServedCheckpoints | None) -> Iterator[ServedCheckpoints | None]:
+def serving_checkpoints(
+    served: ServedCheckpoints | None, stop: bool = True
+) -> Iterator[ServedCheckpoints | None]:
     """Inside: ``hf`` checkpoint policies are clients of ``served`` (None: in-process); the
-    server is stopped on the way out."""
+    server is stopped on the way out (unless ``stop`` is False: the caller's)."""
     token = _ACTIVE.set(served)
     try:
         yield served
     finally:
         _ACTIVE.reset(token)
-        if served is not None:
+        if served is not None and stop:
             served.stop()
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from curation.curriculum import horizon_at
+from serving.supervisor import vllm_python
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.config import ConfigError, setting
@@ -429,6 +430,11 @@ class RLConfig:
                 "the SFT rows it weighs)"
             )
         check_judge_fits(self.judge, self.rollout.suite, "judge", "rewards from own outcomes")
+        if self.serve == "vllm" and vllm_python() is None:
+            raise ConfigError(
+                "serve: vllm needs the vLLM environment: run `make vllm` first (or serve: auto, "
+                "which takes webloop's hf engine without it)"
+            )
         exact = self.estimator in STEP_LEVEL and self.prm.scorer == "exact"
         if exact and self.rollout.suite != "bundled":
             raise ConfigError(
@@ -458,10 +464,13 @@ async def run_rl(
     *,
     server: Any = None,
     browser: Any = None,
+    served: ServedCheckpoints | None = None,
 ) -> TrainResult:
     """Run (or resume) ``cfg.iterations`` on-policy iterations; a summary per iteration. An
     iteration whose batch has no learning signal (every group's samples got the same reward)
-    makes no update; if no iteration trained, the start checkpoint is the result."""
+    makes no update; if no iteration trained, the start checkpoint is the result. ``served``: a
+    running model server to roll a VLM out on (the caller's: left running; by default one is
+    started per ``cfg.serve`` and stopped at the end)."""
     say = progress or (lambda _line: None)
     cfg.check()
     if judges(cfg.judge):
@@ -472,9 +481,10 @@ async def run_rl(
     out_root = checkpoints_dir(wh, run_id)
     # the KL term keeps the policy near where RL started (the start checkpoint, frozen)
     ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
-    served = _served(cfg, start, out_root)
+    own = served is None
+    served = _served(cfg, start, out_root) if own else served
     loop = _Loop(wh, cfg, say, server, browser, run_id, start, ref, served, anchor, anchor_id)
-    with serving_checkpoints(served):
+    with serving_checkpoints(served, stop=own):
         for it in range(cfg.iterations):
             await loop.iteration(it)
     row, rounds, current = loop.row, loop.rounds, loop.current

@@ -53,6 +53,7 @@ BOTH = {"prompt_mode": "both"}
         ),
         ({"teacher": {"teacher": "openai"}}, r"teacher\.base_url: the openai teacher needs"),
         ({"prm": {"scorer": "vlm"}}, r"prm\.scorer_base_url: the vlm scorer needs an endpoint"),
+        ({"train_sft": False}, r"train_sft: with train_rl off too, no round would train"),
         (
             {"judge": RUBRIC, "recipe": "curation/recipes/filtered-bc.yaml"},
             r"recipe: filters\[0\]\.verdict names judge 'programmatic', but the flywheel",
@@ -84,8 +85,10 @@ def test_a_vlm_flywheel_with_your_judge_and_teacher_checks_and_has_its_own_id():
         prm={"scorer": "vlm", "scorer_base_url": "http://127.0.0.1:9/v1", "scorer_model": "p"},
     )
     cfg.check()
+    rl_only = demo_config(train_sft=False, train_rl=True)
+    rl_only.check()
     ids = {cfg.flywheel_id, demo_config().flywheel_id, demo_config(judge=RUBRIC).flywheel_id}
-    assert len(ids) == 3
+    assert len(ids | {rl_only.flywheel_id}) == 4
 
 
 def test_every_preset_loads_and_checks():

@@ -347,34 +347,3 @@ def _round2_started(home: str, run_id: str) -> bool:
             )
     except Exception:  # the catalog is being created or written: poll again
         return False
-
-
-def test_a_round_with_rl_trains_from_its_sft_checkpoint_and_evaluates_rl_s(
-    prefect_harness, sites, chromium, tiny_recipe, tmp_path
-):
-    """``train_rl``: after the round's SFT, on-policy RL from that checkpoint (the turn
-    estimator: the rubric's per-criterion progress gives a signal even where samples end alike),
-    anchored by the round's dataset; the round's checkpoint, evaluated, is RL's."""
-    from flows.flywheel import flywheel_flow
-    from stages.config import config_from_mapping
-    from stages.flywheel import FlywheelConfig, Lent
-
-    rl = {"estimator": "turn", "rollout": {"n_tasks": 3, "samples": 2, "max_steps": 12}}
-    data = {**TINY, "rounds": 1, "recipe": tiny_recipe, "prm_states": 0, "interventions": 0}
-    cfg = config_from_mapping(FlywheelConfig, {**data, "train_rl": True, "rl": rl})
-    assert cfg.flywheel_id != config_from_mapping(FlywheelConfig, data).flywheel_id
-    home = str(tmp_path / "home")
-    out = flywheel_flow(cfg, home, Lent(sites, chromium.browser, chromium.run))
-    [r] = out["rounds"]
-    [it] = r["rl"]["iterations"]
-    assert it["trajectories"] == 6 and it["nonzero_advantage"] > 0
-    assert r["rl"]["training_run_id"] is not None
-    assert r["trained"]["checkpoint_id"] == r["rl"]["checkpoint_id"] != r["sft"]["checkpoint_id"]
-    assert out["final"]["checkpoint_id"] == r["trained"]["checkpoint_id"]  # RL's, evaluated
-    with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse=""), read_only=True) as wh:
-        row = wh.sql(
-            "SELECT stage, base_model, dataset_id FROM training_runs WHERE training_run_id = ?",
-            [r["rl"]["training_run_id"]],
-        ).row(0)
-    assert row == ("rl", r["sft"]["checkpoint"], r["dataset"]["dataset_id"])
-    assert "| RL | " in r["markdown"]

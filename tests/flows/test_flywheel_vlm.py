@@ -13,14 +13,11 @@ starts on the checkpoint RL's next rollouts need, and every table holds the roun
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +25,14 @@ import httpx
 import pytest
 import yaml
 
+from stages.flywheel import DEFAULT_RECIPE
 from stages.served import ServedCheckpoints
-from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
+from tests.rollouts.stand_ins import stand_in
 from warehouse import Warehouse, WarehouseConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).parents[2]
 PRESET = ROOT / "stages" / "presets" / "flywheel-vlm.yaml"
-
-
-def stand_in() -> FakeOpenAI:
-    """Judge, PRM and teacher in one OpenAI-protocol server (see the module docstring)."""
-    seen: Counter[str] = Counter()
-
-    def reply(body: dict[str, Any]) -> str:
-        text = last_user_text(body)
-        if "List the key points" in text:
-            return "1. do what the task asks"
-        if "Rate it." in text:
-            return "Score: 7"
-        if "How much evidence does it show" in text:  # the judge's screenshot relevance
-            return "Score: 3"
-        if "You are now the TEACHER" in text:
-            first = re.search(r"reference solution[^\n]*\n1\. ([^\n]+)", text)
-            action = first.group(1) if first else 'answer("done")'
-            return f"Error: step 1: it strayed\nThought: follow the plan\nAction: {action}"
-        task = re.search(r"Task: (.*)", text)
-        seen[task.group(1) if task else ""] += 1
-        verdict = "success" if seen[task.group(1) if task else ""] % 2 else "failure"
-        return json.dumps({"verdict": verdict})
-
-    return FakeOpenAI([], default=("fn", reply))
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -110,8 +84,12 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     from stages.flywheel import FlywheelConfig, Lent
 
     home = str(tmp_path / "home")
+    recipe = tmp_path / "recipe.yaml"  # a user's recipe: the judge it keeps, a short horizon
+    text = DEFAULT_RECIPE.replace("horizon: [10, 20]", "horizon: [3]")
+    text = text.replace("[programmatic]", "[rubric_vlm]").replace("[1.0, 1.0]", "[0.0, 1.0]")
+    recipe.write_text(text)
     with stand_in() as fake:
-        settings = tiny_settings(fake.url)
+        settings = {**tiny_settings(fake.url), "recipe": str(recipe)}
         cfg = config_from_mapping(FlywheelConfig, settings)
         cfg.check()
         file = tmp_path / "flywheel.yaml"
@@ -146,7 +124,13 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     assert after["evaluations"] == 2  # the untrained VLM and round 1's checkpoint
     assert after["proposers"] == ["openai:teacher"] and after["scorers"] == ["vlm"]
     assert after["policies"] == ["expert", "hf", "intervention:openai:teacher"]
-    assert r["trained"]["checkpoint"] == second["checkpoint"]  # the round's policy is RL's
+    # the round's policy is RL's checkpoint, evaluated; RL started from the round's SFT
+    # checkpoint, anchored by the round's dataset
+    assert r["trained"]["checkpoint"] == second["checkpoint"]
+    assert r["trained"]["checkpoint_id"] == r["rl"]["checkpoint_id"] != r["sft"]["checkpoint_id"]
+    assert out["final"]["checkpoint_id"] == r["trained"]["checkpoint_id"]
+    assert after["rl_lineage"] == [("rl", r["sft"]["checkpoint"], r["dataset"]["dataset_id"])]
+    assert "| RL | " in r["markdown"] and "the VLM" in r["markdown"]
     # after a sync the server answers as the saved checkpoint does in-process
     served = ServedCheckpoints(engine="hf")
     try:
@@ -261,4 +245,7 @@ def _counts(home: str) -> dict[str, Any]:
         out["proposers"] = sorted(wh.sql("SELECT DISTINCT proposer FROM interventions")["proposer"])
         out["scorers"] = sorted(wh.sql("SELECT DISTINCT scorer FROM step_scores")["scorer"])
         out["policies"] = sorted(wh.sql("SELECT DISTINCT policy FROM trajectories")["policy"])
+        out["rl_lineage"] = wh.sql(
+            "SELECT stage, base_model, dataset_id FROM training_runs WHERE stage = 'rl'"
+        ).rows()
         return out

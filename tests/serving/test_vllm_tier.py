@@ -193,3 +193,50 @@ def test_one_rl_iteration_with_weight_sync_changes_what_vllm_serves(
         assert diff < TOL
     finally:
         vllm_server.sync_weights(original, timeout_s=900)
+
+
+def test_the_rl_stage_rolls_out_on_vllm_syncs_in_place_and_checks_parity(
+    vllm_server, server, chromium, wh
+):
+    """``webloop train rl`` of a VLM on the session's vLLM (the served checkpoint): one GRPO
+    iteration rewarded by a rubric judge stand-in (verdicts alternating per task), the update
+    synced into vLLM in place, and the server's log-probs equal to the trainer's for the same
+    tokens (float32 both: within the tier's tolerance)."""
+    from sites.tasks import generate
+    from stages.config import config_from_mapping
+    from stages.served import ServedCheckpoints
+    from stages.train import RLConfig, run_rl
+    from tests.rollouts.stand_ins import stand_in
+    from warehouse.tasks import put_tasks
+
+    put_tasks(wh, generate(12, 0, templates=["wiki_fact", "mail_archive"]))
+    original = vllm_server.spec.model
+    served = ServedCheckpoints(engine="vllm", parity_tol=TOL)
+    served.server = vllm_server  # the session's server: left running, its weights put back
+    try:
+        with stand_in() as judge:
+            cfg = config_from_mapping(
+                RLConfig,
+                {
+                    "policy": original,
+                    "iterations": 1,
+                    "serve": "vllm",
+                    "lr": 0.05,
+                    "batch_size": 8,
+                    "ppo_epochs": 1,
+                    "rollout": {"n_tasks": 1, "samples": 2, "max_steps": 2},
+                    "judge": {"judge": "rubric_vlm", "base_url": judge.url, "model": "j"},
+                },
+            )
+            out = chromium.run(
+                run_rl(wh, cfg, server=server, browser=chromium.browser, served=served),
+                timeout=1200,
+            )
+        [it] = out.iterations
+        assert it.served_from == original and it.steps_run > 0
+        assert it.timing["sync_in_place"] == 1.0 and it.timing["parity_tokens"] > 0
+        assert it.timing["parity_max_abs_diff"] < TOL
+        assert vllm_server.spec.model == out.checkpoint  # vLLM serves the update
+        print(f"RL on vLLM: {it.timing}")
+    finally:
+        vllm_server.sync_weights(original, timeout_s=900)
