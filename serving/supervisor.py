@@ -85,6 +85,7 @@ def resolve_model(model: str, home: str | Path | None = None) -> str:
             tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
             build_tiny_idefics(tmp)  # then renamed: a kill leaves no half-built folder
             if not (out / "config.json").exists():
+                shutil.rmtree(out, ignore_errors=True)  # a half folder from an older build
                 tmp.rename(out)
             else:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -51,6 +51,7 @@ from stages.judge import (
     JudgeConfig,
     check_judge,
     check_judge_fits,
+    judge_names,
     judge_setting,
     judges,
     run_judge,
@@ -431,7 +432,7 @@ def _check_policy(cfg: FlywheelConfig) -> None:
 def _check_recipe_judges(cfg: FlywheelConfig, recipe: Recipe) -> None:
     """A recipe filter naming a judge the flywheel does not run would find no verdicts on the
     flywheel's runs (curation would refuse it after the round's collection): refused now."""
-    mine = {cfg.judge.judge, *((cfg.judge.members or "").replace(" ", "").split(","))} - {""}
+    mine = judge_names(cfg.judge)
     for i, spec in enumerate(recipe.filters):
         for kind, _sub, name in spec.params.warehouse_names():
             if kind == "judge" and name not in mine:

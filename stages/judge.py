@@ -122,6 +122,11 @@ def judges(cfg: JudgeConfig) -> bool:
     return cfg.judge != OWN_GRADING
 
 
+def judge_names(cfg: JudgeConfig) -> set[str]:
+    """The judge ``cfg`` runs and, for an ensemble, its members."""
+    return {cfg.judge, *((cfg.members or "").replace(" ", "").split(","))} - {""}
+
+
 JUDGE_CLI_FIELDS = ("judge", "base_url", "model", "k", "selection", "members", "rule")
 
 
@@ -284,13 +289,12 @@ def check_judge_fits(cfg: JudgeConfig, suite: str, field: str, own: str) -> None
     the stage would use instead, the rollouts' own grading), on a suite without checkers."""
     if suite in CHECKED_SUITES:
         return
-    names = {cfg.judge, *((cfg.members or "").replace(" ", "").split(","))} - {""}
     if not judges(cfg):
         raise ConfigError(
             f"{field}: none ({own}) decides nothing on suite {suite!r}: its tasks have no "
             "programmatic checkers; set a judge (rubric_vlm on an OpenAI-compatible endpoint)"
         )
-    if "programmatic" in names:
+    if "programmatic" in judge_names(cfg):
         raise ConfigError(
             f"{field}: programmatic needs tasks with checkers (suites {', '.join(CHECKED_SUITES)}"
             f"), suite {suite!r} has none; use rubric_vlm (on an OpenAI-compatible endpoint)"

@@ -155,7 +155,7 @@ class ServedCheckpoints:
                     worst = max(worst, diff)
                 tokens += len(ids)
                 used += 1
-                text = "".join(trainable.tokenizer.decode([i]) for i in ids)
+                text = trainable.tokenizer.decode(ids)
                 if trainable.tokenizer(text, add_special_tokens=False)["input_ids"] != ids:
                     redone += 1
         finally:

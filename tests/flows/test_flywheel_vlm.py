@@ -7,9 +7,10 @@ reference solution's first action).
 One round — expert and policy collect with screenshots → rubric judge → VLM PRM → openai
 teacher → curate → SFT of the VLM → RL rolled out by the served checkpoint (webloop's hf engine),
 synced in place after each update with a log-prob parity check → greedy evaluation — started as
-``webloop flywheel`` in its own process group and SIGKILLed once RL's first sync has been
-recorded (mid-RL), then continued in-process: nothing is written twice, the re-run's server
-starts on the checkpoint RL's next rollouts need, and every table holds the round's rows."""
+``webloop flywheel`` in its own process group and SIGKILLed mid-RL, at a known point (the
+stand-in holds RL iteration 0's last verdict), then continued in-process: nothing is written
+twice, the re-run's server starts on the checkpoint RL's next rollouts need, and every table
+holds the round's rows."""
 
 from __future__ import annotations
 
@@ -89,7 +90,9 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     text = DEFAULT_RECIPE.replace("horizon: [10, 20]", "horizon: [3]")
     text = text.replace("[programmatic]", "[rubric_vlm]").replace("[1.0, 1.0]", "[0.0, 1.0]")
     recipe.write_text(text)
-    with stand_in() as fake:
+    # the verdicts before RL iteration 0's last: the expert's 3, the policy's 1 × 2, RL's 2 × 2
+    last_of_iteration_0 = 3 + 2 + 4
+    with stand_in(hold_verdict=last_of_iteration_0) as fake:
         settings = {**tiny_settings(fake.url), "recipe": str(recipe)}
         cfg = config_from_mapping(FlywheelConfig, settings)
         cfg.check()
@@ -105,21 +108,25 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        engine = _kill_after_the_first_sync(proc, home)
+        engine = _kill_while_held(proc, fake, home)
+        fake.release.set()
         _assert_gone(engine)
         before = _counts(home)
         out = flywheel(cfg, home, Lent(sites, chromium.browser, chromium.run))
         after = _counts(home)
     [r] = out["rounds"]
     first, second = r["rl"]["iterations"]
-    # the re-run: iteration 0 was done (stored); iteration 1's rollouts came from the server it
-    # started on iteration 0's checkpoint, then it synced and checked parity again
+    # the re-run: iteration 0's rollouts were stored (no server for them), its last verdict
+    # and its update were made now; iteration 1's rollouts came from the server it started on
+    # iteration 0's checkpoint, then it synced in place and checked parity
     assert first["served_from"] is None and second["served_from"] == first["checkpoint"]
     assert second["steps_run"] > 0 and second["timing"]["parity_max_abs_diff"] < 1e-3
     assert second["timing"]["sync_in_place"] == 1.0
     for table in ("trajectories", "steps", "judgments", "metrics"):
         assert after[table] == after[f"distinct_{table}"], table  # nothing written twice
     assert before["trajectories"] <= after["trajectories"]
+    # the killed run had stored RL iteration 0's rollouts; the re-run added iteration 1's only
+    assert (before["rl_trajectories"], after["rl_trajectories"]) == (4, 8)
     for table in ("judgments", "step_scores", "interventions", "datasets", "training_runs"):
         assert after[table] > 0, table  # rows in every table
     assert after["evaluations"] == 2  # the untrained VLM and round 1's checkpoint
@@ -159,24 +166,20 @@ def greedy_in_process(checkpoint: str) -> str:
     return HFGenerator(model, proc).run_batch([FIXED], 8)[0].text
 
 
-def _kill_after_the_first_sync(proc: subprocess.Popen, home: str) -> int | None:
-    """SIGKILL the flywheel's process group once RL's first sync is in ``metrics``; the model
-    server's pid (found while it ran) or None."""
-    deadline = time.monotonic() + 1500
-    engine = None
+def _kill_while_held(proc: subprocess.Popen, fake: Any, home: str) -> int | None:
+    """Once the stand-in holds RL iteration 0's last verdict (the rollouts stored, the model
+    server up, no update yet), SIGKILL the flywheel's process group; the server's pid."""
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            engine = engine or _engine_under(home)
-            if _synced(home):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(60)
-                return engine
-            time.sleep(0.5)
+        while not fake.holding.wait(2):
+            if proc.poll() is not None:
+                raise AssertionError(f"the flywheel ended: {proc.stderr.read().decode()[-3000:]}")
+        engine = _engine_under(home)
+        os.killpg(proc.pid, signal.SIGKILL)
+        return engine
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
-    raise AssertionError(f"no RL sync in time: {proc.stderr.read().decode()[-3000:]}")
 
 
 def _engine_under(home: str) -> int | None:
@@ -191,19 +194,6 @@ def _engine_under(home: str) -> int | None:
         if b"serving.server" in argv and any(a.startswith(home.encode()) for a in argv):
             return int(entry.name)
     return None
-
-
-def _synced(home: str) -> bool:
-    if not (Path(home) / "lake").exists():
-        return False
-    try:
-        with Warehouse.open(
-            WarehouseConfig.from_env(home=home, warehouse=""), read_only=True
-        ) as wh:
-            q = "SELECT count(*) FROM metrics WHERE name = 'parity_max_abs_diff'"
-            return bool(wh.sql(q).item())
-    except Exception:  # the catalog is being written: poll again
-        return False
 
 
 def _assert_gone(engine: int | None) -> None:
@@ -236,6 +226,9 @@ def _counts(home: str) -> dict[str, Any]:
                 "evaluations",
             )
         }
+        out["rl_trajectories"] = one(
+            "SELECT count(*) FROM trajectories WHERE starts_with(run_id, 'train-rl-')"
+        )
         out["distinct_trajectories"] = one("SELECT count(DISTINCT traj_id) FROM trajectories")
         out["distinct_steps"] = one("SELECT count(DISTINCT (traj_id, step_idx)) FROM steps")
         out["distinct_judgments"] = one(
