@@ -17,7 +17,7 @@ setup: $(STAMP) system
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet 'torch==2.13.0' -e '.[dev]'
+	$(PY) -m pip install --quiet 'torch==2.13.0' -e '.[dev,trackers]'
 	@touch $(STAMP)
 
 # Chromium for the rollout browsers, PostgreSQL server binaries for the catalog tests.

@@ -10,24 +10,15 @@ its parent dies, however it died.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 
-_PR_SET_PDEATHSIG = 1
+from warehouse.processes import die_with_parent
+
+__all__ = ["FORWARDED", "die_with_parent", "run_child"]
+
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux; a no-op elsewhere).
-    For ``preexec_fn``: it runs in the child between fork and exec. The kernel ties it to the
-    *thread* that forked: start such children from a thread that lives as long as they should
-    (the CLI's main thread), not from a worker thread (a Prefect task's)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def run_child(argv: Sequence[str], env: dict[str, str] | None = None, grace_s: float = 10.0) -> int:

@@ -40,14 +40,63 @@ from stages.served import ServedCheckpoints, serving_checkpoints
 from training import registry
 from training.data import check_modality, find_dataset, sft_turns
 from training.interface import DataMismatch
-from training.load import load_trainable, model_kind, resolve_policy
+from training.load import ModelSpec, model_kind, resolve_policy
 from training.rl import STEP_LEVEL, WEIGHTED, prepare
+from training.trackers import Trackers, parse_report_to
 from warehouse import Warehouse
 
 if TYPE_CHECKING:  # (the trainer imports torch: only when a stage trains)
     from training.trainer import TrainConfig
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How a training run runs (processes, sharding, precision, trackers), not what it trains:
+    none of it names a run, so a run started on one process resumes on eight."""
+
+    num_processes: int = setting(
+        1,
+        help="Training processes on this machine (one per GPU): the update is data-parallel "
+        "(ddp) or sharded (fsdp) across them; 1: in this process.",
+        min=1,
+        max=1024,
+    )
+    strategy: Literal["ddp", "fsdp"] = setting(
+        "ddp", help="Many processes: ddp (a whole model each) or fsdp (parameters sharded)."
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = setting(
+        "no", help="Autocast precision of the forward pass (accelerate's): no, bf16 or fp16."
+    )
+    grad_accum: int = setting(
+        1,
+        help="Micro-batches each process splits its share of a step into (the step's "
+        "gradient is the same; memory is lower).",
+        min=1,
+        max=4096,
+    )
+    report_to: str = setting(
+        "none",
+        help="Experiment trackers beside the warehouse: none, all, or any of tensorboard, "
+        "mlflow, wandb (comma-separated).",
+    )
+
+    def check(self) -> None:
+        """An unknown tracker → :class:`ConfigError` naming the field."""
+        from training.trackers import TrackerError, parse_report_to
+
+        try:
+            parse_report_to(self.report_to)
+        except TrackerError as exc:
+            raise ConfigError(f"compute.{exc}") from None
+
+
+def _compute() -> ComputeConfig:
+    return ComputeConfig()
+
+
+_COMPUTE_FLAGS = ("num_processes", "strategy", "mixed_precision", "grad_accum", "report_to")
 
 
 @dataclass(frozen=True)
@@ -68,10 +117,16 @@ class SFTConfig:
     )
     lora_r: int | None = setting(None, help="VLM: LoRA rank (peft).", min=1, max=4096)
     text_only: bool = setting(False, help="VLM: train on prompts without screenshots, on purpose.")
+    compute: ComputeConfig = setting(
+        factory=_compute,
+        help="Processes, sharding, precision and trackers (a compute config).",
+        cli_fields=_COMPUTE_FLAGS,
+    )
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("dataset")  # the dataset id (not its name) names the run
+        d.pop("compute")  # how it runs names no run
         # where a run stops and how often it saves do not change what it trains: a run stopped
         # by --max-steps continues when the command is given again without it
         d.pop("max_steps")
@@ -135,14 +190,13 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
     from training.trainer import TrainConfig
 
     say = progress or (lambda _line: None)
+    cfg.compute.check()
     ds = find_dataset(wh, cfg.dataset)
     turns = sft_turns(ds.export_path, cfg.splits)
-    model = load_trainable(
-        cfg.model,
-        home=wh.cfg.home,
-        seed=cfg.seed,
-        vlm=_vlm_options(cfg.reasoning_weight, cfg.lora_r),
+    spec = ModelSpec(
+        cfg.model, str(wh.cfg.home), cfg.seed, _vlm_options(cfg.reasoning_weight, cfg.lora_r)
     )
+    model = spec.load()
     check_modality(model.kind, turns, f"dataset {ds.name} ({ds.dataset_id})", cfg.text_only)
     model.check_data(turns)  # before anything is recorded
     run_id = registry.training_run_id("sft", cfg.model, ds.dataset_id, cfg.identity())
@@ -156,25 +210,57 @@ def run_sft(wh: Warehouse, cfg: SFTConfig, progress: Progress | None = None) -> 
         max_steps=cfg.max_steps,
         save_every=cfg.save_every,
     )
-    res, _row = _fit(
-        wh,
-        model,
-        turns,
-        train_cfg,
-        run_id=run_id,
-        stage="sft",
-        base_model=cfg.model,
-        dataset_id=ds.dataset_id,
-        source_run=None,
-        config={**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": runs.orchestrator_run()},
-        progress=say,
-    )
+    config = {**cfg.identity(), "dataset": ds.dataset_id, "flow_run_id": runs.orchestrator_run()}
+    lineage = {"stage": "sft", "dataset_id": ds.dataset_id, "snapshot_id": ds.snapshot_id}
+    trackers = _trackers(wh, cfg.compute, run_id, config, lineage)
+    status = "failed"
+    try:
+        res, _row = _fit(
+            wh,
+            _Model(model, spec),
+            turns,
+            train_cfg,
+            run_id=run_id,
+            stage="sft",
+            base_model=cfg.model,
+            dataset_id=ds.dataset_id,
+            source_run=None,
+            config=config,
+            progress=say,
+            compute=cfg.compute,
+            trackers=trackers,
+        )
+        status = "completed"
+    finally:
+        trackers.close(status)
     return dataclasses.replace(res, dataset_id=ds.dataset_id, snapshot_id=ds.snapshot_id)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """A loaded trainable model and how to load it again (in each training process)."""
+
+    model: Any
+    spec: ModelSpec
+
+
+def _trackers(
+    wh: Warehouse,
+    compute: ComputeConfig,
+    run_id: str,
+    config: dict[str, Any],
+    lineage: dict[str, Any],
+) -> Trackers:
+    """The run's experiment trackers (``compute.report_to``), under ``$WEBLOOP_HOME/trackers``."""
+    names = parse_report_to(compute.report_to)
+    root = wh.cfg.home / "trackers"
+    info = {**lineage, "training_run_id": run_id, "code_version": code_version()}
+    return Trackers(names, root=root, run=run_id, config=config, lineage=info)
 
 
 def _fit(
     wh: Warehouse,
-    model: Any,
+    model: _Model,
     turns: list,
     train_cfg: TrainConfig,
     *,
@@ -185,13 +271,15 @@ def _fit(
     source_run: str | None,
     config: dict[str, Any],
     progress: Progress,
+    compute: ComputeConfig,
+    trackers: Trackers,
     step_offset: int = 0,
     out_dir: Path | None = None,
-    ref_model: Any = None,
+    ref_model: _Model | None = None,
     anchor: list | None = None,
 ) -> tuple[TrainResult, Any]:
-    """One ``fit`` with the warehouse bookkeeping around it; its result and the run's row."""
-    from training.trainer import fit
+    """One ``fit`` with the warehouse bookkeeping around it (in this process, or on
+    ``compute.num_processes`` ranks whose rank 0 reports here); its result and the run's row."""
 
     row = registry.start_run(
         wh,
@@ -203,32 +291,26 @@ def _fit(
         config=config,
         code_version=code_version(),
     )
-    log = registry.MetricsLog(wh, run_id)
-    ckpts: dict[int, str] = {}
+    metrics_log = registry.MetricsLog(wh, run_id)
+
+    def log(step: int, values: dict[str, float]) -> None:
+        metrics_log(step_offset + step, values)
+        trackers.log(step_offset + step, values)
 
     def on_checkpoint(step: int, path: Path) -> None:
-        log.flush()
-        ckpts[step] = registry.register_checkpoint(wh, run_id, step_offset + step, path)
+        metrics_log.flush()
+        registry.register_checkpoint(wh, run_id, step_offset + step, path)
 
     out = out_dir or checkpoints_dir(wh, run_id)
+    callbacks = {"log": log, "on_checkpoint": on_checkpoint, "progress": _bar(progress, stage)}
     try:
-        res = fit(
-            model,
-            turns,
-            train_cfg,
-            out,
-            ref_model=ref_model,
-            anchor=anchor or (),
-            log=lambda step, values: log(step_offset + step, values),
-            on_checkpoint=on_checkpoint,
-            progress=_bar(progress, stage),
-        )
+        res = _run_fit(model, turns, train_cfg, out, compute, ref_model, anchor or [], callbacks)
     except BaseException:
-        log.flush()
+        metrics_log.flush()
         if stage != "rl":
             registry.end_run(wh, row, "failed")
         raise
-    log.flush()
+    metrics_log.flush()
     final = Path(res.final_checkpoint)
     cid = registry.register_checkpoint(wh, run_id, step_offset + res.last_step, final)
     if stage != "rl":
@@ -243,6 +325,41 @@ def _fit(
         metrics=dict(res.last_metrics or {}),
     )
     return result, row
+
+
+def _run_fit(
+    model: _Model,
+    turns: list,
+    train_cfg: TrainConfig,
+    out: Path,
+    compute: ComputeConfig,
+    ref_model: _Model | None,
+    anchor: list,
+    callbacks: dict[str, Any],
+) -> Any:
+    """``training.trainer.fit`` here, or on ``compute.num_processes`` ranks (its launcher)."""
+    from training.parallel import ParallelConfig
+
+    parallel = ParallelConfig(compute.strategy, compute.mixed_precision, compute.grad_accum)
+    if compute.num_processes > 1:
+        from training.launch import Job, fit_processes
+
+        ref = ref_model.spec if ref_model is not None else None
+        job = Job(model.spec, turns, train_cfg, str(out), parallel, ref, anchor)
+        return fit_processes(job, compute.num_processes, **callbacks)
+    from training.trainer import fit
+
+    ref = ref_model.model if ref_model is not None else None
+    return fit(
+        model.model,
+        turns,
+        train_cfg,
+        out,
+        ref_model=ref,
+        anchor=anchor,
+        parallel=parallel,
+        **callbacks,
+    )
 
 
 def _bar(say: Progress, stage: str) -> Callable[[int, int], None]:
@@ -383,6 +500,13 @@ class RLConfig:
         prefix="reward-judge-",
     )
 
+    compute: ComputeConfig = setting(
+        factory=_compute,
+        help="The update's processes, sharding, precision and trackers (a compute config; "
+        "rollouts stay with the served model).",
+        cli_fields=_COMPUTE_FLAGS,
+    )
+
     def identity(self) -> dict[str, Any]:
         """What names the run: the fields RL had before its configs composed under their old
         names (so earlier runs resume), then any other rollout or PRM setting changed from
@@ -403,6 +527,7 @@ class RLConfig:
         if not self.task_pool:  # likewise
             d.pop("task_pool")
         d.pop("judge")
+        d.pop("compute")  # how the update runs names no run
         d.pop("serve")  # where rollouts run and how closely they are checked name no run
         d.pop("parity_tol")
         if judges(self.judge):  # added later: runs rewarded by their own outcome keep their ids
@@ -430,6 +555,7 @@ class RLConfig:
                 "the SFT rows it weighs)"
             )
         check_judge_fits(self.judge, self.rollout.suite, "judge", "rewards from own outcomes")
+        self.compute.check()
         if self.serve == "vllm" and vllm_python() is None:
             raise ConfigError(
                 "serve: vllm needs the vLLM environment: run `make vllm` first (or serve: auto, "
@@ -483,10 +609,19 @@ async def run_rl(
     ref = _load(wh, start.model, cfg) if cfg.kl_coef > 0 else None
     own = served is None
     served = _served(cfg, start, out_root) if own else served
+    config = {**cfg.identity(), "start_checkpoint": start.checkpoint_id}
+    lineage = {"stage": "rl", "dataset_id": anchor_id, "start_checkpoint": start.checkpoint_id}
+    trackers = _trackers(wh, cfg.compute, run_id, config, lineage)
     loop = _Loop(wh, cfg, say, server, browser, run_id, start, ref, served, anchor, anchor_id)
-    with serving_checkpoints(served, stop=own):
-        for it in range(cfg.iterations):
-            await loop.iteration(it)
+    loop.trackers = trackers
+    status = "failed"
+    try:
+        with serving_checkpoints(served, stop=own):
+            for it in range(cfg.iterations):
+                await loop.iteration(it)
+        status = "completed"
+    finally:
+        trackers.close(status)
     row, rounds, current = loop.row, loop.rounds, loop.current
     if row is not None:
         registry.end_run(wh, row, "completed")
@@ -543,6 +678,7 @@ class _Loop:
     row: Any = None
     last: Any = None
     rounds: list[RLIteration] = dataclasses.field(default_factory=list)
+    trackers: Any = None
 
     def __post_init__(self) -> None:
         self.current = self.start
@@ -607,20 +743,25 @@ class _Loop:
                 "flow_run_id": runs.orchestrator_run(),
             },
             progress=say,
+            compute=cfg.compute,
+            trackers=self.trackers,
             step_offset=self.step_offset,
             out_dir=checkpoints_dir(wh, self.run_id) / f"iter-{it}",
             ref_model=self.ref,
             anchor=self.anchor,
         )
         timing["update_s"] = time.monotonic() - t0
+        if cfg.compute.num_processes > 1 and self.served is not None:
+            model = _load(wh, res.checkpoint, cfg)  # the ranks trained; this copy did not
         self.current = dataclasses.replace(
             self.current, model=res.checkpoint, checkpoint_id=res.checkpoint_id
         )
         if self.served is not None:
-            timing.update(self._sync(it, model, turns))
+            timing.update(self._sync(it, model.model, turns))
         timing.update(self.served.take_timings() if self.served is not None else {})
         values = {"mean_reward": stats["mean_reward"], "iteration": float(it), **timing}
         registry.MetricsLog(wh, self.run_id, every=1)(res.last_step, values)
+        self.trackers.log(res.last_step, values)
         self.step_offset, self.last = res.last_step, res
         record = _iteration(it, col.run_id, stats, res.steps_run, self.current, timing)
         self.rounds.append(dataclasses.replace(record, served_from=served_from))
@@ -759,10 +900,11 @@ def _anchor(wh: Warehouse, cfg: RLConfig) -> tuple[list, str | None]:
     return sft_turns(ds.export_path), ds.dataset_id
 
 
-def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> Any:
-    return load_trainable(
-        str(model), home=wh.cfg.home, seed=cfg.seed, vlm=_vlm_options(cfg.reasoning_weight, None)
+def _load(wh: Warehouse, model: str | None, cfg: RLConfig) -> _Model:
+    spec = ModelSpec(
+        str(model), str(wh.cfg.home), cfg.seed, _vlm_options(cfg.reasoning_weight, None)
     )
+    return _Model(spec.load(), spec)
 
 
 def _policy_name(ref: str, wh: Warehouse) -> str:

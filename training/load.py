@@ -10,7 +10,7 @@ Hugging Face VLM folder (or hub id, with network).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +110,16 @@ def resolve_policy(
         )
     mode = prompt_mode or ("a11y" if expected == "ranker" else "both")
     return ResolvedPolicy(expected, path, mode, cid)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How each rank loads the model: :func:`training.load.load_trainable`'s arguments."""
+
+    ref: str
+    home: str
+    seed: int = 0
+    vlm: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> TrainablePolicy:
+        return load_trainable(self.ref, home=Path(self.home), seed=self.seed, vlm=self.vlm)

@@ -87,6 +87,12 @@ class RankerTrainable:
                     "a11y or both for the ranker)"
                 )
 
+    def counts(self, batch: Sequence[Turn]) -> tuple[list[float], list[bool]]:
+        """``n_tokens`` (1 each) and ``covered`` of each turn, as :meth:`logprobs` gives them,
+        without a forward pass."""
+        self.prepare(batch)
+        return [1.0] * len(batch), [self.target(t) is not None for t in batch]
+
     def logprobs(self, batch: Sequence[Turn]) -> TurnLogprobs:
         """Differentiable log-softmax of each turn's reply among its prompt's candidates."""
         if not batch:

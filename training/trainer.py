@@ -51,7 +51,8 @@ import numpy as np
 import torch
 
 from training.interface import DataMismatch, TrainablePolicy, Turn, TurnLogprobs
-from training.losses import awr_loss, kl_penalty, ppo_clip_loss, sft_loss
+from training.losses import kl_penalty
+from training.parallel import Engine, ParallelConfig
 
 Objective = Literal["sft", "ppo", "awr"]
 LogFn = Callable[[int, dict[str, float]], None]
@@ -244,33 +245,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _write_checkpoint(
-    out_dir: Path,
-    step: int,
-    model: TrainablePolicy,
-    opt: torch.optim.Optimizer,
-    state: dict[str, Any],
-    old_logprobs: torch.Tensor | None,
-) -> Path:
-    """Write ``checkpoint-<step>`` atomically (temporary folder, then rename)."""
-    final = out_dir / f"{CHECKPOINT_PREFIX}{step}"
-    tmp = out_dir / f".tmp-{CHECKPOINT_PREFIX}{step}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save(tmp)
-    torch.save(model.module.state_dict(), tmp / "module.pt")
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    if old_logprobs is not None:
-        torch.save(old_logprobs, tmp / "old_logprobs.pt")
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
-
-
 def _check_fingerprints(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     for what in ("config", "data", "model"):
         key = f"{what}_fingerprint"
@@ -297,11 +271,15 @@ class _Run:
     model: TrainablePolicy
     turns: list[Turn]
     cfg: TrainConfig
-    params: list[torch.nn.Parameter]
+    engine: Engine
     opt: torch.optim.Optimizer
     ref_model: TrainablePolicy | None
     old_logprobs: torch.Tensor | None = None
     anchor: list[Turn] = field(default_factory=list)
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.opt.param_groups for p in g["params"]]
 
 
 def _policy_logprobs(model: TrainablePolicy, turns: list[Turn], batch_size: int) -> torch.Tensor:
@@ -343,83 +321,236 @@ def anchor_batch(anchor: Sequence[Turn], step: int, size: int, seed: int) -> lis
     return out
 
 
-def _step_loss(
-    run: _Run, batch: list[Turn], idx: list[int], step: int
-) -> tuple[torch.Tensor, dict, Any, bool]:
-    """The step's loss, its metrics, the batch's covered mask and whether anything in the loss
-    has a gradient (a covered turn, or the anchor term)."""
-    lp: TurnLogprobs = run.model.logprobs(batch)
-    logprob = lp.logprob
-    covered = torch.as_tensor(lp.covered, dtype=torch.bool, device=logprob.device)
-    metrics: dict[str, float] = {}
+# A rank's share of a step: (item, real) pairs. Every rank gets the same number of slots (and so
+# runs the same number of forward passes, which fsdp's collectives need): a rank short of items
+# repeats the batch's first one with real=False, which adds nothing to the loss.
+Slots = list[tuple[Any, bool]]
+
+
+def shard(items: Sequence[Any], rank: int, world: int) -> Slots:
+    """Rank ``rank``'s slots of ``items``: every ``world``-th item from position ``rank``."""
+    if not items:
+        return []
+    size = -(-len(items) // world)
+    mine: Slots = [(x, True) for x in items[rank::world]]
+    return mine + [(items[0], False)] * (size - len(mine))
+
+
+def chunks(slots: Slots, n: int) -> list[Slots]:
+    """``slots`` in ``n`` consecutive micro-batches of equal width (the last ones may be
+    shorter or empty)."""
+    width = max(-(-len(slots) // n), 1)
+    return [slots[i * width : (i + 1) * width] for i in range(n)]
+
+
+@dataclass
+class _Denominators:
+    """What a step's loss terms are normalised by, over the whole (global) batch."""
+
+    objective: float
+    kl: float
+    anchor: float
+    tokens: float
+
+
+def _counts(model: TrainablePolicy, turns: list[Turn]) -> tuple[list[float], list[bool]]:
+    """Each turn's ``n_tokens`` and ``covered``: the model's ``counts`` (no forward) when it has
+    one, else from no-grad log-probs."""
+    if not turns:
+        return [], []
+    counts = getattr(model, "counts", None)
+    if callable(counts):
+        n, covered = counts(turns)
+        return [float(v) for v in n], [bool(c) for c in covered]
+    with torch.no_grad():
+        lp = model.logprobs(turns)
+    return [float(v) for v in lp.n_tokens], [bool(c) for c in lp.covered]
+
+
+def _local_denominators(run: _Run, mine: Slots, demo: Slots) -> list[float]:
+    """This rank's share of the step's denominators (summed over the ranks by the caller)."""
+    turns = [run.turns[i] for i, _ in mine]
+    n, covered = _counts(run.model, turns)
+    real = [r for _, r in mine]
+    cov = [c and r for c, r in zip(covered, real, strict=True)]
+    if run.cfg.objective == "ppo":
+        assert run.old_logprobs is not None
+        old = run.old_logprobs
+        cov = [c and not math.isnan(float(old[i])) for c, (i, _) in zip(cov, mine, strict=True)]
+    w = [t.weight for t in turns]
     if run.cfg.objective == "sft":
-        loss = sft_loss(lp, [t.weight for t in batch])
-    elif run.cfg.objective == "awr":
-        loss = awr_loss(lp, [t.weight for t in batch])
+        objective = sum(wi * ni for wi, ni, c in zip(w, n, cov, strict=True) if c)
     else:
-        old = run.old_logprobs[idx].to(logprob.device, logprob.dtype)
-        covered = covered & ~torch.isnan(old)
-        old = torch.nan_to_num(old)
-        adv = [t.advantage for t in batch]
-        loss, metrics = ppo_clip_loss(logprob, old, adv, run.cfg.clip_eps, covered)
-    trains = bool(covered.any())
-    if run.cfg.anchor_coef > 0 and run.anchor:
-        demo = anchor_batch(run.anchor, step, run.cfg.batch_size, run.cfg.seed)
-        demo_lp = run.model.logprobs(demo)
-        anchor_loss = sft_loss(demo_lp, [t.weight for t in demo])
-        metrics["anchor_loss"] = float(anchor_loss.detach())
-        loss = loss + run.cfg.anchor_coef * anchor_loss
-        trains = trains or bool(torch.as_tensor(demo_lp.covered).any())
-    if run.ref_model is not None and bool(covered.any()):
-        ref = _policy_logprobs(run.ref_model, batch, len(batch)).to(logprob.device, logprob.dtype)
-        mask = covered & ~torch.isnan(ref)
-        kl = kl_penalty(logprob, torch.nan_to_num(ref))
-        kl_mean = torch.where(mask, kl, torch.zeros_like(kl)).sum() / mask.sum().clamp_min(1)
-        metrics["kl"] = float(kl_mean.detach())
-        if run.cfg.kl_coef > 0:
-            loss = loss + run.cfg.kl_coef * kl_mean
-    return loss, metrics, covered, trains
+        objective = float(sum(cov))
+    kl = 0.0
+    if run.ref_model is not None:
+        _, ref_cov = _counts(run.ref_model, turns)
+        kl = float(sum(c and rc for c, rc in zip(cov, ref_cov, strict=True)))
+    anchor = 0.0
+    if demo:
+        demo_turns = [t for t, _ in demo]
+        dn, dc = _counts(run.model, demo_turns)
+        real_demo = [r for _, r in demo]
+        rows = zip(demo_turns, dn, dc, real_demo, strict=True)
+        anchor = sum(t.weight * ni for t, ni, c, r in rows if c and r)
+    tokens = sum(ni for ni, r in zip(n, real, strict=True) if r)
+    return [objective, kl, anchor, tokens]
 
 
-def _train_step(run: _Run, batch: list[Turn], idx: list[int], step: int) -> dict[str, float]:
+def _micro_loss(
+    run: _Run, part: Slots, demo: Slots, dens: _Denominators
+) -> tuple[torch.Tensor, list[float]]:
+    """One micro-batch's share of the step's loss, scaled so that the gradients summed over
+    micro-batches (and averaged over ranks, as DDP / FSDP do) are the whole batch's; and its
+    metric sums: objective, kl and anchor numerators, covered, real, clipped, approx-KL and
+    ratio sums, PPO's covered count."""
+    scale = float(run.engine.world)
+    sums = [0.0] * 9
+    loss: torch.Tensor | None = None
+    if part:
+        idx = [i for i, _ in part]
+        batch = [run.turns[i] for i in idx]
+        lp: TurnLogprobs = run.model.logprobs(batch)
+        logprob = lp.logprob
+        dev = logprob.device
+        real = torch.tensor([r for _, r in part], dtype=torch.bool, device=dev)
+        covered = torch.as_tensor(lp.covered, dtype=torch.bool, device=dev) & real
+        zeros = torch.zeros_like(logprob)
+        w = torch.tensor([t.weight for t in batch], dtype=logprob.dtype, device=dev)
+        n = torch.as_tensor(lp.n_tokens, device=dev).to(logprob.dtype)
+        if run.cfg.objective == "sft":
+            num = -(torch.where(covered, w * logprob, zeros)).sum()
+        elif run.cfg.objective == "awr":
+            num = torch.where(covered, -w * logprob / n.clamp_min(1e-8), zeros).sum()
+        else:
+            assert run.old_logprobs is not None
+            old = run.old_logprobs[idx].to(dev, logprob.dtype)
+            covered = covered & ~torch.isnan(old)
+            log_ratio = torch.where(covered, logprob - torch.nan_to_num(old), zeros)
+            ratio = torch.exp(log_ratio)
+            adv = torch.tensor([t.advantage for t in batch], dtype=logprob.dtype, device=dev)
+            eps = run.cfg.clip_eps
+            surr = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+            num = -torch.where(covered, surr, zeros).sum()
+            with torch.no_grad():
+                r, lr = ratio[covered], log_ratio[covered]
+                sums[5] = float(((r - 1).abs() > eps).sum())
+                sums[6] = float(((r - 1) - lr).sum())
+                sums[7] = float(r.sum())
+                sums[8] = float(covered.sum())
+        loss = num * (scale / max(dens.objective, 1e-12))
+        sums[0] = float(num.detach())
+        sums[3], sums[4] = float(covered.sum()), float(real.sum())
+        if run.ref_model is not None:
+            ref = _policy_logprobs(run.ref_model, batch, len(batch)).to(dev, logprob.dtype)
+            mask = covered & ~torch.isnan(ref)
+            kl_num = torch.where(mask, kl_penalty(logprob, torch.nan_to_num(ref)), zeros).sum()
+            sums[1] = float(kl_num.detach())
+            if run.cfg.kl_coef > 0:
+                loss = loss + kl_num * (run.cfg.kl_coef * scale / max(dens.kl, 1.0))
+    if demo:
+        demo_lp = run.model.logprobs([t for t, _ in demo])
+        dl = demo_lp.logprob
+        mask = torch.as_tensor(demo_lp.covered, dtype=torch.bool, device=dl.device)
+        mask = mask & torch.tensor([r for _, r in demo], dtype=torch.bool, device=dl.device)
+        dw = torch.tensor([t.weight for t, _ in demo], dtype=dl.dtype, device=dl.device)
+        anchor_num = -(torch.where(mask, dw * dl, torch.zeros_like(dl))).sum()
+        sums[2] = float(anchor_num.detach())
+        term = anchor_num * (run.cfg.anchor_coef * scale / max(dens.anchor, 1e-12))
+        loss = term if loss is None else loss + term
+    assert loss is not None
+    return loss, sums
+
+
+def _step_metrics(run: _Run, totals: list[float], dens: _Denominators) -> tuple[float, dict]:
+    """The step's loss and metrics from the metric sums over every rank and micro-batch."""
+    cfg = run.cfg
+    loss = totals[0] / dens.objective if dens.objective > 0 else 0.0
+    metrics: dict[str, float] = {}
+    if cfg.objective == "ppo":
+        n = totals[8]
+        metrics.update(
+            clip_fraction=totals[5] / n if n else 0.0,
+            approx_kl=totals[6] / n if n else 0.0,
+            ratio_mean=totals[7] / n if n else 1.0,
+        )
+    if cfg.anchor_coef > 0 and run.anchor:
+        anchor_loss = totals[2] / dens.anchor if dens.anchor > 0 else 0.0
+        metrics["anchor_loss"] = anchor_loss
+        loss += cfg.anchor_coef * anchor_loss
+    if run.ref_model is not None and totals[3] > 0:
+        kl = totals[1] / max(dens.kl, 1.0)
+        metrics["kl"] = kl
+        if cfg.kl_coef > 0:
+            loss += cfg.kl_coef * kl
+    metrics["covered"] = totals[3] / totals[4] if totals[4] else 0.0
+    return loss, metrics
+
+
+def _train_step(run: _Run, positions: list[int], step: int) -> dict[str, float]:
+    """One optimizer step on the global batch ``positions``: this rank's share of it, in
+    ``grad_accum`` micro-batches."""
     t0 = time.perf_counter()
+    eng, cfg = run.engine, run.cfg
     run.opt.zero_grad(set_to_none=True)
-    loss, metrics, covered, trains = _step_loss(run, batch, idx, step)
+    mine = shard(positions, eng.rank, eng.world)
+    demo: Slots = []
+    if cfg.anchor_coef > 0 and run.anchor:
+        demo_all = anchor_batch(run.anchor, step, cfg.batch_size, cfg.seed)
+        demo = shard(demo_all, eng.rank, eng.world)
+    dens = _Denominators(*eng.sum(_local_denominators(run, mine, demo)))
+    parts, demos = chunks(mine, eng.pc.grad_accum), chunks(demo, eng.pc.grad_accum)
+    totals = [0.0] * 9
+    for k, (part, dpart) in enumerate(zip(parts, demos, strict=True)):
+        if not part and not dpart:
+            continue
+        with eng.no_sync(last=k == len(parts) - 1), eng.autocast():
+            loss, sums = _micro_loss(run, part, dpart, dens)
+            if not bool(torch.isfinite(loss.detach())):
+                keys = [run.turns[i].key for i, _ in part]
+                raise FloatingPointError(
+                    f"non-finite loss {float(loss.detach())} on the batch {keys}"
+                )
+            eng.backward(loss)
+        totals = [a + b for a, b in zip(totals, sums, strict=True)]
+    totals = eng.sum(totals)
+    loss_value, metrics = _step_metrics(run, totals, dens)
     grad_norm = 0.0
-    if not bool(torch.isfinite(loss.detach())):
-        keys = [t.key for t in batch]
-        raise FloatingPointError(f"non-finite loss {float(loss.detach())} on the batch {keys}")
-    if trains:
-        loss.backward()
-        max_norm = run.cfg.grad_clip if run.cfg.grad_clip is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
+    if dens.objective > 0 or dens.anchor > 0:  # anything in the loss has a gradient
+        max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
+        grad_norm = eng.clip(run.params, max_norm)
         run.opt.step()
     elapsed = max(time.perf_counter() - t0, 1e-9)
     return {
-        "loss": float(loss.detach()),
+        "loss": loss_value,
         "lr": run.opt.param_groups[0]["lr"],
         "grad_norm": grad_norm,
-        "covered": float(covered.float().mean()) if len(batch) else 0.0,
-        "examples_per_s": len(batch) / elapsed,
+        "covered": metrics.pop("covered"),
+        "examples_per_s": len(positions) / elapsed,
+        "tokens_per_s": dens.tokens / elapsed,
         **metrics,
     }
 
 
-def _resume(run: _Run, out_dir: Path, current: dict[str, Any]) -> tuple[int | None, dict]:
-    """Load the latest checkpoint (if any) into ``run``; its step and last metrics."""
+def _latest(out_dir: Path, current: dict[str, Any]) -> tuple[int, Path, dict] | None:
+    """The latest checkpoint in ``out_dir`` (checked against this run's fingerprints)."""
     found = list_checkpoints(out_dir)
     if not found:
-        return None, {}
+        return None
     step, path = found[-1]
     saved = json.loads((path / STATE_FILE).read_text())
     _check_fingerprints(path, saved, current)
-    state_dict = torch.load(path / "module.pt", map_location="cpu", weights_only=True)
-    run.model.module.load_state_dict(state_dict)
-    run.opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    return step, path, saved
+
+
+def _restore(run: _Run, path: Path) -> None:
+    """The optimizer, PPO's behaviour log-probs and the RNG states of checkpoint ``path`` (the
+    module's weights were loaded before it was wrapped)."""
+    opt_state = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    run.engine.load_optimizer_state(run.opt, opt_state)
     if (path / "old_logprobs.pt").exists():
         run.old_logprobs = torch.load(path / "old_logprobs.pt", weights_only=True)
     _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    return step, saved.get("metrics", {})
 
 
 def _trainable(turns: list[Turn], cfg: TrainConfig) -> list[Turn]:
@@ -430,6 +561,36 @@ def _trainable(turns: list[Turn], cfg: TrainConfig) -> list[Turn]:
             f"fit: all {len(turns)} turns have {what}; nothing to train ({cfg.objective})"
         )
     return [turns[i] for i in keep]
+
+
+def _write_checkpoint(run: _Run, out_dir: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``checkpoint-<step>`` atomically (temporary folder, then rename): rank 0 writes,
+    every rank takes part in gathering a sharded module's state."""
+    eng = run.engine
+    module_state = eng.module_state()
+    opt_state = eng.optimizer_state(run.opt)
+    final = out_dir / f"{CHECKPOINT_PREFIX}{step}"
+    if eng.is_main:
+        tmp = out_dir / f".tmp-{CHECKPOINT_PREFIX}{step}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        if eng.fsdp:
+            run.model.save(tmp, state_dict=module_state)  # type: ignore[call-arg]
+        else:
+            with eng.unwrapped(run.model):
+                run.model.save(tmp)
+        torch.save(module_state, tmp / "module.pt")
+        torch.save(opt_state, tmp / "optimizer.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        if run.old_logprobs is not None:
+            torch.save(run.old_logprobs, tmp / "old_logprobs.pt")
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    eng.barrier()
+    return final
 
 
 def _checkpoint(run: _Run, out_dir: Path, step: int, plan: list, base: dict, metrics: dict) -> Path:
@@ -444,8 +605,27 @@ def _checkpoint(run: _Run, out_dir: Path, step: int, plan: list, base: dict, met
         "n_trainable": len(run.turns),
         "metrics": metrics,
         "config_full": dataclasses.asdict(run.cfg),
+        "world_size": run.engine.world,
     }
-    return _write_checkpoint(out_dir, step, run.model, run.opt, state, run.old_logprobs)
+    return _write_checkpoint(run, out_dir, step, state)
+
+
+def _check_inputs(
+    model: TrainablePolicy,
+    turns: list[Turn],
+    cfg: TrainConfig,
+    ref_model: TrainablePolicy | None,
+    anchor: list[Turn],
+) -> None:
+    model.check_data(turns)
+    if not turns:
+        raise DataMismatch("fit: no turns to train on (empty dataset)")
+    if cfg.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"fit: kl_coef={cfg.kl_coef} needs a ref_model")
+    if cfg.anchor_coef > 0 and not anchor:
+        raise ValueError(f"fit: anchor_coef={cfg.anchor_coef} needs anchor turns")
+    if anchor:
+        model.check_data(anchor)
 
 
 def fit(
@@ -459,43 +639,40 @@ def fit(
     log: LogFn | None = None,
     on_checkpoint: CheckpointFn | None = None,
     progress: ProgressFn | None = None,
+    parallel: ParallelConfig | None = None,
 ) -> FitResult:
     """Train ``model`` on ``turns`` by ``cfg.objective``, checkpointing into ``out_dir`` and
     resuming from it (see the module docstring).
 
     ``log(step, metrics)`` gets each step's ``loss``, ``lr``, ``grad_norm`` (before clipping),
-    ``covered`` (share of the batch's turns the model can produce), ``examples_per_s``, ``epoch``
-    and for PPO ``clip_fraction``, ``approx_kl``, ``ratio_mean``; ``kl`` (k3 to ``ref_model``) when
-    a reference model is given; ``anchor_loss`` (the SFT loss of the step's ``anchor`` batch)
-    when ``cfg.anchor_coef`` > 0. ``on_checkpoint(step, path)`` runs after each checkpoint is in
-    place; ``progress(done, total)`` after each step (and once at the start).
+    ``covered`` (share of the batch's turns the model can produce), ``examples_per_s``,
+    ``tokens_per_s`` (reply tokens), ``epoch`` and for PPO ``clip_fraction``, ``approx_kl``,
+    ``ratio_mean``; ``kl`` (k3 to ``ref_model``) when a reference model is given; ``anchor_loss``
+    (the SFT loss of the step's ``anchor`` batch) when ``cfg.anchor_coef`` > 0.
+    ``on_checkpoint(step, path)`` runs after each checkpoint is in place; ``progress(done,
+    total)`` after each step (and once at the start). Under a launcher (many ranks) only rank 0
+    calls them.
+
+    ``parallel``: strategy, mixed precision and gradient accumulation (:mod:`training.parallel`);
+    the number of processes is the launcher's.
 
     Raises :class:`DataMismatch` (from ``model.check_data`` or when nothing is trainable) before
     any step, :class:`CheckpointMismatch` when ``out_dir`` belongs to another run,
     ``FloatingPointError`` on a non-finite loss (naming the batch's turn keys)."""
-    turns = list(turns)
-    model.check_data(turns)
-    if not turns:
-        raise DataMismatch("fit: no turns to train on (empty dataset)")
-    if cfg.kl_coef > 0 and ref_model is None:
-        raise ValueError(f"fit: kl_coef={cfg.kl_coef} needs a ref_model")
-    anchor = list(anchor)
-    if cfg.anchor_coef > 0 and not anchor:
-        raise ValueError(f"fit: anchor_coef={cfg.anchor_coef} needs anchor turns")
-    if anchor:
-        model.check_data(anchor)
+    turns, anchor = list(turns), list(anchor)
+    _check_inputs(model, turns, cfg, ref_model, anchor)
     train_turns = _trainable(turns, cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    engine = Engine(parallel or ParallelConfig())
+    if engine.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in out_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    engine.barrier()
 
     plan = schedule(len(train_turns), cfg)
     total = len(plan) if cfg.max_steps is None else min(cfg.max_steps, len(plan))
     torch.manual_seed(cfg.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run = _Run(model, train_turns, cfg, params, opt, ref_model, anchor=anchor)
     data_fp = data_fingerprint(turns)
     if anchor:  # the anchor is data the run trains on too
         data_fp = hashlib.sha256(f"{data_fp}/{data_fingerprint(anchor)}".encode()).hexdigest()
@@ -506,35 +683,48 @@ def fit(
         "model_fingerprint": model_fingerprint(model),
         "n_turns": len(turns),
     }
-    resumed_from, metrics = _resume(run, out_dir, base)
+    latest = _latest(out_dir, base)
+    metrics: dict[str, float] = {}
+    if latest is not None:  # the weights go in before the module is wrapped (or sharded)
+        state_dict = torch.load(latest[1] / "module.pt", map_location="cpu", weights_only=True)
+        model.module.load_state_dict(state_dict)
+        metrics = latest[2].get("metrics", {})
+    opt = engine.prepare(model, cfg.lr, cfg.weight_decay)
+    run = _Run(model, train_turns, cfg, engine, opt, ref_model, anchor=anchor)
+    if latest is not None:
+        _restore(run, latest[1])
+    resumed_from = latest[0] if latest is not None else None
     start = resumed_from or 0
     if cfg.objective == "ppo" and run.old_logprobs is None:
         run.old_logprobs = _behaviour_logprobs(run)
     model.train(True)
+    main = engine.is_main
 
     def checkpoint(step: int) -> Path:
         path = _checkpoint(run, out_dir, step, plan, base, metrics)
-        if on_checkpoint is not None:
+        if on_checkpoint is not None and main:
             on_checkpoint(step, path)
         return path
 
-    if progress is not None:
+    if progress is not None and main:
         progress(min(start, total), total)
-    last_path = list_checkpoints(out_dir)[-1][1] if resumed_from is not None else None
+    last_path = latest[1] if latest is not None else None
     last = start
-    for step in range(start + 1, total + 1):
-        epoch, _, positions = plan[step - 1]
-        batch = [train_turns[i] for i in positions]
-        metrics = {**_train_step(run, batch, positions, step), "epoch": epoch}
-        last = step
-        if log is not None:
-            log(step, metrics)
-        if cfg.save_every and step % cfg.save_every == 0:
-            last_path = checkpoint(step)
-        if progress is not None:
-            progress(step, total)
-    if last_path is None or last_path.name != f"{CHECKPOINT_PREFIX}{last}":
-        last_path = checkpoint(last)
+    try:
+        for step in range(start + 1, total + 1):
+            epoch, _, positions = plan[step - 1]
+            metrics = {**_train_step(run, positions, step), "epoch": epoch}
+            last = step
+            if log is not None and main:
+                log(step, metrics)
+            if cfg.save_every and step % cfg.save_every == 0:
+                last_path = checkpoint(step)
+            if progress is not None and main:
+                progress(step, total)
+        if last_path is None or last_path.name != f"{CHECKPOINT_PREFIX}{last}":
+            last_path = checkpoint(last)
+    finally:
+        model.module = engine.plain  # the caller's model, unwrapped (its weights trained)
     return FitResult(
         steps_run=last - start,
         last_step=last,

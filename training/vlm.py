@@ -250,13 +250,16 @@ class VLMTrainable:
         target = torch.tensor(enc.reply_ids, device=rows.device)
         return rows.gather(-1, target[:, None])[:, 0].tolist()
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, state_dict: dict[str, Any] | None = None) -> None:
         """``save_pretrained`` of the model and processor; with LoRA, the MERGED weights (base +
         adapter; the live model keeps its adapters), so ``rollouts.hf.load_model`` and the ``hf``
-        policy load the folder like any checkpoint, without peft."""
+        policy load the folder like any checkpoint, without peft. ``state_dict``: the weights
+        to write instead of the module's own (the full state gathered from fsdp shards)."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        if self.lora is None:
+        if state_dict is not None:  # gathered from a sharded (fsdp) module
+            self.module.save_pretrained(out, state_dict=state_dict)
+        elif self.lora is None:
             self.module.save_pretrained(out)
         else:
             base = self.module.get_base_model()
@@ -272,9 +275,16 @@ class VLMTrainable:
         text = prompt_text(self.processor, tmpl)
         return dict(self.processor(text=[text], images=images or None, return_tensors="pt"))
 
-    def encode(self, turn: Turn) -> _Encoded:
-        """Prompt ids (as at rollout) + reply ids (completion + end-of-turn) and weights."""
-        inputs = self.prompt_inputs(turn)
+    def counts(self, batch: Sequence[Turn]) -> tuple[list[float], list[bool]]:
+        """Each turn's ``n_tokens`` and ``covered`` as :meth:`logprobs` gives them, from the
+        tokenizer alone (no forward): what the trainer normalises a step's loss by before its
+        micro-batches run."""
+        out = [self._reply(t) for t in batch]
+        return [float(sum(w)) + 1.0 for _ids, w, _c in out], [c for _ids, _w, c in out]
+
+    def _reply(self, turn: Turn) -> tuple[list[int], list[float], bool]:
+        """The completion's token ids (no end-of-turn token), their weights, and whether the
+        tokenizer covers it (no unknown token)."""
         tok = self.tokenizer
         lam = self.reasoning_weight
         if lam == 1.0:
@@ -287,6 +297,12 @@ class VLMTrainable:
             ids = enc["input_ids"]
             weights = reply_weights(turn.completion, enc["offset_mapping"], lam)
         unk = getattr(tok, "unk_token_id", None)
+        return ids, weights, unk is None or unk not in ids
+
+    def encode(self, turn: Turn) -> _Encoded:
+        """Prompt ids (as at rollout) + reply ids (completion + end-of-turn) and weights."""
+        inputs = self.prompt_inputs(turn)
+        ids, weights, covered = self._reply(turn)
         prompt_ids = inputs.pop("input_ids")
         inputs.pop("attention_mask", None)
         n = prompt_ids.shape[1]
@@ -299,7 +315,7 @@ class VLMTrainable:
             reply_weights=[*weights, 1.0],
             token_extras=per_token,
             media={k: v for k, v in inputs.items() if k not in per_token},
-            covered=unk is None or unk not in ids,
+            covered=covered,
         )
 
     def _collate(self, enc: list[_Encoded]) -> tuple[dict[str, Any], int]:

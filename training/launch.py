@@ -1,0 +1,322 @@
+"""Training on N processes: webloop's launcher (:func:`fit_processes`) and its worker
+(``python -m training.launch JOB``).
+
+The launcher writes the job (model to load, turns, trainer config, output folder) next to the
+checkpoints, starts N ranks of this module on this machine (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` = 127.0.0.1 …, as ``torchrun`` sets them; each rank dies with the launcher), and
+watches them. Rank 0 alone writes the checkpoints and reports each step's metrics, each
+checkpoint and its progress as JSON lines in ``.launch/events.jsonl``; the launcher passes them
+to the caller's callbacks as :func:`training.trainer.fit` would, so the caller (the training
+stage, which writes the warehouse) sees no difference.
+
+A rank that fails ends the run at once: the launcher stops the others (which would otherwise wait
+in a collective for the lost rank) and raises one error naming the rank, how it ended, the last
+step and the checkpoints kept. A rank that raised (bad data, a checkpoint of another run, a
+non-finite loss) re-raises its error in the launcher. Running the same fit again resumes from the
+last checkpoint, on any number of processes.
+
+The worker reads the standard variables, so ``torchrun --nproc_per_node N -m training.launch
+JOB`` (or ``accelerate launch``) runs a job file too, across nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.interface import DataMismatch, Turn
+from training.load import ModelSpec
+from training.parallel import ParallelConfig
+from training.trainer import (
+    CheckpointFn,
+    CheckpointMismatch,
+    FitResult,
+    LogFn,
+    ProgressFn,
+    TrainConfig,
+    fit,
+    list_checkpoints,
+)
+from warehouse.processes import die_with_parent
+
+LAUNCH_DIR = ".launch"
+EVENTS = "events.jsonl"
+# errors a rank raises that the launcher raises again as they are (the caller's usage errors)
+_RERAISED: dict[str, type[Exception]] = {
+    "DataMismatch": DataMismatch,
+    "CheckpointMismatch": CheckpointMismatch,
+    "FloatingPointError": FloatingPointError,
+    "ValueError": ValueError,
+}
+
+
+class RankFailed(RuntimeError):
+    """A training rank ended without finishing (killed, crashed): one line saying which, how,
+    where the run stopped and what was kept."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One fit, for its ranks to run."""
+
+    model: ModelSpec
+    turns: list[Turn]
+    cfg: TrainConfig
+    out_dir: str
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    ref_model: ModelSpec | None = None
+    anchor: list[Turn] = field(default_factory=list)
+
+
+# -- the launcher ---------------------------------------------------------------------------------
+
+
+def fit_processes(
+    job: Job,
+    num_processes: int,
+    *,
+    log: LogFn | None = None,
+    on_checkpoint: CheckpointFn | None = None,
+    progress: ProgressFn | None = None,
+    poll_s: float = 0.1,
+) -> FitResult:
+    """Run ``job`` on ``num_processes`` ranks of this machine; as :func:`fit`, with the
+    callbacks called here from rank 0's reports."""
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    launch = Path(job.out_dir) / LAUNCH_DIR
+    launch.mkdir(parents=True, exist_ok=True)
+    for old in (*launch.glob("rank-*"), launch / EVENTS):
+        old.unlink(missing_ok=True)
+    job_path = launch / "job.pkl"
+    job_path.write_bytes(pickle.dumps(job))
+    procs = _start(job_path, num_processes)
+    events = _Events(launch / EVENTS)
+    handlers = {"log": log, "checkpoint": on_checkpoint, "progress": progress}
+    try:
+        while True:
+            done = [p.poll() for p in procs]
+            result = events.dispatch(handlers)  # (after poll: a rank's last lines are in)
+            failed = [r for r, code in enumerate(done) if code not in (None, 0)]
+            if failed:
+                _stop(procs)
+                events.dispatch(handlers)
+                raise _failure(job, launch, failed[0], procs, events.last_step)
+            if all(code == 0 for code in done):
+                if result is None:
+                    raise RankFailed(f"the ranks ended without rank 0's result (logs: {launch})")
+                return result
+            time.sleep(poll_s)
+    finally:
+        _stop(procs)
+
+
+def _start(job_path: Path, n: int) -> list[subprocess.Popen]:
+    """N ranks of the worker, each logging to ``.launch/rank-<r>.log``."""
+    port = _free_port()
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n))
+    procs = []
+    for rank in range(n):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": threads,
+            "PYTHONUNBUFFERED": "1",
+        }
+        out = (job_path.parent / f"rank-{rank}.log").open("wb")
+        argv = [sys.executable, "-m", "training.launch", str(job_path)]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            )
+        )
+        out.close()
+    return procs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Stop the ranks still running: SIGTERM, then SIGKILL after ``grace_s``."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class _Events:
+    """Rank 0's reports, read as they are appended."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.last_step = 0
+        self.result: FitResult | None = None
+
+    def dispatch(self, handlers: dict[str, Callable | None]) -> FitResult | None:
+        if self.path.exists():
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line being written waits for the next read
+            self.offset += end
+            for line in data[:end].splitlines():
+                self._one(json.loads(line), handlers)
+        return self.result
+
+    def _one(self, ev: dict[str, Any], handlers: dict[str, Callable | None]) -> None:
+        kind = ev["event"]
+        if kind == "result":
+            fields = {**ev["result"], "final_checkpoint": Path(ev["result"]["final_checkpoint"])}
+            self.result = FitResult(**fields)
+            return
+        if kind == "progress":
+            self.last_step = ev["done"]
+        handler = handlers.get(kind)
+        if handler is None:
+            return
+        if kind == "log":
+            handler(ev["step"], ev["metrics"])
+        elif kind == "checkpoint":
+            handler(ev["step"], Path(ev["path"]))
+        else:
+            handler(ev["done"], ev["total"])
+
+
+def _failure(
+    job: Job, launch: Path, rank: int, procs: list[subprocess.Popen], step: int
+) -> Exception:
+    """The error of a run whose rank ``rank`` ended first with a non-zero code."""
+    error = launch / f"rank-{rank}.error.json"
+    if error.exists():
+        raised = json.loads(error.read_text())
+        cls = _RERAISED.get(raised["type"])
+        if cls is not None:
+            return cls(raised["message"])
+        how = f"raised {raised['type']}: {raised['message']}"
+    else:
+        code = procs[rank].returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    kept = list_checkpoints(Path(job.out_dir))
+    keep = (
+        f"checkpoints up to step {kept[-1][0]} are kept in {job.out_dir}"
+        if kept
+        else "no checkpoint was written yet"
+    )
+    return RankFailed(
+        f"training rank {rank} of {len(procs)} (pid {procs[rank].pid}) {how} after step "
+        f"{step}; the other ranks were stopped; {keep}; run the same command again to resume "
+        f"(rank logs: {launch})"
+    )
+
+
+# -- the worker -----------------------------------------------------------------------------------
+
+
+class _Reporter:
+    """Rank 0's reports: one JSON line each, flushed."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = path.open("a", encoding="utf-8")
+
+    def __call__(self, event: str, **values: Any) -> None:
+        self.f.write(json.dumps({"event": event, **values}) + "\n")
+        self.f.flush()
+
+
+def worker(job_path: Path) -> None:
+    """Run one rank of the job at ``job_path`` (rank and world from the environment)."""
+    import torch
+
+    job: Job = pickle.loads(job_path.read_bytes())
+    rank = int(os.environ.get("RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    report = _Reporter(job_path.parent / EVENTS) if rank == 0 else None
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        if report is not None:
+            report("log", step=step, metrics=metrics)
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        if report is not None:
+            report("checkpoint", step=step, path=str(path))
+
+    def progress(done: int, total: int) -> None:
+        if report is not None:
+            report("progress", done=done, total=total)
+
+    model = job.model.load()
+    ref = job.ref_model.load() if job.ref_model is not None else None
+    res = fit(
+        model,
+        job.turns,
+        job.cfg,
+        job.out_dir,
+        ref_model=ref,
+        anchor=job.anchor,
+        log=log,
+        on_checkpoint=on_checkpoint,
+        progress=progress,
+        parallel=job.parallel,
+    )
+    if report is not None:
+        result = {**dataclasses.asdict(res), "final_checkpoint": str(res.final_checkpoint)}
+        report("result", result=result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m training.launch JOB_FILE", file=sys.stderr)
+        return 2
+    job_path = Path(args[0])
+    rank = os.environ.get("RANK", "0")
+    try:
+        worker(job_path)
+    except BaseException as exc:
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        (job_path.parent / f"rank-{rank}.error.json").write_text(json.dumps(error))
+        traceback.print_exc()
+        return 1
+    finally:
+        _leave_group()
+    return 0
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
