@@ -90,10 +90,12 @@ def fit_processes(
     log: LogFn | None = None,
     on_checkpoint: CheckpointFn | None = None,
     progress: ProgressFn | None = None,
+    on_start: Callable[[list[int]], None] | None = None,
     poll_s: float = 0.1,
 ) -> FitResult:
     """Run ``job`` on ``num_processes`` ranks of this machine; as :func:`fit`, with the
-    callbacks called here from rank 0's reports."""
+    callbacks called here from rank 0's reports. ``on_start(pids)``: the ranks' process ids,
+    in rank order, once they are started (a supervisor's, or a test's that kills one)."""
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     launch = Path(job.out_dir) / LAUNCH_DIR
@@ -103,6 +105,8 @@ def fit_processes(
     job_path = launch / "job.pkl"
     job_path.write_bytes(pickle.dumps(job))
     procs = _start(job_path, num_processes)
+    if on_start is not None:
+        on_start([p.pid for p in procs])
     events = _Events(launch / EVENTS)
     handlers = {"log": log, "checkpoint": on_checkpoint, "progress": progress}
     try:
@@ -113,7 +117,7 @@ def fit_processes(
             if failed:
                 _stop(procs)
                 events.dispatch(handlers)
-                raise _failure(job, launch, failed[0], procs, events.last_step)
+                raise _failure(job, launch, _culprit(failed, procs), procs, events.last_step)
             if all(code == 0 for code in done):
                 if result is None:
                     raise RankFailed(f"the ranks ended without rank 0's result (logs: {launch})")
@@ -208,6 +212,13 @@ class _Events:
             handler(ev["step"], Path(ev["path"]))
         else:
             handler(ev["done"], ev["total"])
+
+
+def _culprit(failed: list[int], procs: list[subprocess.Popen]) -> int:
+    """The rank that ended the run: one killed by a signal before one that raised (a rank whose
+    peer vanished raises a connection error in its collective)."""
+    killed = [r for r in failed if (procs[r].returncode or 0) < 0]
+    return (killed or failed)[0]
 
 
 def _failure(

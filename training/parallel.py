@@ -117,6 +117,22 @@ class Engine:
         model.module = self.wrapped
         return opt
 
+    def describe(self) -> dict[str, Any]:
+        """The run's layout for its checkpoints: strategy, world size, precision, and the share
+        of the module's parameters this rank holds (1.0 unless sharded)."""
+        local = total = 0
+        for p in self.plain.parameters():
+            total += p.numel()
+            to_local = getattr(p, "to_local", None)
+            local += to_local().numel() if callable(to_local) else p.numel()
+        return {
+            "strategy": self.pc.strategy if self.world > 1 else "single",
+            "world_size": self.world,
+            "mixed_precision": self.pc.mixed_precision,
+            "grad_accum": self.pc.grad_accum,
+            "rank0_param_share": local / max(total, 1),
+        }
+
     def trainable_names(self) -> list[str]:
         """Names of the trainable parameters in optimizer order (the unwrapped module's)."""
         return [n for n, p in self.plain.named_parameters() if p.requires_grad]

@@ -605,7 +605,7 @@ def _checkpoint(run: _Run, out_dir: Path, step: int, plan: list, base: dict, met
         "n_trainable": len(run.turns),
         "metrics": metrics,
         "config_full": dataclasses.asdict(run.cfg),
-        "world_size": run.engine.world,
+        "parallel": run.engine.describe(),
     }
     return _write_checkpoint(run, out_dir, step, state)
 

@@ -288,3 +288,54 @@ def test_an_imported_suite_is_evaluated_by_its_judge(server, chromium, wh: Wareh
         judged = evaluate({"judge": "rubric_vlm", "base_url": fake.url, "model": "j"})
     assert judged.run_id == own.run_id and judged.evaluation.suite == "local-rubric"
     assert (judged.summary.n, judged.summary.n_success) == (2, 1)
+
+
+@pytest.mark.prefect
+def test_two_processes_train_the_tiny_vlm_and_every_tracker_gets_the_warehouse_s_curve(
+    home: Path, dataset: str, monkeypatch
+):
+    """``--num-processes 2`` (DDP over gloo): rank 0's steps and checkpoints land in the
+    warehouse once each; ``--report-to all`` writes the same scalars and the run's lineage to
+    TensorBoard, MLflow (a local SQLite store) and W&B (offline), each read back with its own
+    reader. No network."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["train", "sft", "--dataset", dataset, "--model", "tiny", "--max-steps", "3"]
+    args += ["--batch-size", "3", "--lr", "0.001", "--save-every", "2", "--seed", "7"]
+    out = webloop(home, *args, "--num-processes", "2", "--report-to", "all").stdout
+    rid = run_id_of(out)
+    curve = metrics(home, rid)
+    assert [s for s, _ in curve] == [1, 2, 3]
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        steps = wh.sql(
+            "SELECT step FROM checkpoints WHERE training_run_id = ? ORDER BY step", [rid]
+        ).rows()
+        dataset_id = wh.sql(
+            "SELECT dataset_id FROM training_runs WHERE training_run_id = ?", [rid]
+        ).item()
+    assert [s for (s,) in steps] == [2, 3]
+    state = json.loads(
+        (home / "checkpoints" / rid / "checkpoint-3" / "trainer_state.json").read_text()
+    )
+    assert state["parallel"]["world_size"] == 2
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(home / "trackers" / "tensorboard" / rid))
+    events.Reload()
+    tb = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert [s for s, _ in tb] == [1, 2, 3]
+    assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(tb, curve, strict=True))
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'trackers' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("webloop")
+    (run,) = client.search_runs([exp.experiment_id], f"tags.`webloop.training_run_id` = '{rid}'")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["dataset_id"] == dataset_id and run.data.params["lr"] == "0.001"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, round(m.value, 5)) for m in history] == [(s, round(v, 5)) for s, v in curve]
+
+    (folder,) = (home / "trackers" / "wandb").glob(f"offline-run-*-{rid.lower()}")
+    (log,) = folder.glob("*.wandb")
+    assert b"loss" in log.read_bytes() and dataset_id.encode() in log.read_bytes()

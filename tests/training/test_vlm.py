@@ -7,61 +7,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from curation.build import build_dataset
 from curation.examples import sft_messages
-from curation.recipe import parse_recipe
 from rollouts.hf import HFGenerator, load_model, model_inputs
 from rollouts.prompts import render
-from tests.curation.fixture import build_fixture_warehouse
+from tests.training.conftest import turn_of
 from training.interface import DataMismatch, Turn
 from training.vlm import VLMTrainable, reply_weights
-from warehouse import Warehouse, WarehouseConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = """
-name: vlm-sft
-sources: {splits: [train]}
-filters: [{drop_invalid_steps: {noop: false}}]
-output: {sft: true, k_images: 2}
-"""
-
-
-def turn_of(row: dict[str, Any]) -> Turn:
-    """An exported SFT row (as read from Parquet) → a training Turn."""
-    return Turn(
-        prompt=row["prompt"],
-        completion=row["completion"],
-        images=tuple(img["bytes"] for img in row["images"]),
-        weight=float(row["weight"]),
-        key=f"{row['traj_id']}/{row['step_idx']}",
-    )
-
-
-@pytest.fixture(scope="module")
-def rows() -> Iterator[list[dict[str, Any]]]:
-    """The SFT rows of a dataset built and exported by curation from the fixture warehouse."""
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        with Warehouse.open(WarehouseConfig.from_env(home=base / "home", warehouse="")) as wh:
-            build_fixture_warehouse(wh)
-            ds = build_dataset(
-                wh, parse_recipe(RECIPE, "vlm.yaml"), out_dir=base / "out", blobs=wh.blobs
-            )
-        yield pq.read_table(Path(ds.export_path) / "parquet" / "sft.parquet").to_pylist()
-
-
-@pytest.fixture(scope="module")
-def turns(rows) -> list[Turn]:
-    return [turn_of(r) for r in rows]
 
 
 def fresh(tiny: Path, **kw: Any) -> VLMTrainable:
