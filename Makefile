@@ -78,6 +78,7 @@ bench: setup vllm
 	$(PY) bench/learning.py
 	$(PY) bench/dashboard.py
 	$(PY) bench/serving.py
+	$(PY) bench/training.py --gpu
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .webloop .pytest_cache .ruff_cache *.egg-info

@@ -4,18 +4,32 @@ Builds a Qwen2.5-VL model with 3B-class dimensions (text: hidden 2048, 36 layers
 2 KV heads, vocab 151,936; vision: the real 32-block, 1280-wide tower with window attention)
 and random weights in bf16 on the GPU, then runs SFT steps and PPO-clip RL steps through
 ``training.vlm.VLMTrainable`` on synthetic webloop turns (real-size 1280x720 screenshots, an
-accessibility tree, a Thought/Action reply) and prints examples/s, tokens/s and peak memory.
+accessibility tree, a Thought/Action reply) and prints examples/s, tokens/s, peak memory and
+MFU (model FLOPs utilisation: the model's training FLOPs per second over the chip's bf16 peak).
+
+Throughput settings: attention by flash-attention 2 where the ``flash_attn`` package is
+installed, else PyTorch SDPA (``--attn``); bf16 weights; ``--gradient-checkpointing``; and a
+tokenizer trained offline on webloop's prompt text and the batch's own prompts with a realistic
+vocabulary (``--vocab``, default 32,000: the 1,024-token test tokenizer made prompts ~2x longer
+than a production tokenizer would). It prints characters per token so the lengths can be judged.
+
+MFU counts ``6 · params · tokens`` per training step (forward + backward), for the language
+model (non-embedding parameters and the output head, over the text tokens) and the vision tower
+(over the image patches), plus causal attention ``6 · layers · hidden · seq²`` per sequence; the
+peak is the chip's dense bf16 figure (H100/H200 989 TFLOP/s, A100 312; ``--peak-tflops``).
 
 Without a CUDA device it prints ``skipped: no CUDA device`` and exits 0. ``--size tiny --cpu``
 runs the same code with tiny dimensions on the CPU (to check the script itself).
 
     python scripts/gpu_check.py [--batch 4] [--steps 3] [--images 2] [--gradient-checkpointing]
+                                [--attn auto|flash_attention_2|sdpa|eager] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import random
 import sys
 import time
@@ -78,8 +92,11 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def build(size: str, device: str, bf16: bool) -> tuple[Any, Any]:
-    """A random-weight Qwen2.5-VL of ``size`` on ``device`` and an image-only processor."""
+def build(
+    size: str, device: str, bf16: bool, attn: str = "sdpa", vocab: int = 1024, texts: Any = ()
+) -> tuple[Any, Any]:
+    """A random-weight Qwen2.5-VL of ``size`` on ``device`` and an image-only processor; the
+    tokenizer is trained on webloop's prompt text plus ``texts`` with ``vocab`` entries."""
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
@@ -87,13 +104,14 @@ def build(size: str, device: str, bf16: bool) -> tuple[Any, Any]:
     from rollouts.hf import image_only_processor_class
     from training.models import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
 
-    tok = build_tokenizer()
+    tok = build_tokenizer(vocab, corpus=list(texts))
     tok.padding_side = "left"
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     spec = SIZES[size]
     cfg = Qwen2_5_VLConfig(
         text_config={
             **spec["text"],
+            "vocab_size": max(spec["text"]["vocab_size"], len(tok)),
             "max_position_embeddings": 32_768,
             "bos_token_id": None,
             "eos_token_id": ids["<|im_end|>"],
@@ -103,6 +121,7 @@ def build(size: str, device: str, bf16: bool) -> tuple[Any, Any]:
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
+        attn_implementation=attn,
     )
     image_proc = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=1280 * 28 * 28)
     proc = image_only_processor_class()(
@@ -154,12 +173,59 @@ def synthetic_turns(n: int, n_images: int, screen: tuple[int, int], seed: int = 
     return turns
 
 
+def corpus(n_tasks: int = 2000) -> list[str]:
+    """webloop's own text for the tokenizer: the bundled sites' task instructions and page
+    templates (what prompts show), beside the prompt builder's text."""
+    from sites.tasks import generate
+
+    root = Path(__file__).resolve().parents[1] / "sites" / "templates"
+    pages = [p.read_text() for p in sorted(root.rglob("*.html"))]
+    return [t.instruction for t in generate(n_tasks)] + pages
+
+
 def timed(fn: Any, sync: Any) -> float:
     sync()
     start = time.perf_counter()
     fn()
     sync()
     return time.perf_counter() - start
+
+
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+
+
+def peak_tflops(name: str, given: float | None) -> float | None:
+    """The chip's dense bf16 peak: ``given``, else by the device name (None: unknown)."""
+    if given:
+        return given
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name.upper()), None)
+
+
+def attention(choice: str, device: str) -> str:
+    """``auto``: flash-attention 2 where its package is installed on a GPU, else SDPA."""
+    if choice != "auto":
+        return choice
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return "flash_attention_2" if device == "cuda" else "sdpa"
+
+
+def step_flops(model: Any, pol: Any, turns: list) -> tuple[float, int, int]:
+    """Training FLOPs of one step over ``turns`` (see the module docstring), text tokens and
+    image patches."""
+    lm = model.model.language_model
+    cfg = model.config.text_config
+    text_params = sum(p.numel() for n, p in lm.named_parameters() if "embed_tokens" not in n)
+    head = model.lm_head.weight.numel()
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    enc = [pol.encode(t) for t in turns]
+    seqs = [len(e.prompt_ids) + len(e.reply_ids) for e in enc]
+    patches = sum(int(e.media["image_grid_thw"].prod(-1).sum()) for e in enc if e.media)
+    flops = 6 * (text_params + head) * sum(seqs) + 6 * vision * patches
+    flops += sum(6 * cfg.num_hidden_layers * cfg.hidden_size * n * n for n in seqs)
+    return float(flops), sum(seqs), patches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="steps per phase (first one warms up)")
     ap.add_argument("--images", type=int, default=2, help="screenshots per prompt")
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument(
+        "--attn", default="auto", choices=["auto", "flash_attention_2", "sdpa", "eager"]
+    )
+    ap.add_argument("--vocab", type=int, default=32_000, help="trained tokenizer's vocabulary")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's bf16 peak")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --size tiny)")
     args = ap.parse_args(argv)
 
@@ -179,23 +251,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = "cpu" if args.cpu else "cuda"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    chip = torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
     from training.vlm import VLMTrainable, enable_gradient_checkpointing
 
     t0 = time.perf_counter()
-    model, proc = build(args.size, device, bf16=device == "cuda")
+    turns = synthetic_turns(args.batch, args.images, SIZES[args.size]["screen"])
+    attn = attention(args.attn, device)
+    texts = corpus() + [t.prompt + "\n" + t.completion for t in turns]
+    model, proc = build(args.size, device, device == "cuda", attn, args.vocab, texts)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     pol = VLMTrainable(model, proc, reasoning_weight=0.5)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"model: Qwen2.5-VL {args.size}, {n_params / 1e9:.2f} B params, {device}, "
-        f"built in {time.perf_counter() - t0:.1f} s"
+        f"model: Qwen2.5-VL {args.size}, {n_params / 1e9:.2f} B params, {device} ({chip}), "
+        f"attention {attn}, built in {time.perf_counter() - t0:.1f} s"
     )
-    turns = synthetic_turns(args.batch, args.images, SIZES[args.size]["screen"])
     pol.check_data(turns)
-    tokens = sum(len(e.prompt_ids) + len(e.reply_ids) for e in map(pol.encode, turns))
-    print(f"batch: {len(turns)} turns, {args.images} screenshots each, {tokens} tokens")
+    flops, tokens, patches = step_flops(model, pol, turns)
+    reply_chars = sum(len(t.completion) for t in turns)
+    reply_tokens = sum(len(pol.encode(t).reply_ids) - 1 for t in turns)
+    print(
+        f"batch: {len(turns)} turns, {args.images} screenshots each, {tokens} tokens "
+        f"({patches} image patches); tokenizer {len(proc.tokenizer)} entries, "
+        f"{reply_chars / max(reply_tokens, 1):.2f} characters per reply token"
+    )
     opt = torch.optim.AdamW(pol.parameters(), lr=1e-6)
 
     def sft() -> None:
@@ -217,6 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
 
+    peak = peak_tflops(chip, args.peak_tflops)
+    record: dict[str, Any] = {
+        "bench": "training-gpu",
+        "chip": chip,
+        "size": args.size,
+        "params": n_params,
+        "attention": attn,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "batch": len(turns),
+        "tokens_per_step": tokens,
+        "peak_tflops": peak,
+    }
     pol.train()
     for name, step in (("sft", sft), ("rl-ppo-clip", rl)):
         if device == "cuda":
@@ -224,12 +317,23 @@ def main(argv: list[str] | None = None) -> int:
         times = [timed(step, sync) for _ in range(args.steps)]
         steady = times[1:] or times
         per = sum(steady) / len(steady)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+        mem = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+        achieved = flops / per / 1e12
+        mfu = f"MFU {achieved / peak:.1%}" if peak else "MFU: unknown chip (--peak-tflops)"
         print(
             f"{name}: first step {times[0]:.2f} s, steady {per:.3f} s/step, "
             f"{len(turns) / per:.2f} examples/s, {tokens / per:.0f} tokens/s, "
-            f"peak memory {peak:.1f} GiB"
+            f"{achieved:.1f} TFLOP/s, {mfu}, peak memory {mem:.1f} GiB"
         )
+        record[name] = {
+            "s_per_step": per,
+            "examples_per_s": len(turns) / per,
+            "tokens_per_s": tokens / per,
+            "tflops": achieved,
+            "mfu": achieved / peak if peak else None,
+        }
+    if args.json is not None:
+        args.json.write_text(json.dumps(record, indent=2))
     return 0
 
 

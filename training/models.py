@@ -49,13 +49,18 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 1024, special: list[str] | None = None):
-    """A byte-level BPE tokenizer trained on webloop's prompt and action text, with ``special``
-    tokens (default: the Qwen-VL ones)."""
+def build_tokenizer(
+    vocab_size: int = 1024, special: list[str] | None = None, corpus: list[str] | None = None
+):
+    """A byte-level BPE tokenizer trained on webloop's prompt and action text (and ``corpus``:
+    real prompts, for realistic lengths at a larger ``vocab_size``), with ``special`` tokens
+    (default: the Qwen-VL ones)."""
     from transformers import Qwen2Tokenizer
 
     tok = Qwen2Tokenizer().train_new_from_iterator(
-        _CORPUS * 20, vocab_size=vocab_size, new_special_tokens=special or SPECIAL_TOKENS
+        _CORPUS * 20 + list(corpus or ()),
+        vocab_size=vocab_size,
+        new_special_tokens=special or SPECIAL_TOKENS,
     )
     tok.pad_token, tok.eos_token = "<|endoftext|>", "<|im_end|>"
     return tok

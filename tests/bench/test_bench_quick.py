@@ -41,3 +41,17 @@ def test_judging_bench_quick_counts_n_plus_two_calls():
     for selection, _c, calls, n_plus_2, images, per_s in rows:
         expected = float(n_plus_2) if selection == "model" else 2.0
         assert float(calls) == expected and float(images) > 0 and float(per_s) > 0
+
+
+@pytest.mark.bench("training.py")
+def test_training_bench_quick_runs_every_arm_on_the_same_steps():
+    out = run_bench("training.py")
+    rows = re.findall(
+        r"^(1 process|ddp x2|fsdp x2): (\d+) steps, ([\d.]+) examples/s, (\d+) reply tokens/s",
+        out,
+        re.M,
+    )
+    assert [r[0] for r in rows] == ["1 process", "ddp x2", "fsdp x2"], out
+    assert all(int(r[1]) == 4 and float(r[2]) > 0 and int(r[3]) > 0 for r in rows)
+    diffs = re.findall(r"scaling efficiency (\d+)%, max \|loss - baseline's\| ([\d.e+-]+)", out)
+    assert len(diffs) == 2 and all(float(d) < 1e-5 for _, d in diffs), out  # the same work
