@@ -90,6 +90,7 @@ def train_sft(cfg: SFTConfig) -> None:
     """Supervised fine-tuning on a curated dataset (the train_sft flow); resumable."""
     from flows.train import train_sft as run
 
+    cfg.compute.check()  # (an unknown tracker) before a flow starts
     with _live("train sft") as bar:
         res = _user_errors(lambda: run(cfg, on_progress=bar))
     resumed = f" (resumed from step {res.resumed_from})" if res.resumed_from else ""

@@ -151,9 +151,11 @@ def _rl(sft: tuple, **kw: Any) -> RLConfig:
 @pytest.fixture(scope="module")
 def rl(home: str, sft: tuple, dataset: tuple) -> tuple[Any, str]:
     # the SFT tasks again (seed 1), with turn-level credit from the rubric's progress: a
-    # learning signal even where the samples of a task end alike; the SFT dataset anchors it
+    # learning signal even where the samples of a task end alike; the SFT dataset anchors it.
+    # The update runs on two processes (DDP over gloo): rank 0 reports, this process records.
     cfg = _rl(sft, estimator="turn", samples=2, n_tasks=3, seed=1,
-              anchor_dataset=dataset[0].dataset_id, anchor_coef=0.5)  # fmt: skip
+              anchor_dataset=dataset[0].dataset_id, anchor_coef=0.5,
+              compute={"num_processes": 2})  # fmt: skip
     return run(train_rl_flow, cfg, home)
 
 
@@ -273,6 +275,8 @@ def test_train_rl(home: str, sft: tuple, dataset: tuple, rl: tuple):
     assert sql(home, q, [out.training_run_id])[0][0] == it.steps_run > 0
     assert out.checkpoint_id != sft[0].checkpoint_id
     assert "## Iterations" in artifact("training-rl", fr)
+    state = json.loads((Path(out.checkpoint) / "trainer_state.json").read_text())
+    assert state["parallel"]["world_size"] == 2  # the update ran on two ranks
 
 
 def test_train_rl_rewards_are_the_reward_judges_verdicts(home: str, sft: tuple):
