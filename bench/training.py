@@ -22,7 +22,8 @@ measure the distributed machinery's overhead; the scaling that matters is GPUs'.
 bf16, flash-attention or SDPA, MFU) when a CUDA device is present; skipped with its reason
 otherwise. ``--json OUT`` writes the figures.
 
-    python bench/training.py [--quick] [--turns 48] [--batch 8] [--steps 6] [--gpu] [--json OUT]
+    python bench/training.py [--quick] [--turns 48] [--batch 8] [--steps 6] [--arms ddp,fsdp]
+                             [--gpu] [--json OUT]
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def cpu_scaling(args: argparse.Namespace) -> dict[str, Any]:
         f"{args.steps} steps per arm; {os.cpu_count()} CPU cores"
     )
     arms = [("1 process", 1, "ddp"), ("ddp x2", 2, "ddp"), ("fsdp x2", 2, "fsdp")]
+    arms = [a for a in arms if a[0].split()[0] in ("1", *args.arms)]
     results: dict[str, Any] = {}
     base: dict[str, float] = {}
     base_loss: dict[int, float] = {}
@@ -137,10 +139,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--gpu", action="store_true", help="also the GPU throughput check")
+    ap.add_argument(
+        "--arms", default="ddp,fsdp", help="2-process arms beside the baseline (--quick: ddp)"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.quick:
-        args.turns, args.batch, args.steps = 16, 4, 4
+    if args.quick:  # (fsdp x2 is checked against one process in tests/training)
+        args.turns, args.batch, args.steps, args.arms = 12, 4, 3, "ddp"
+    args.arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     return args
 
 
