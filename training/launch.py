@@ -236,6 +236,7 @@ def _failure(
         code = procs[rank].returncode
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
     kept = list_checkpoints(Path(job.out_dir))
+    step = max(step, kept[-1][0] if kept else 0)  # (a checkpoint is written before its report)
     keep = (
         f"checkpoints up to step {kept[-1][0]} are kept in {job.out_dir}"
         if kept
