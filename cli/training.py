@@ -86,6 +86,40 @@ def _print_eval(res: EvalResult) -> None:
             )
 
 
+def _print_compare(c: dict[str, Any], by: str) -> None:
+    warn = "" if c["same_split"] else "  (different suites/splits!)"
+    console.print(f"A {c['a']}: {c['rate_a']:.1%}   B {c['b']}: {c['rate_b']:.1%}{warn}")
+    if c["method"] != "paired":
+        console.print(
+            f"unpaired ({c['unpaired_because']}): B − A = {c['diff']:+.1%} "
+            f"[95% CI {c['ci_low']:+.1%}, {c['ci_high']:+.1%}] (Newcombe, independent samples)"
+            + ("; the Wilson intervals do not overlap" if c["separated"] else ""),
+            soft_wrap=True,
+        )
+        return
+    left = (
+        f"; {c['unpaired_tasks']} task(s) scored in one only, left out"
+        if c["unpaired_tasks"]
+        else ""
+    )
+    console.print(
+        f"paired on {c['n_pairs']} tasks ({c['clusters']} template clusters){left}: "
+        + _paired_line(c),
+        soft_wrap=True,
+    )
+    for row in c.get(f"by_{by}", []) if by != "none" else []:
+        console.print(f"  {by} {row[by]}: {row['n_pairs']} pairs, " + _paired_line(row))
+
+
+def _paired_line(c: dict[str, Any]) -> str:
+    p = c["mcnemar_p"]
+    test = f"McNemar exact p = {p:.3g}" if p is not None else "McNemar: not binary"
+    return (
+        f"B − A = {c['diff']:+.1%} [95% cluster bootstrap {c['ci_low']:+.1%}, "
+        f"{c['ci_high']:+.1%}]; {test} (only A solved {c['a_only']}, only B {c['b_only']})"
+    )
+
+
 def train_sft(cfg: SFTConfig) -> None:
     """Supervised fine-tuning on a curated dataset (the train_sft flow); resumable."""
     from flows.train import train_sft as run
@@ -180,21 +214,21 @@ def register(app: typer.Typer) -> None:
     def eval_compare(
         a: Annotated[str, typer.Argument(help="Evaluation (or checkpoint / run) id A.")],
         b: Annotated[str, typer.Argument(help="Evaluation (or checkpoint / run) id B.")],
+        by: Annotated[
+            str, typer.Option(help="Paired comparisons: also per site or template.")
+        ] = "site",
     ) -> None:
-        """B − A success rate with its 95% interval (Newcombe)."""
-        from training.evaluate import compare, find_evaluation
+        """B − A success rate with its 95% interval: paired (exact McNemar test, template-
+        clustered bootstrap) when both ran the same tasks, else Newcombe's unpaired interval."""
+        from training.evaluate import compare_evaluations, find_evaluation
 
+        if by not in ("site", "template", "none"):
+            raise ConfigError(f"--by {by!r}: site, template or none")
         with _open(read_only=True) as wh:
             ea = _user_errors(lambda: find_evaluation(wh, a))
             eb = _user_errors(lambda: find_evaluation(wh, b))
-        c = compare(ea, eb)
-        warn = "" if c["same_split"] else "  (different suites/splits!)"
-        console.print(
-            f"A {c['a']}: {c['rate_a']:.1%}   B {c['b']}: {c['rate_b']:.1%}{warn}\n"
-            f"B − A = {c['diff']:+.1%} [95% CI {c['ci_low']:+.1%}, {c['ci_high']:+.1%}]"
-            + ("; the Wilson intervals do not overlap" if c["separated"] else ""),
-            soft_wrap=True,
-        )
+            c = compare_evaluations(wh, ea, eb)
+        _print_compare(c, by)
 
     @ckpt_app.command("list")
     def ckpt_list(fmt: FormatOption = Format.table) -> None:

@@ -1,5 +1,6 @@
 """Evaluation: success rates with 95% Wilson intervals per split, site and difficulty, and the
-difference between two evaluations with its interval.
+difference between two evaluations with its interval: paired (exact McNemar, a template-clustered
+bootstrap) when both ran the same tasks, Newcombe's unpaired interval otherwise.
 
 An evaluation summarises the trajectories of one collect run (the policy on a split's tasks).
 Outcomes: ``success`` counts 1; ``failure`` and ``timeout`` (the policy ran out of time or steps)
@@ -15,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from training.stats import breakdown, diff_interval, wilson
+from training.stats import breakdown, cluster_bootstrap, diff_interval, mcnemar_exact, wilson
 from warehouse.ids import make_id
 from warehouse.records import Evaluation
 from warehouse.relations import outcome_sql, with_relations
@@ -25,8 +26,9 @@ OUTCOME = {"success": 1, "failure": 0, "timeout": 0}
 
 
 def run_outcomes(wh: Warehouse, run_id: str, judge: str | None = None) -> pl.DataFrame:
-    """One row per trajectory of the run: task, suite, site, difficulty, split (of the task
-    version it ran), status, success (null where the status is no outcome). A ``finished``
+    """One row per trajectory of the run: task, suite, site, difficulty, split, template (of the
+    task version it ran; null where the task has none), status, success (null where the status
+    is no outcome). A ``finished``
     trajectory takes its judges' verdict (``trajectory_verdicts`` of
     :mod:`warehouse.relations`).
 
@@ -37,6 +39,7 @@ def run_outcomes(wh: Warehouse, run_id: str, judge: str | None = None) -> pl.Dat
     df = wh.sql(
         with_relations(
             "SELECT t.traj_id, t.task_id, k.suite, k.site, k.difficulty, k.split, "
+            "json_extract_string(k.meta, '$.template') AS template, "
             f"{status} AS status FROM trajectories t "
             f"LEFT JOIN trajectory_tasks k USING (traj_id) {verdicts} "
             "WHERE t.run_id = $run ORDER BY t.traj_id"
@@ -170,4 +173,88 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "ci_high": hi,
         "separated": a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"],
         "same_split": split_a == split_b if known else None,
+    }
+
+
+def per_task(outcomes: pl.DataFrame) -> pl.DataFrame:
+    """One row per task of an evaluation's outcomes: site, template (the task itself where
+    none), ``n`` scored trajectories and ``success`` (their mean; null when none was scored)."""
+    return (
+        outcomes.group_by("task_id")
+        .agg(
+            pl.col("site").first(),
+            pl.col("template").first(),
+            pl.col("success").count().alias("n"),
+            pl.col("success").mean().alias("success"),
+        )
+        .with_columns(pl.col("template").fill_null(pl.col("task_id")))
+        .sort("task_id")
+    )
+
+
+def compare_evaluations(
+    wh: Warehouse, a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 10_000, seed: int = 0
+) -> dict[str, Any]:
+    """B − A for two stored evaluations (:func:`find_evaluation` rows), paired when they can be.
+
+    Paired: both rolled out the same tasks (their runs' task sets are equal). Each task scored
+    in both is a pair (one scored in one only, an infrastructure error, is left out and counted
+    in ``unpaired_tasks``); ``diff`` is the mean of B's minus A's per-task success; the 95%
+    interval is a percentile bootstrap that resamples task templates whole (tasks of a template
+    succeed or fail together: per-task resampling would overstate the precision); with one
+    outcome per task and evaluation, ``mcnemar_p`` is the exact McNemar test over the pairs
+    only A solved (``a_only``) and only B solved (``b_only``). ``by_site`` / ``by_template``:
+    the same per group. Otherwise (different task sets): :func:`compare`'s Newcombe interval
+    of two independent samples, ``method: unpaired`` and ``unpaired_because`` saying why.
+    Both keep :func:`compare`'s fields (``rate_a``, ``rate_b``, ``same_split`` …)."""
+    base = compare(a, b)
+    ta = per_task(run_outcomes(wh, a["run_id"], a.get("judge")))
+    tb = per_task(run_outcomes(wh, b["run_id"], b.get("judge")))
+    only_a = set(ta["task_id"]) - set(tb["task_id"])
+    only_b = set(tb["task_id"]) - set(ta["task_id"])
+    if only_a or only_b or ta.is_empty():
+        why = (
+            f"the evaluations ran different tasks ({len(only_a)} only in A, {len(only_b)} only "
+            "in B)"
+            if ta.height
+            else "A has no task"
+        )
+        return {**base, "method": "unpaired", "unpaired_because": why}
+    both = ta.join(tb, on="task_id", suffix="_b").filter(
+        pl.col("success").is_not_null() & pl.col("success_b").is_not_null()
+    )
+    if both.is_empty():
+        return {**base, "method": "unpaired", "unpaired_because": "no task was scored in both"}
+    out = {
+        **base,
+        **_paired(both, n_boot, seed),
+        "method": "paired",
+        "unpaired_tasks": ta.height - both.height,
+    }
+    for by in ("site", "template"):
+        out[f"by_{by}"] = [
+            {by: key, **_paired(group, n_boot, seed)}
+            for (key,), group in sorted(both.group_by(by), key=lambda kv: str(kv[0][0]))
+        ]
+    return out
+
+
+def _paired(both: pl.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
+    """The paired statistics of a frame of pairs (``success``: A's, ``success_b``: B's)."""
+    d = (both["success_b"] - both["success"]).to_list()
+    binary = bool((both["n"] == 1).all() and (both["n_b"] == 1).all())
+    a_only = int(((both["success"] == 1) & (both["success_b"] == 0)).sum())
+    b_only = int(((both["success"] == 0) & (both["success_b"] == 1)).sum())
+    lo, hi = cluster_bootstrap(d, both["template"].to_list(), n_boot=n_boot, seed=seed)
+    return {
+        "n_pairs": both.height,
+        "clusters": both["template"].n_unique(),
+        "pair_rate_a": float(both["success"].mean()),
+        "pair_rate_b": float(both["success_b"].mean()),
+        "diff": float(sum(d) / len(d)),
+        "ci_low": lo,
+        "ci_high": hi,
+        "a_only": a_only,
+        "b_only": b_only,
+        "mcnemar_p": mcnemar_exact(a_only, b_only) if binary else None,
     }

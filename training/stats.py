@@ -1,16 +1,25 @@
 """Success rates with confidence intervals: Wilson score intervals, Newcombe's interval for a
-difference of two proportions, and per-group breakdowns of a polars frame.
+difference of two independent proportions, and for two evaluations of the SAME tasks the paired
+statistics (the exact McNemar test, a cluster bootstrap interval of the paired difference);
+per-group breakdowns of a polars frame.
 
 References: E. B. Wilson (1927), "Probable inference, the law of succession, and statistical
 inference", JASA 22:209-212; R. G. Newcombe (1998), "Interval estimation for the difference
 between independent proportions: comparison of eleven methods", Statistics in Medicine
-17:873-890 (method 10, the hybrid score interval).
+17:873-890 (method 10, the hybrid score interval); Q. McNemar (1947), "Note on the sampling
+error of the difference between correlated proportions or percentages", Psychometrika 12:153-157
+(exact form: the binomial test on the discordant pairs); B. Efron and R. Tibshirani (1993), An
+Introduction to the Bootstrap, ch. 13 (percentile intervals), resampling whole clusters
+(tasks of one template succeed or fail together) as in A. C. Davison and D. V. Hinkley (1997),
+Bootstrap Methods and their Application, §3.8.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import polars as pl
 
 
@@ -93,3 +102,50 @@ def breakdown(
         pl.Series("ci_low", [c[0] for c in ci], dtype=pl.Float64),
         pl.Series("ci_high", [c[1] for c in ci], dtype=pl.Float64),
     )
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes.
+
+    ``b``: pairs where A succeeded and B failed; ``c``: A failed and B succeeded (the discordant
+    pairs; concordant ones carry no information on the difference). Under "A and B succeed
+    alike", ``b ~ Binomial(b + c, 1/2)``: ``p = min(1, 2 · P(X ≤ min(b, c)))``; no discordant
+    pair gives 1."""
+    _check_counts(b, b + c, "mcnemar_exact")
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def cluster_bootstrap(
+    values: Sequence[float],
+    clusters: Sequence[str],
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of the mean of ``values`` (per-task paired differences, or 0/1
+    outcomes) resampling whole clusters with replacement: each draw takes as many clusters as
+    there are, and its mean is the sum of the drawn clusters' values over their count. With one
+    value per cluster this is the ordinary bootstrap; values of one cluster (a task template)
+    that move together widen the interval as they should. Deterministic for a ``seed``."""
+    if len(values) != len(clusters) or not len(values):
+        raise ValueError(
+            f"cluster_bootstrap: need as many clusters as values (> 0), "
+            f"got {len(values)} values and {len(clusters)} clusters"
+        )
+    names = sorted(set(clusters))
+    index = {c: i for i, c in enumerate(names)}
+    ids = np.array([index[c] for c in clusters])
+    sums = np.bincount(ids, weights=np.asarray(values, dtype=float), minlength=len(names))
+    counts = np.bincount(ids, minlength=len(names)).astype(float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(names), size=(n_boot, len(names)))
+    means = sums[draws].sum(1) / counts[draws].sum(1)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(low), float(high)
+

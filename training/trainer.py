@@ -282,6 +282,23 @@ class _Run:
         return [p for g in self.opt.param_groups for p in g["params"]]
 
 
+_DROPOUT_ATTRS = ("attention_dropout", "dropout", "hidden_dropout", "activation_dropout")
+
+
+def no_dropout(module: torch.nn.Module) -> dict[torch.nn.Module, dict[str, float]]:
+    """Set every dropout of ``module`` to 0: its ``nn.Dropout`` layers' ``p`` and the float
+    dropout rates attention layers apply functionally in train mode (``attention_dropout``, …).
+    Returns the previous values, to restore."""
+    saved: dict[torch.nn.Module, dict[str, float]] = {}
+    for sub in module.modules():
+        names = ["p"] if isinstance(sub, torch.nn.modules.dropout._DropoutNd) else []
+        names += [a for a in _DROPOUT_ATTRS if isinstance(getattr(sub, a, None), float)]
+        for name in names:
+            saved.setdefault(sub, {})[name] = getattr(sub, name)
+            setattr(sub, name, 0.0)
+    return saved
+
+
 def _policy_logprobs(model: TrainablePolicy, turns: list[Turn], batch_size: int) -> torch.Tensor:
     """No-grad log-probs of ``turns`` under ``model`` in eval mode (NaN where uncovered)."""
     was_training = getattr(model.module, "training", True)
@@ -698,6 +715,10 @@ def fit(
     if cfg.objective == "ppo" and run.old_logprobs is None:
         run.old_logprobs = _behaviour_logprobs(run)
     model.train(True)
+    # PPO's ratio compares the policy with its behaviour log-probs, computed without dropout
+    # (eval mode): the update runs without it too, else the ratio is not 1 before any step
+    # and dropout noise decides what is clipped. Train mode stays (gradient checkpointing).
+    restore = no_dropout(model.module) if cfg.objective == "ppo" else {}
     main = engine.is_main
 
     def checkpoint(step: int) -> Path:
@@ -725,6 +746,9 @@ def fit(
             last_path = checkpoint(last)
     finally:
         model.module = engine.plain  # the caller's model, unwrapped (its weights trained)
+        for module, values in restore.items():
+            for name, value in values.items():
+                setattr(module, name, value)
     return FitResult(
         steps_run=last - start,
         last_step=last,

@@ -4,6 +4,7 @@ per-prompt caching, and the checkpoint round trip."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -182,3 +183,23 @@ def test_the_same_rows_and_seed_train_the_same_checkpoint_whatever_the_encoder_h
         data = (tmp_path / f"final{run}" / "model.safetensors").read_bytes()
         files.append(hashlib.sha256(data).hexdigest())  # (a bytes diff takes minutes to print)
     assert files[0] == files[1]
+
+
+def test_ppo_runs_without_dropout_so_the_first_ratio_is_exactly_one(tmp_path) -> None:
+    """The behaviour log-probs come from the policy without dropout: the PPO update must run
+    without it too. With the scorer's Dropout(0.1) on, the first minibatch's ratio would not be
+    1 and dropout noise would decide what is clipped."""
+    from training.trainer import TrainConfig, fit
+
+    torch.manual_seed(0)
+    policy = RankerTrainable(RankerModel(seed=0, dropout=0.1), encoder=HashEncoder())
+    rows = [dataclasses.replace(t, advantage=(-1.0) ** i) for i, t in enumerate(turns())]
+    logged: list = []
+    cfg = TrainConfig(objective="ppo", epochs=1, ppo_epochs=2, lr=1e-2, batch_size=len(rows))
+    fit(policy, rows, cfg, tmp_path / "ppo", log=lambda s, v: logged.append(v))
+    first, second = logged
+    assert abs(first["ratio_mean"] - 1.0) < 1e-6 and first["clip_fraction"] == 0.0
+    assert abs(first["approx_kl"]) < 1e-9
+    assert second["approx_kl"] > 1e-6  # the update moved the policy
+    rates = [m.p for m in policy.module.modules() if isinstance(m, torch.nn.Dropout)]
+    assert rates and all(p == 0.1 for p in rates)  # the caller's model keeps its dropout

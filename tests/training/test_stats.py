@@ -14,7 +14,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from training.stats import breakdown, diff_interval, wilson
+from training.stats import breakdown, cluster_bootstrap, diff_interval, mcnemar_exact, wilson
 
 
 def test_wilson_published_values():
@@ -68,3 +68,38 @@ def test_breakdown_per_group():
         breakdown(frame, ["difficulty"])
     with pytest.raises(ValueError, match="null value"):
         breakdown(frame.with_columns(pl.lit(None, pl.Boolean).alias("success")), ["site"])
+
+
+@pytest.mark.parametrize(
+    ("b", "c", "p"),
+    [
+        (5, 2, 58 / 128),  # 2 · (C(7,0) + C(7,1) + C(7,2)) / 2^7 = 2 · 29/128
+        (2, 5, 58 / 128),  # symmetric
+        (0, 6, 2 / 64),  # 2 · 1/2^6
+        (3, 3, 1.0),  # 2 · 42/64 > 1: capped
+        (0, 0, 1.0),  # no discordant pair: no evidence
+        (10, 0, 2 / 1024),
+    ],
+)
+def test_mcnemar_exact_against_hand_computed_binomial_tails(b, c, p):
+    assert mcnemar_exact(b, c) == pytest.approx(p, abs=1e-12)
+
+
+def test_cluster_bootstrap_against_the_enumerable_case_and_wider_for_moving_clusters():
+    # two pairs, each its own cluster: the bootstrap means are 0, 1/2, 1 with probabilities
+    # 1/4, 1/2, 1/4, so the 2.5% and 97.5% percentiles are 0 and 1
+    assert cluster_bootstrap([1.0, 0.0], ["a", "b"], n_boot=4000) == (0.0, 1.0)
+    assert cluster_bootstrap([0.25] * 5, list("abcde")) == (0.25, 0.25)
+    # 40 differences: +1 on 12 tasks, 0 elsewhere. Spread over 40 templates, vs the same +1s
+    # all in 3 templates of 4 (the templates move together): the clustered interval is wider
+    values = [1.0] * 12 + [0.0] * 28
+    alone = cluster_bootstrap(values, [f"t{i}" for i in range(40)])
+    together = cluster_bootstrap(values, [f"t{i // 4}" for i in range(40)])
+    assert alone[0] < 0.3 < alone[1] and together[0] < 0.3 < together[1]
+    assert together[1] - together[0] > 1.3 * (alone[1] - alone[0])
+    # deterministic for a seed
+    assert cluster_bootstrap(values, list(map(str, range(40))), seed=3) == cluster_bootstrap(
+        values, list(map(str, range(40))), seed=3
+    )
+    with pytest.raises(ValueError, match="as many clusters as values"):
+        cluster_bootstrap([1.0], ["a", "b"])
