@@ -77,6 +77,15 @@ def _print_eval(res: EvalResult) -> None:
     )
     if res.judged is not None:
         console.print(f"  judge run: {res.judged.line}", soft_wrap=True)
+    ppi = (ev.breakdown or {}).get("ppi")
+    if ppi:
+        console.print(
+            f"  judge-only {ppi['judge_rate']:.1%}; debiased by {ppi['n_labelled']} human "
+            f"labels (prediction-powered): {ppi['rate']:.1%} [95% CI {ppi['ci_low']:.1%}, "
+            f"{ppi['ci_high']:.1%}]; the judge agreed on {ppi['labelled_agreement']:.0%} of them "
+            "(valid when the labelled trajectories are a random sample)",
+            soft_wrap=True,
+        )
     for by in ("by_site", "by_difficulty"):
         for r in getattr(s, by):
             key = r.get("site", r.get("difficulty"))

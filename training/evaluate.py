@@ -16,7 +16,14 @@ from typing import Any
 
 import polars as pl
 
-from training.stats import breakdown, cluster_bootstrap, diff_interval, mcnemar_exact, wilson
+from training.stats import (
+    breakdown,
+    cluster_bootstrap,
+    diff_interval,
+    mcnemar_exact,
+    ppi_mean,
+    wilson,
+)
 from warehouse.ids import make_id
 from warehouse.records import Evaluation
 from warehouse.relations import outcome_sql, with_relations
@@ -107,7 +114,11 @@ def record(
 ) -> tuple[Evaluation, Summary]:
     """Summarise the run's trajectories and store the evaluation (id from the run: re-running
     an evaluation replaces its row with the same numbers)."""
-    s = summarize(run_outcomes(wh, run_id, judge))
+    outcomes = run_outcomes(wh, run_id, judge)
+    s = summarize(outcomes)
+    debiased = prediction_powered(wh, outcomes) if judge and judge != "programmatic" else None
+    if debiased is not None:
+        extra = {**(extra or {}), "ppi": debiased}
     ev = Evaluation(
         evaluation_id=evaluation_id_for(run_id, judge_identity if judge else None),
         judge=judge,
@@ -130,6 +141,46 @@ def record(
     )
     wh.write([ev])
     return ev, s
+
+
+def human_outcomes(wh: Warehouse, traj_ids: list[str]) -> dict[str, int]:
+    """traj_id → 1/0 from each trajectory's latest whole-trajectory human label (success or
+    failure; other labels, such as ``not_executable``, are no outcome)."""
+    if not traj_ids:
+        return {}
+    df = wh.sql(
+        "SELECT traj_id, label FROM human_labels WHERE step_idx IS NULL "
+        "AND traj_id IN (SELECT unnest($ids)) "
+        "QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1",
+        {"ids": traj_ids},
+    )
+    return {t: int(lab == "success") for t, lab in df.iter_rows() if lab in ("success", "failure")}
+
+
+def prediction_powered(wh: Warehouse, judged: pl.DataFrame) -> dict[str, Any] | None:
+    """A judged evaluation's success rate debiased by human labels (:func:`ppi_mean`): the
+    judge's verdicts on every scored trajectory, its error on those a person labelled. None
+    with fewer than 2 labelled. Valid when the labelled trajectories are a uniformly random
+    sample of the evaluated ones (a disagreement-first queue is not)."""
+    scored = judged.filter(pl.col("success").is_not_null())
+    labels = human_outcomes(wh, scored["traj_id"].to_list())
+    if len(labels) < 2 or scored.height < 2:
+        return None
+    verdict = dict(zip(scored["traj_id"], scored["success"], strict=True))
+    ids = sorted(labels)
+    theta, lo, hi = ppi_mean(
+        scored["success"].to_list(), [verdict[t] for t in ids], [labels[t] for t in ids]
+    )
+    agree = sum(verdict[t] == labels[t] for t in ids)
+    return {
+        "rate": theta,
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": scored.height,
+        "n_labelled": len(ids),
+        "judge_rate": float(scored["success"].mean()),
+        "labelled_agreement": agree / len(ids),
+    }
 
 
 def find_evaluation(wh: Warehouse, ref: str) -> dict[str, Any]:

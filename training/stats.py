@@ -11,7 +11,9 @@ error of the difference between correlated proportions or percentages", Psychome
 (exact form: the binomial test on the discordant pairs); B. Efron and R. Tibshirani (1993), An
 Introduction to the Bootstrap, ch. 13 (percentile intervals), resampling whole clusters
 (tasks of one template succeed or fail together) as in A. C. Davison and D. V. Hinkley (1997),
-Bootstrap Methods and their Application, §3.8.
+Bootstrap Methods and their Application, §3.8; A. N. Angelopoulos, S. Bates, C. Fannjiang,
+M. I. Jordan and T. Zrnic (2023), "Prediction-powered inference", Science 382:669-674 (the
+mean estimator with its rectifier: a judge's verdicts debiased by a random labelled subset).
 """
 
 from __future__ import annotations
@@ -149,3 +151,31 @@ def cluster_bootstrap(
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return float(low), float(high)
 
+
+def ppi_mean(
+    judged: Sequence[float],
+    judged_labelled: Sequence[float],
+    labels: Sequence[float],
+    z: float = 1.96,
+) -> tuple[float, float, float]:
+    """Prediction-powered estimate of a success rate and its interval.
+
+    ``judged``: an automatic judge's verdicts (1/0) on the N trajectories to estimate over;
+    ``judged_labelled`` and ``labels``: the judge's verdicts and the true outcomes (human labels)
+    on a uniformly random subset of n of them. The judge's rate, corrected by its mean error on
+    the labelled subset (the rectifier):
+
+    ``θ = mean(judged) + mean(labels − judged_labelled)``,
+    ``se² = var(judged) / N + var(labels − judged_labelled) / n`` (sample variances),
+    interval ``θ ± z·se``, clipped to [0, 1]. Valid however biased the judge is, as long as the
+    labelled subset is a random sample; it is narrower than the labels alone when the judge is
+    good. Needs N ≥ 2 and n ≥ 2."""
+    f, fl, y = (np.asarray(v, dtype=float) for v in (judged, judged_labelled, labels))
+    if len(fl) != len(y):
+        raise ValueError(f"ppi_mean: {len(fl)} judged labelled verdicts but {len(y)} labels")
+    if len(f) < 2 or len(y) < 2:
+        raise ValueError(f"ppi_mean: need N >= 2 and n >= 2, got N={len(f)}, n={len(y)}")
+    rectifier = y - fl
+    theta = float(f.mean() + rectifier.mean())
+    se = math.sqrt(f.var(ddof=1) / len(f) + rectifier.var(ddof=1) / len(y))
+    return theta, max(0.0, theta - z * se), min(1.0, theta + z * se)

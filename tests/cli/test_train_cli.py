@@ -5,6 +5,7 @@ refused before training; ``webloop eval`` of a checkpoint on bundled tasks in re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -221,6 +222,7 @@ def test_a_judged_evaluation_records_its_judge_and_leaves_what_it_could_not_deci
     from stages.evaluate import EvalConfig, evaluation_deltas, run_evaluation
     from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
     from warehouse.config import ConfigError
+    from warehouse.relations import with_relations
     from warehouse.tasks import put_tasks
 
     put_tasks(wh, generate(60, seed=0))
@@ -264,6 +266,28 @@ def test_a_judged_evaluation_records_its_judge_and_leaves_what_it_could_not_deci
     assert row == ("rubric_vlm", 2, 1)
     assert evaluation_deltas(wh, judged) == ()  # the own-graded evaluation is not comparable
     assert [d["a"] for d in evaluation_deltas(wh, own)] == []
+    # people label the two scored trajectories with the truth (the expert solved every task):
+    # the judge's 1/2 is debiased by prediction-powered inference to 1/2 + mean(label − judge)
+    from training.evaluate import record
+    from warehouse.records import HumanLabel
+
+    scored = wh.sql(
+        with_relations(
+            "SELECT traj_id FROM latest_judgments WHERE judge = 'rubric_vlm' "
+            "AND verdict IN ('success', 'failure') ORDER BY traj_id"
+        )
+    )["traj_id"].to_list()
+    wh.write([HumanLabel(f"l{i}", t, "success", "tester") for i, t in enumerate(scored)])
+    cfg = config_from_mapping(EvalConfig, {"rollout": rollout, "judge": judge})
+    identity = dataclasses.replace(cfg.judge, run=judged.run_id).identity()  # as the stage's
+    ev, _ = record(wh, judged.run_id, suite="bundled", split="test", policy="expert",
+                   checkpoint_id=None, judge="rubric_vlm", judge_identity=identity)  # fmt: skip
+    assert ev.evaluation_id == judged.evaluation_id  # the same evaluation, its row replaced
+    ppi = json.loads(wh.sql("SELECT breakdown FROM evaluations WHERE evaluation_id = ?",
+                            [ev.evaluation_id]).item())["ppi"]  # fmt: skip
+    # θ = mean([1, 0]) + mean([1 − 1, 1 − 0]) = 1; se² = ½/2 + ½/2: the interval is [0, 1]
+    assert ppi == {"rate": 1.0, "ci_low": 0.0, "ci_high": 1.0, "n": 2, "n_labelled": 2,
+                   "judge_rate": 0.5, "labelled_agreement": 0.5}  # fmt: skip
     n_runs = wh.sql("SELECT count(*) FROM runs").item()
     with pytest.raises(ConfigError, match="judge 'nope'"):
         evaluate({"judge": "nope"})
