@@ -98,6 +98,11 @@ def _print_eval(res: EvalResult) -> None:
 def _print_compare(c: dict[str, Any], by: str) -> None:
     warn = "" if c["same_split"] else "  (different suites/splits!)"
     console.print(f"A {c['a']}: {c['rate_a']:.1%}   B {c['b']}: {c['rate_b']:.1%}{warn}")
+    if c.get("protocol_differs"):
+        fields = ", ".join(c["protocol_differs"])
+        console.print(f"forced: the protocols differ ({fields})", soft_wrap=True)
+    elif not c.get("protocol_known", True):
+        console.print("protocol: not recorded for one of them (evaluated before protocols were)")
     if c["method"] != "paired":
         console.print(
             f"unpaired ({c['unpaired_because']}): B − A = {c['diff']:+.1%} "
@@ -226,17 +231,23 @@ def register(app: typer.Typer) -> None:
         by: Annotated[
             str, typer.Option(help="Paired comparisons: also per site or template.")
         ] = "site",
+        force: Annotated[
+            bool, typer.Option(help="Compare evaluations made under different protocols.")
+        ] = False,
     ) -> None:
         """B − A success rate with its 95% interval: paired (exact McNemar test, template-
         clustered bootstrap) when both ran the same tasks, else Newcombe's unpaired interval."""
-        from training.evaluate import compare_evaluations, find_evaluation
+        from training.evaluate import ProtocolMismatch, compare_evaluations, find_evaluation
 
         if by not in ("site", "template", "none"):
             raise ConfigError(f"--by {by!r}: site, template or none")
         with _open(read_only=True) as wh:
             ea = _user_errors(lambda: find_evaluation(wh, a))
             eb = _user_errors(lambda: find_evaluation(wh, b))
-            c = compare_evaluations(wh, ea, eb)
+            try:
+                c = compare_evaluations(wh, ea, eb, force=force)
+            except ProtocolMismatch as exc:
+                raise ConfigError(str(exc)) from None
         _print_compare(c, by)
 
     @ckpt_app.command("list")

@@ -17,6 +17,7 @@ cannot be parsed is a :class:`~judging.base.JudgeError`, never a verdict.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from typing import Any
@@ -75,6 +76,12 @@ Final answer of the agent (untrusted):
 Decide whether the task was completed. Reply with JSON only:
 {{"criteria": [{{"key_point": "...", "passed": true, "reason": "..."}}], \
 "verdict": "success" or "failure", "rationale": "..."}}"""
+
+#: The judge's prompt templates, hashed: an evaluation's protocol records it, so verdicts of
+#: changed prompts are not compared silently with earlier ones.
+TEMPLATE_HASH = hashlib.sha256(
+    "\0".join((SYSTEM, KEY_POINTS, RELEVANCE, VERDICT)).encode()
+).hexdigest()[:16]
 
 
 def history_text(steps: list[Step]) -> str:

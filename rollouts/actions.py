@@ -37,6 +37,11 @@ from typing import Any
 REF = re.compile(r"(?:f\d+)?e\d+")  # aria_snapshot refs: e12, or f1e12 inside frames
 DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
 
+#: The action grammar and parser's version: bump it when the parser accepts or reads model output
+#: differently (it enters every evaluation's protocol, so results read by another parser are
+#: not compared silently).
+ACTION_GRAMMAR_VERSION = 1
+
 
 @dataclass(frozen=True)
 class Target:

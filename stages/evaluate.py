@@ -17,6 +17,7 @@ policies observe the accessibility tree only (no screenshots are captured: fast)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,7 +35,7 @@ from stages.judge import (
     run_judge_async,
 )
 from stages.report import markdown_table, percent
-from training.evaluate import Summary, compare, record
+from training.evaluate import Summary, compare, protocol_differences, record
 from training.load import POLICY_OF, model_kind, resolve_policy
 from warehouse import Warehouse
 from warehouse.records import Evaluation
@@ -161,6 +162,11 @@ async def run_evaluation(
     jres, jcfg = None, dataclasses.replace(cfg.judge, run=res.run_id)
     if judges(cfg.judge):
         jres = await run_judge_async(wh, jcfg)
+    extra = {
+        "config": dataclasses.asdict(cfg),
+        "flow_run_id": runs.orchestrator_run(),
+        "protocol": protocol(cfg, coll, jres, jcfg),
+    }
     ev, summary = record(
         wh,
         res.run_id,
@@ -168,11 +174,42 @@ async def run_evaluation(
         split=cfg.split,
         policy=cfg.policy,
         checkpoint_id=policy.checkpoint_id,
-        extra={"config": dataclasses.asdict(cfg), "flow_run_id": runs.orchestrator_run()},
+        extra=extra,
         judge=jres.judge if jres else None,
         judge_identity=jcfg.identity() if jres else None,
     )
     return EvalResult(evaluation=ev, summary=summary, collect=res, judged=jres)
+
+
+def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict[str, Any]:
+    """The evaluation's protocol: what decides its numbers besides the policy. Who judged
+    (name, version, model, prompt templates, settings; or the rollouts' own grading), how the
+    policy was prompted and read (prompt format, mode, parser version), how it acted (decoding,
+    step budget, repeat rule). ``webloop eval compare`` refuses evaluations whose protocols
+    differ unless forced."""
+    from judging.rubric_vlm import TEMPLATE_HASH
+    from rollouts.actions import ACTION_GRAMMAR_VERSION
+    from rollouts.prompts import PROMPT_FORMAT_VERSION, SYSTEM_PROMPT
+
+    judge: dict[str, Any] = {"judge": "own grading (the suite's checkers)"}
+    if jres is not None:
+        settings = {k: v for k, v in jcfg.identity().items() if k != "run"}
+        judge = {"judge": jres.judge, "judge_version": jres.version, "judge_model": jres.model}
+        judge["judge_settings"] = settings
+        if "rubric_vlm" in (jres.judge, *map(str, settings.get("members") or ())):
+            judge["judge_prompts"] = TEMPLATE_HASH
+    system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
+    return {
+        **judge,
+        "policy_prompt_format": PROMPT_FORMAT_VERSION,
+        "policy_system_prompt": system,
+        "prompt_mode": coll.prompt_mode,
+        "action_grammar": ACTION_GRAMMAR_VERSION,
+        "temperature": coll.temperature,
+        "samples": coll.samples,
+        "max_steps": coll.max_steps,
+        "max_repeats": cfg.max_repeats,
+    }
 
 
 def earlier_evaluations(wh: Warehouse, ev: dict[str, Any], limit: int = 5) -> list[dict[str, Any]]:
@@ -247,11 +284,14 @@ def evaluation_markdown(res: EvalResult) -> str:
 
 
 def evaluation_deltas(wh: Warehouse, res: EvalResult) -> tuple[dict[str, Any], ...]:
-    """This evaluation against the newest earlier ones on its suite and split (Newcombe)."""
+    """This evaluation against the newest earlier ones on its suite and split (Newcombe), of
+    the same protocol (:func:`protocol`; an evaluation recorded before protocols were counts
+    as the same)."""
     ev = dataclasses.asdict(res.evaluation)
     return tuple(
         {**compare(other, ev), "checkpoint": other.get("checkpoint_id") or other.get("policy")}
         for other in earlier_evaluations(wh, ev)
+        if not protocol_differences(other, ev)
     )
 
 

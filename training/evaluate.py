@@ -11,6 +11,7 @@ Trajectories still ``finished`` (live web, not judged yet) are left out and coun
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,8 +244,35 @@ def per_task(outcomes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+class ProtocolMismatch(ValueError):
+    """Two evaluations were made under different protocols (judge, prompts, parser, decoding):
+    their numbers do not measure the same thing."""
+
+
+def protocol_of(ev: dict[str, Any]) -> dict[str, Any] | None:
+    """An evaluation row's recorded protocol (None: recorded before protocols were)."""
+    breakdown = ev.get("breakdown") or {}
+    if isinstance(breakdown, str):
+        breakdown = json.loads(breakdown)
+    return breakdown.get("protocol")
+
+
+def protocol_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple] | None:
+    """``{field: (A's, B's)}`` where the two protocols differ; None when either is unknown."""
+    pa, pb = protocol_of(a), protocol_of(b)
+    if pa is None or pb is None:
+        return None
+    return {k: (pa.get(k), pb.get(k)) for k in sorted({*pa, *pb}) if pa.get(k) != pb.get(k)}
+
+
 def compare_evaluations(
-    wh: Warehouse, a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 10_000, seed: int = 0
+    wh: Warehouse,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    *,
+    force: bool = False,
+    n_boot: int = 10_000,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """B − A for two stored evaluations (:func:`find_evaluation` rows), paired when they can be.
 
@@ -257,8 +285,21 @@ def compare_evaluations(
     only A solved (``a_only``) and only B solved (``b_only``). ``by_site`` / ``by_template``:
     the same per group. Otherwise (different task sets): :func:`compare`'s Newcombe interval
     of two independent samples, ``method: unpaired`` and ``unpaired_because`` saying why.
-    Both keep :func:`compare`'s fields (``rate_a``, ``rate_b``, ``same_split`` …)."""
-    base = compare(a, b)
+    Both keep :func:`compare`'s fields (``rate_a``, ``rate_b``, ``same_split`` …).
+
+    Protocols (:func:`stages.evaluate.protocol`: judge, prompts, parser, decoding, budgets):
+    when both are recorded and differ, :class:`ProtocolMismatch` names the fields, unless
+    ``force`` (then ``protocol_differs`` holds them); ``protocol_known`` says whether both were
+    recorded."""
+    differs = protocol_differences(a, b)
+    if differs and not force:
+        fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in differs.items())
+        raise ProtocolMismatch(
+            f"evaluations {a.get('evaluation_id')} and {b.get('evaluation_id')} were made under "
+            f"different protocols ({fields}): their rates do not measure the same thing; "
+            "compare evaluations of one protocol, or pass --force to compare anyway"
+        )
+    base = {**compare(a, b), "protocol_known": differs is not None, "protocol_differs": differs}
     ta = per_task(run_outcomes(wh, a["run_id"], a.get("judge")))
     tb = per_task(run_outcomes(wh, b["run_id"], b.get("judge")))
     only_a = set(ta["task_id"]) - set(tb["task_id"])

@@ -142,7 +142,12 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     from sites.tasks import generate
     from stages.config import config_from_mapping
     from stages.evaluate import EvalConfig, run_evaluation
-    from training.evaluate import compare, compare_evaluations, find_evaluation
+    from training.evaluate import (
+        ProtocolMismatch,
+        compare,
+        compare_evaluations,
+        find_evaluation,
+    )
     from training.ranker import RankerTrainable
     from training.stats import mcnemar_exact
     from warehouse.tasks import put_tasks
@@ -168,28 +173,32 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     c = compare(stored, find_evaluation(wh, expert.evaluation_id))
     assert c["diff"] == pytest.approx(1 - ranker.evaluation.success_rate)
     # the same 3 tasks (a seeded selection): paired, over the tasks both scored
-    paired = compare_evaluations(wh, stored, find_evaluation(wh, expert.evaluation_id))
+    # the ranker ran 4 steps a11y-only, the expert 30 with screenshots: different protocols,
+    # refused unless forced
+    exp_row = find_evaluation(wh, expert.evaluation_id)
+    with pytest.raises(ProtocolMismatch, match=r"max_steps: 4 vs 30"):
+        compare_evaluations(wh, stored, exp_row)
+    refused = webloop(wh.cfg.home, "eval", "compare", ranker.evaluation_id, expert.evaluation_id,
+                      ok=False)  # fmt: skip
+    assert refused.returncode == 2 and "different protocols" in refused.stderr
+    # the same 3 tasks (a seeded selection): paired, over the tasks both scored
+    paired = compare_evaluations(wh, stored, exp_row, force=True)
+    assert {"max_steps", "prompt_mode"} <= set(paired["protocol_differs"])
     assert paired["method"] == "paired" and paired["n_pairs"] == ranker.summary.n
     assert paired["a_only"] == 0 and paired["b_only"] == ranker.summary.n - ranker.summary.n_success
     assert paired["mcnemar_p"] == mcnemar_exact(0, paired["b_only"])
     assert paired["ci_low"] <= paired["diff"] <= paired["ci_high"]
-    assert {r["site"] for r in paired["by_site"]} <= sites | {
-        r["site"] for r in ranker.summary.by_site
-    }
-    out = webloop(wh.cfg.home, "eval", "compare", ranker.evaluation_id, expert.evaluation_id)
-    assert f"paired on {paired['n_pairs']} tasks" in out.stdout
-    assert "cluster bootstrap" in out.stdout and "McNemar exact p = " in out.stdout
-    # other tasks: unpaired, and it says why
+    out = webloop(wh.cfg.home, "eval", "compare", "--force", ranker.evaluation_id,
+                  expert.evaluation_id).stdout  # fmt: skip
+    assert "forced: the protocols differ (" in out and f"paired on {paired['n_pairs']} tasks" in out
+    assert "cluster bootstrap" in out and "McNemar exact p = " in out
+    # the expert again on other tasks (the same protocol): unpaired, and it says why
     two = chromium.run(evaluate(policy="expert", max_steps=30, n_tasks=2))
-    other = compare_evaluations(wh, stored, find_evaluation(wh, two.evaluation_id))
-    assert (
-        other["method"] == "unpaired"
-        and "different tasks (1 only in A" in other["unpaired_because"]
-    )
-    out = webloop(wh.cfg.home, "eval", "compare", ranker.evaluation_id, two.evaluation_id)
-    assert (
-        "unpaired (the evaluations ran different tasks" in out.stdout and "Newcombe" in out.stdout
-    )
+    other = compare_evaluations(wh, exp_row, find_evaluation(wh, two.evaluation_id))
+    assert other["method"] == "unpaired" and other["protocol_differs"] == {}
+    assert "different tasks (1 only in A" in other["unpaired_because"]
+    out = webloop(wh.cfg.home, "eval", "compare", expert.evaluation_id, two.evaluation_id).stdout
+    assert "unpaired (the evaluations ran different tasks" in out and "Newcombe" in out
     # the untrained ranker runs text-only: no screenshot was captured
     shots = wh.sql(
         "SELECT count(*) FROM steps JOIN trajectories USING (traj_id) "
