@@ -93,6 +93,17 @@ class RankerTrainable:
         self.prepare(batch)
         return [1.0] * len(batch), [self.target(t) is not None for t in batch]
 
+    def candidate_logprobs(self, batch: Sequence[Turn]) -> list[torch.Tensor]:
+        """Each turn's log-softmax over all of its prompt's candidates (differentiable): the
+        whole action distribution at the state, for the exact KL to a reference policy."""
+        if not batch:
+            raise DataMismatch("candidate_logprobs of an empty batch")
+        self.prepare(batch)
+        enc = [self.prepared(t.prompt) for t in batch]
+        ctx, elem, value, feats, seg = batch_tensors(enc)
+        logp = segment_log_softmax(self.module(ctx, elem, value, feats, seg), seg, len(enc))
+        return list(torch.split(logp, [len(e.candidates) for e in enc]))
+
     def logprobs(self, batch: Sequence[Turn]) -> TurnLogprobs:
         """Differentiable log-softmax of each turn's reply among its prompt's candidates."""
         if not batch:

@@ -96,7 +96,11 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε."})
     kl_coef: float = field(
-        default=0.0, metadata={"help": "Weight of the k3 KL to ref_model (needs ref_model)."}
+        default=0.0,
+        metadata={
+            "help": "Weight of the KL to ref_model (needs ref_model): exact over the action "
+            "set where the policy enumerates it (the ranker), else k3 on the sampled reply."
+        },
     )
     ppo_epochs: int = field(
         default=1, metadata={"help": "PPO: consecutive updates (steps) on each batch."}
@@ -414,6 +418,26 @@ def _local_denominators(run: _Run, mine: Slots, demo: Slots) -> list[float]:
     return [objective, kl, anchor, tokens]
 
 
+def _exact_kl(run: _Run, batch: list[Turn]) -> torch.Tensor | None:
+    """Per-turn KL(π‖ref) summed over the state's whole action set, for a policy that
+    enumerates it (``candidate_logprobs``: the ranker's candidates), differentiable in π;
+    None where the model cannot (a VLM's replies are open text: k3 on the sampled reply)."""
+    own = getattr(run.model, "candidate_logprobs", None)
+    ref = getattr(run.ref_model, "candidate_logprobs", None)
+    if not (callable(own) and callable(ref)):
+        return None
+    policy = own(batch)
+    was_training = getattr(run.ref_model.module, "training", False)
+    run.ref_model.train(False)
+    with torch.no_grad():
+        reference = ref(batch)
+    run.ref_model.train(was_training)
+    rows = [
+        (lp.exp() * (lp - q.to(lp.device))).sum() for lp, q in zip(policy, reference, strict=True)
+    ]
+    return torch.stack(rows)
+
+
 def _micro_loss(
     run: _Run, part: Slots, demo: Slots, dens: _Denominators
 ) -> tuple[torch.Tensor, list[float]]:
@@ -461,7 +485,10 @@ def _micro_loss(
         if run.ref_model is not None:
             ref = _policy_logprobs(run.ref_model, batch, len(batch)).to(dev, logprob.dtype)
             mask = covered & ~torch.isnan(ref)
-            kl_num = torch.where(mask, kl_penalty(logprob, torch.nan_to_num(ref)), zeros).sum()
+            per_turn = _exact_kl(run, batch)
+            if per_turn is None:  # k3 on the sampled reply (Schulman): unbiased for KL(π‖ref)
+                per_turn = kl_penalty(logprob, torch.nan_to_num(ref))
+            kl_num = torch.where(mask, per_turn.to(logprob.dtype), zeros).sum()
             sums[1] = float(kl_num.detach())
             if run.cfg.kl_coef > 0:
                 loss = loss + kl_num * (run.cfg.kl_coef * scale / max(dens.kl, 1.0))

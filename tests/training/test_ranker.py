@@ -203,3 +203,31 @@ def test_ppo_runs_without_dropout_so_the_first_ratio_is_exactly_one(tmp_path) ->
     assert second["approx_kl"] > 1e-6  # the update moved the policy
     rates = [m.p for m in policy.module.modules() if isinstance(m, torch.nn.Dropout)]
     assert rates and all(p == 0.1 for p in rates)  # the caller's model keeps its dropout
+
+
+def test_the_kl_to_the_reference_is_exact_over_the_candidates(tmp_path) -> None:
+    """The ranker enumerates its actions: the KL term is Σ_c π(c)·(log π(c) − log ref(c)) over
+    each state's candidates, not the k3 estimate on the one reply in the data."""
+    from training.losses import kl_penalty
+    from training.trainer import TrainConfig, fit
+
+    policy = RankerTrainable(RankerModel(seed=0, dropout=0.0), encoder=HashEncoder())
+    ref = RankerTrainable(RankerModel(seed=1, dropout=0.0), encoder=HashEncoder())
+    torch.manual_seed(1)
+    with torch.no_grad():  # (fresh rankers score near-uniformly: move the reference away)
+        for p in ref.module.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    rows = [dataclasses.replace(t, advantage=1.0) for t in turns()]
+    with torch.no_grad():
+        pairs = zip(policy.candidate_logprobs(rows), ref.candidate_logprobs(rows), strict=True)
+        exact = [float((p.exp() * (p - q)).sum()) for p, q in pairs]
+        mine, theirs = policy.logprobs(rows), ref.logprobs(rows)
+    covered = [bool(c) for c in mine.covered]
+    expected = sum(k for k, c in zip(exact, covered, strict=True) if c) / sum(covered)
+    k3 = kl_penalty(mine.logprob, theirs.logprob)
+    k3_mean = sum(float(k) for k, c in zip(k3, covered, strict=True) if c) / sum(covered)
+    logged: list = []
+    cfg = TrainConfig(objective="ppo", epochs=1, lr=1e-3, batch_size=len(rows), kl_coef=0.5)
+    fit(policy, rows, cfg, tmp_path / "kl", ref_model=ref, log=lambda s, v: logged.append(v))
+    assert logged[0]["kl"] == pytest.approx(expected, rel=1e-5)  # measured before the update
+    assert expected > 0 and abs(k3_mean - expected) > 1e-3  # the estimate on one reply differs
