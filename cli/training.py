@@ -75,6 +75,13 @@ def _print_eval(res: EvalResult) -> None:
         + (f"; left out {s.excluded}" if s.excluded else ""),
         soft_wrap=True,
     )
+    if s.clustered:
+        c = s.clustered
+        console.print(
+            f"  resampling the {c['clusters']} task templates whole (tasks of a template succeed "
+            f"or fail together): [95% CI {c['ci_low']:.1%}, {c['ci_high']:.1%}]",
+            soft_wrap=True,
+        )
     if res.judged is not None:
         console.print(f"  judge run: {res.judged.line}", soft_wrap=True)
     ppi = (ev.breakdown or {}).get("ppi")

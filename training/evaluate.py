@@ -69,6 +69,10 @@ class Summary:
     excluded: dict[str, int]  # status → trajectories left out (infra_error, finished, running)
     by_site: list[dict[str, Any]]
     by_difficulty: list[dict[str, Any]]
+    # the 95% interval resampling task templates whole (tasks of a template succeed or fail
+    # together: the Wilson interval, which counts every task as independent, is too narrow);
+    # None with fewer than two templates
+    clustered: dict[str, Any] | None = None
 
 
 def summarize(outcomes: pl.DataFrame) -> Summary:
@@ -77,7 +81,14 @@ def summarize(outcomes: pl.DataFrame) -> Summary:
     excluded = outcomes.filter(pl.col("success").is_null()).group_by("status").len().sort("status")
     n, k = scored.height, int(scored["success"].sum() or 0)
     lo, hi = wilson(k, n) if n else (0.0, 1.0)
+    clustered = None
+    if "template" in scored.columns and n:
+        templates = scored["template"].fill_null(scored["task_id"]).to_list()
+        if len(set(templates)) > 1:
+            c_lo, c_hi = cluster_bootstrap(scored["success"].to_list(), templates)
+            clustered = {"ci_low": c_lo, "ci_high": c_hi, "clusters": len(set(templates))}
     return Summary(
+        clustered=clustered,
         n=n,
         n_success=k,
         rate=k / n if n else 0.0,
@@ -137,6 +148,7 @@ def record(
             "site": s.by_site,
             "difficulty": s.by_difficulty,
             "excluded": s.excluded,
+            "clustered": s.clustered,
             **(extra or {}),
         },
     )

@@ -146,3 +146,24 @@ def test_ppi_covers_the_truth_where_a_biased_judge_alone_does_not():
         jl, jh = wilson(int(judge.sum()), 600)
         judge_covered += jl <= truth.mean() <= jh
     assert covered >= 180 and judge_covered <= 10, (covered, judge_covered)
+
+
+def test_an_evaluation_s_interval_resamples_templates_whole():
+    """20 tasks of 2 templates, one solved throughout, one failed throughout: Wilson (tasks as
+    independent) says [0.30, 0.70]; resampling the two templates says [0, 1], as it should."""
+    from training.evaluate import summarize
+
+    frame = pl.DataFrame(
+        {
+            "task_id": [f"t{i}" for i in range(20)],
+            "site": ["shop"] * 20,
+            "difficulty": [1] * 20,
+            "template": ["buy"] * 10 + ["search"] * 10,
+            "status": ["success"] * 10 + ["failure"] * 10,
+            "success": [1] * 10 + [0] * 10,
+        }
+    )
+    s = summarize(frame)
+    assert (s.n, s.n_success) == (20, 10) and s.ci_low == pytest.approx(0.299, abs=1e-3)
+    assert s.clustered == {"ci_low": 0.0, "ci_high": 1.0, "clusters": 2}
+    assert summarize(frame.with_columns(pl.lit("one").alias("template"))).clustered is None
