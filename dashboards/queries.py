@@ -231,9 +231,20 @@ def element_box(wh: Warehouse, a11y_hash: str | None, ref: str | None) -> tuple[
 # -- labels ----------------------------------------------------------------------------------
 
 
-def label_queue(wh: Warehouse, limit: int = 200) -> pl.DataFrame:
-    """Unlabelled ended trajectories: disagreements, then low confidence, then the rest."""
-    return run_sql_file(wh, SQL_DIR, "label_queue", limit=limit)
+#: ``human_labels.source`` of labels made from the random queue: the uniformly random sample
+#: that prediction-powered success rates may use (``training.evaluate.prediction_powered``).
+RANDOM_QUEUE = "random-queue"
+
+
+def label_queue(
+    wh: Warehouse, limit: int = 200, order: str = "priority", seed: int = 0
+) -> pl.DataFrame:
+    """Unlabelled ended trajectories: disagreements, then low confidence, then the rest; or
+    (``order="random"``) in a uniformly random order drawn from ``seed``."""
+    if order not in ("priority", "random"):
+        raise ValueError(f"order must be 'priority' or 'random', not {order!r}")
+    random = order == "random"
+    return run_sql_file(wh, SQL_DIR, "label_queue", limit=limit, random=random, seed=seed)
 
 
 def save_label(
@@ -245,8 +256,10 @@ def save_label(
     step_idx: int | None = None,
     note: str | None = None,
     now: dt.datetime | None = None,
+    source: str = "dashboard",
 ) -> HumanLabel:
     """Write a human label through the warehouse API (new rows each time; the latest counts).
+    ``source``: where it was made (:data:`RANDOM_QUEUE`: from the random queue).
 
     The trajectory-level label (``step_idx`` NULL, what agreement metrics read) is returned;
     ``step_idx``, the first wrong step, adds a step-level ``failure`` label at that step.
@@ -271,7 +284,7 @@ def save_label(
             label=label,
             reviewer=reviewer,
             note=note,
-            source="dashboard",
+            source=source,
             created_at=now,
         )
     ]
@@ -284,7 +297,7 @@ def save_label(
                 reviewer=reviewer,
                 step_idx=step_idx,
                 note="first wrong step" + (f": {note}" if note else ""),
-                source="dashboard",
+                source=source,
                 created_at=now,
             )
         )

@@ -19,8 +19,9 @@ def untrusted(label: str, text: str | None) -> None:
     st.code(text if text not in (None, "") else "(none)", language=None, wrap_lines=True)
 
 
-def label_form(traj_id: str, n_steps: int, *, key: str) -> None:
-    """Success / failure / not executable, first wrong step, note, reviewer → human_labels."""
+def label_form(traj_id: str, n_steps: int, *, key: str, source: str = "dashboard") -> None:
+    """Success / failure / not executable, first wrong step, note, reviewer → human_labels
+    (``source``: where the label was made)."""
     with st.form(f"label-{key}-{traj_id}", clear_on_submit=False, border=True):
         st.markdown("**Label this trajectory**")
         label = st.radio(
@@ -45,6 +46,7 @@ def label_form(traj_id: str, n_steps: int, *, key: str) -> None:
                 reviewer,
                 step_idx=None if first in (None, "none") else int(first),
                 note=note,
+                source=source,
             )
         except ValueError as exc:
             st.error(f"Not saved: {ui.md_escape(exc)}")

@@ -156,25 +156,32 @@ def record(
     return ev, s
 
 
-def human_outcomes(wh: Warehouse, traj_ids: list[str]) -> dict[str, int]:
+#: The labels of the dashboard's random labelling queue (``dashboards.queries.RANDOM_QUEUE``).
+RANDOM_SAMPLE = "random-queue"
+
+
+def human_outcomes(
+    wh: Warehouse, traj_ids: list[str], source: str | None = RANDOM_SAMPLE
+) -> dict[str, int]:
     """traj_id → 1/0 from each trajectory's latest whole-trajectory human label (success or
-    failure; other labels, such as ``not_executable``, are no outcome)."""
+    failure; other labels, such as ``not_executable``, are no outcome) made from ``source``
+    (default: the random queue, whose labels are a uniformly random sample; None: any)."""
     if not traj_ids:
         return {}
     df = wh.sql(
         "SELECT traj_id, label FROM human_labels WHERE step_idx IS NULL "
-        "AND traj_id IN (SELECT unnest($ids)) "
+        "AND traj_id IN (SELECT unnest($ids)) AND ($source IS NULL OR source = $source) "
         "QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1",
-        {"ids": traj_ids},
+        {"ids": traj_ids, "source": source},
     )
     return {t: int(lab == "success") for t, lab in df.iter_rows() if lab in ("success", "failure")}
 
 
 def prediction_powered(wh: Warehouse, judged: pl.DataFrame) -> dict[str, Any] | None:
     """A judged evaluation's success rate debiased by human labels (:func:`ppi_mean`): the
-    judge's verdicts on every scored trajectory, its error on those a person labelled. None
-    with fewer than 2 labelled. Valid when the labelled trajectories are a uniformly random
-    sample of the evaluated ones (a disagreement-first queue is not)."""
+    judge's verdicts on every scored trajectory, its error on those a person labelled from the
+    dashboard's random queue (a uniformly random sample; labels of the disagreement-first
+    queue would bias it and are not used). None with fewer than 2 such labels."""
     scored = judged.filter(pl.col("success").is_not_null())
     labels = human_outcomes(wh, scored["traj_id"].to_list())
     if len(labels) < 2 or scored.height < 2:

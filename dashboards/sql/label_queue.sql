@@ -2,6 +2,8 @@
 -- low-confidence verdicts (an abstention, a judge error, a score within 0.25 of 0.5), then the
 -- rest, oldest first within a tier. Infrastructure errors and running trajectories are left out.
 -- Verdicts: each judge's latest judgment (latest_judgments).
+-- $random: a uniformly random order instead (a seeded hash of the trajectory id, $seed): the
+-- labels of a random sample debias a judge's success rate (prediction-powered inference).
 WITH unlabelled AS (
     SELECT t.traj_id, t.run_id, t.task_id, t.policy, t.status, t.n_steps, t.created_at
     FROM trajectories AS t
@@ -52,5 +54,9 @@ SELECT
     END AS priority
 FROM unlabelled AS u
 LEFT JOIN verdicts AS v USING (traj_id)
-ORDER BY priority, u.created_at, u.traj_id
+ORDER BY
+    CASE WHEN coalesce($random, false) THEN hash(u.traj_id || '/' || coalesce($seed, 0)) END,
+    priority,
+    u.created_at,
+    u.traj_id
 LIMIT coalesce($limit, 200)

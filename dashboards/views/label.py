@@ -7,18 +7,29 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui, widgets
+from dashboards import data, queries, ui, widgets
 
 st.title("Label")
 ui.require_warehouse()
 
+ORDERS = {
+    "Disagreements first": "priority",
+    "Random sample (debiases a judge's success rate)": "random",
+}
+order = ORDERS[st.radio("Queue order", list(ORDERS), horizontal=True, key="queue_order")]
+
 with ui.guarded("The labelling queue"):
-    queue: pl.DataFrame = data.get("label_queue", 200)
+    queue: pl.DataFrame = data.get("label_queue", 200, order)
     ids, _ = ui.deep_link("traj", queue.get_column("traj_id").to_list(), "label_sel")
     st.caption(
         f"{queue.height} unlabelled trajectories in the queue"
         + (" (first 200)" if queue.height >= 200 else "")
-        + ": disagreements first, then low-confidence verdicts, then unjudged, then agreed."
+        + (
+            ": disagreements first, then low-confidence verdicts, then unjudged, then agreed."
+            if order == "priority"
+            else ": in a random order. Labels made here are a uniformly random sample: "
+            "`webloop eval` debiases a model judge's success rate with them."
+        )
     )
     if not ids:
         ui.nothing_yet(
@@ -56,4 +67,5 @@ with ui.guarded("The labelling queue"):
             key="label_steps",
         )
     widgets.trajectory_link(traj_id, label="step through it")
-    widgets.label_form(traj_id, view.steps.height, key="queue")
+    source = queries.RANDOM_QUEUE if order == "random" else "dashboard"
+    widgets.label_form(traj_id, view.steps.height, key="queue", source=source)

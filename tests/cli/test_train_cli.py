@@ -286,7 +286,10 @@ def test_a_judged_evaluation_records_its_judge_and_leaves_what_it_could_not_deci
             "AND verdict IN ('success', 'failure') ORDER BY traj_id"
         )
     )["traj_id"].to_list()
-    wh.write([HumanLabel(f"l{i}", t, "success", "tester") for i, t in enumerate(scored)])
+    # (a label from the disagreement-first queue is no random sample: not used)
+    wh.write([HumanLabel("l-dis", scored[0], "failure", "tester", source="dashboard")])
+    wh.write([HumanLabel(f"l{i}", t, "success", "tester", source="random-queue")
+              for i, t in enumerate(scored)])  # fmt: skip
     cfg = config_from_mapping(EvalConfig, {"rollout": rollout, "judge": judge})
     identity = dataclasses.replace(cfg.judge, run=judged.run_id).identity()  # as the stage's
     ev, _ = record(wh, judged.run_id, suite="bundled", split="test", policy="expert",

@@ -136,6 +136,33 @@ def test_label_queue_order_and_save(open_page, dash_home, monkeypatch):
     ]
 
 
+def test_the_random_label_queue_orders_by_a_seeded_hash_and_marks_its_labels(
+    open_page, dash_home, monkeypatch
+):
+    at = open_page("label")
+    priority = at.selectbox(key="label_sel").options
+    at.radio(key="queue_order").set_value("Random sample (debiases a judge's success rate)").run()
+    assert not at.exception
+    shuffled = at.selectbox(key="label_sel").options
+    ids = [o.split(" · ")[0] for o in shuffled]
+    first = [o.split(" · ")[0] for o in priority]
+    assert len(ids) > 5 and [t for t in first if t in ids] != ids  # not the priority order
+    cfg = use_home(monkeypatch, dash_home)
+    with Warehouse.open(cfg, migrate=False, read_only=True) as wh:
+        from dashboards.queries import label_queue
+
+        again = label_queue(wh, 200, "random")["traj_id"].to_list()
+    assert [t for t in again if t in ids] == ids  # seeded: the same order
+    at.text_input(key="queue_reviewer").set_value("bo")
+    at.button[-1].click().run()
+    with Warehouse.open(cfg, migrate=False, read_only=True) as wh:
+        row = wh.sql(
+            "SELECT label, source FROM human_labels WHERE traj_id = ? AND reviewer = 'bo'",
+            [ids[0]],
+        ).rows()
+    assert row == [("success", "random-queue")]
+
+
 def test_groups_side_by_side(open_page):
     at = open_page("groups", group="run-model/task-3")
     assert not at.exception and not at.error
