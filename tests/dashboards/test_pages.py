@@ -153,12 +153,13 @@ def test_the_random_label_queue_orders_by_a_seeded_hash_and_marks_its_labels(
 
         again = label_queue(wh, 200, "random")["traj_id"].to_list()
     assert [t for t in again if t in ids] == ids  # seeded: the same order
+    chosen = at.selectbox(key="label_sel").value
     at.text_input(key="queue_reviewer").set_value("bo")
     at.button[-1].click().run()
     with Warehouse.open(cfg, migrate=False, read_only=True) as wh:
         row = wh.sql(
             "SELECT label, source FROM human_labels WHERE traj_id = ? AND reviewer = 'bo'",
-            [ids[0]],
+            [chosen],
         ).rows()
     assert row == [("success", "random-queue")]
 
