@@ -288,7 +288,7 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
     )
     if s["n"] == 0:
         raise SystemExit(f"evaluation {label}/{split}: no episode ended with an outcome")
-    b.evals[(label, split)] = s
+    b.evals[(label, split)] = {**s, "row": dataclasses.asdict(res.evaluation)}
     return res
 
 
@@ -352,24 +352,48 @@ async def rl(b: Bench, start: str, anchor: str) -> Any:
 
 
 def differences(b: Bench) -> None:
-    from training.stats import diff_interval
+    """B − A for the checkpoints evaluated on the same tasks: paired (every checkpoint is
+    evaluated greedily on the same seeded tasks of deterministic sites): the template-clustered
+    bootstrap interval and the exact McNemar test, Newcombe's unpaired interval beside them."""
+    from training.evaluate import ProtocolMismatch, compare_evaluations
 
     pairs = [
         ("untrained", "sft curated"),
         ("sft unfiltered", "sft curated"),
         ("sft curated", "rl"),
     ]
-    say("differences (B - A, 95% Newcombe interval; separated = Wilson intervals do not overlap):")
+    say(
+        "differences (B - A; paired on the same tasks: 95% bootstrap interval resampling task "
+        "templates, exact McNemar p; Newcombe's unpaired interval beside):"
+    )
     for split in ("test", "ood"):
         for a, c in pairs:
             ea, ec = b.evals.get((a, split)), b.evals.get((c, split))
             if ea is None or ec is None:
                 continue
-            d, lo, hi = diff_interval(ea["n_success"], ea["n"], ec["n_success"], ec["n"])
-            sep = ea["ci_high"] < ec["ci_low"] or ec["ci_high"] < ea["ci_low"]
+            try:
+                r = compare_evaluations(b.wh, ea["row"], ec["row"])
+            except ProtocolMismatch as exc:
+                say(f"  {split:<5} {c} - {a}: not compared ({exc})")
+                continue
+            newcombe = (
+                f"Newcombe [{r['newcombe_low']:+.1%}, {r['newcombe_high']:+.1%}]"
+                if "newcombe_low" in r
+                else "unpaired"
+            )
+            if r["method"] != "paired":
+                say(
+                    f"  {split:<5} {c} - {a}: {r['diff']:+.1%} [{r['ci_low']:+.1%}, "
+                    f"{r['ci_high']:+.1%}] unpaired ({r['unpaired_because']})"
+                )
+                continue
+            p = r["mcnemar_p"]
             say(
-                f"  {split:<5} {c} - {a}: {d:+.1%} [{lo:+.1%}, {hi:+.1%}]"
-                + ("  separated" if sep else "")
+                f"  {split:<5} {c} - {a}: {r['diff']:+.1%} [{r['ci_low']:+.1%}, "
+                f"{r['ci_high']:+.1%}] paired on {r['n_pairs']} tasks ({r['clusters']} "
+                f"templates), only A {r['a_only']} / only B {r['b_only']}, McNemar p "
+                + (f"{p:.3g}" if p is not None else "n/a")
+                + f"; {newcombe}"
             )
 
 

@@ -341,6 +341,8 @@ def compare_evaluations(
         **_paired(both, n_boot, seed),
         "method": "paired",
         "unpaired_tasks": ta.height - both.height,
+        "newcombe_low": base["ci_low"],  # (what an unpaired comparison would have said)
+        "newcombe_high": base["ci_high"],
     }
     for by in ("site", "template"):
         out[f"by_{by}"] = [

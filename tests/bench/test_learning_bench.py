@@ -44,3 +44,5 @@ def test_learning_bench_quick_runs_the_whole_loop():
     assert re.search(rl, out)
     diffs = re.findall(r"^  (test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
     assert [d[0] for d in diffs] == ["test", "test", "ood"]
+    # the same seeded tasks for every checkpoint: the comparisons are paired
+    assert len(re.findall(r"paired on \d+ tasks \(\d+ templates\).*McNemar p", out)) == 3, out
