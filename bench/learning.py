@@ -112,8 +112,14 @@ gates: {{success_rate: [0.0, 1.0]}}
 """
 
 
+RESULTS: Any = None  # bench.results.Results: every line printed, the figures
+
+
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    if RESULTS is not None:
+        RESULTS.say(msg)
+    else:
+        print(msg, flush=True)
 
 
 def load() -> str:
@@ -289,6 +295,10 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
     if s["n"] == 0:
         raise SystemExit(f"evaluation {label}/{split}: no episode ended with an outcome")
     b.evals[(label, split)] = {**s, "row": dataclasses.asdict(res.evaluation)}
+    if RESULTS is not None:
+        RESULTS.figures.setdefault("evaluations", {})[f"{label}/{split}"] = {
+            k: s[k] for k in ("n", "n_success", "rate", "ci_low", "ci_high", "clustered")
+        }
     return res
 
 
@@ -388,6 +398,12 @@ def differences(b: Bench) -> None:
                 )
                 continue
             p = r["mcnemar_p"]
+            if RESULTS is not None:
+                keep = ("diff", "ci_low", "ci_high", "n_pairs", "a_only", "b_only", "mcnemar_p")
+                keep += ("clusters", "newcombe_low", "newcombe_high")
+                RESULTS.figures.setdefault("differences", {})[f"{split}/{c} - {a}"] = {
+                    k: r.get(k) for k in keep
+                }
             say(
                 f"  {split:<5} {c} - {a}: {r['diff']:+.1%} [{r['ci_low']:+.1%}, "
                 f"{r['ci_high']:+.1%}] paired on {r['n_pairs']} tasks ({r['clusters']} "
@@ -417,6 +433,8 @@ async def main_async(args: argparse.Namespace, home: Path) -> None:
     finally:
         server.stop()
     times = ", ".join(f"{k} {v:.0f} s" for k, v in b.times.items())
+    if RESULTS is not None:
+        RESULTS.figures["seconds"] = {**b.times, "total": time.perf_counter() - t_all}
     say(f"total {time.perf_counter() - t_all:.0f} s ({times}); {load()}")
 
 
@@ -451,6 +469,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
     p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
+    p.add_argument(
+        "--results", type=Path, default=None, help="results file (default: bench/results/)"
+    )
     for k, v in FULL.items():
         if isinstance(v, bool):
             p.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction)
@@ -464,12 +485,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
+    global RESULTS
+    from bench.results import Results
+
     args = parse_args()
+    RESULTS = Results("learning", args)
     if args.home is not None:
         asyncio.run(main_async(args, args.home))
-        return
-    with tempfile.TemporaryDirectory(prefix="webloop-learning-") as tmp:
-        asyncio.run(main_async(args, Path(tmp) / "home"))
+    else:
+        with tempfile.TemporaryDirectory(prefix="webloop-learning-") as tmp:
+            asyncio.run(main_async(args, Path(tmp) / "home"))
+    RESULTS.write(args.results, args.quick)
 
 
 if __name__ == "__main__":

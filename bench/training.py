@@ -20,10 +20,11 @@ measure the distributed machinery's overhead; the scaling that matters is GPUs'.
 
 ``--gpu``: the GPU throughput check (``scripts/gpu_check.py``: a Qwen2.5-VL-3B-shaped model,
 bf16, flash-attention or SDPA, MFU) when a CUDA device is present; skipped with its reason
-otherwise. ``--json OUT`` writes the figures.
+otherwise. Every printed line and figure goes to a results file with the code version
+(``bench/results/``, or ``--results PATH``; a ``--quick`` run writes one only when asked).
 
     python bench/training.py [--quick] [--turns 48] [--batch 8] [--steps 6] [--arms ddp,fsdp]
-                             [--gpu] [--json OUT]
+                             [--gpu] [--results OUT]
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from bench.results import Results
+
+RESULTS: Results | None = None
+
 
 def say(text: str) -> None:
-    print(text, flush=True)
+    if RESULTS is not None:
+        RESULTS.say(text)
+    else:
+        print(text, flush=True)
 
 
 def make_turns(n: int) -> list:
@@ -142,7 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--arms", default="ddp,fsdp", help="2-process arms beside the baseline (--quick: ddp)"
     )
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--results", type=Path, default=None, help="results file (default: bench/results/)"
+    )
     args = ap.parse_args(argv)
     if args.quick:  # (fsdp x2 is checked against one process in tests/training)
         args.turns, args.batch, args.steps, args.arms = 12, 4, 3, "ddp"
@@ -151,12 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global RESULTS
     args = parse_args(argv)
-    results: dict[str, Any] = {"bench": "training", "cpu": cpu_scaling(args)}
+    RESULTS = Results("training", args)
+    RESULTS.figures["cpu"] = cpu_scaling(args)
     if args.gpu:
-        results["gpu"] = gpu(args)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
+        RESULTS.figures["gpu"] = gpu(args)
+    RESULTS.write(args.results, args.quick)
 
 
 if __name__ == "__main__":
