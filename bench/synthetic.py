@@ -434,7 +434,7 @@ def fill(home: Path, n_trajs: int, n_tasks: int, n_screens: int) -> None:
     wh.close()
     if got != (n_trajs, n_steps, len(tasks)):
         raise SystemExit(f"fill: warehouse holds {got}, wrote {(n_trajs, n_steps, len(tasks))}")
-    split = {s: sum(t.split == s for t in tasks) for s in ("train", "test", "ood")}
+    split = {s: sum(t.split == s for t in tasks) for s in ("train", "val", "test", "ood")}
     print(
         f"fill: {len(tasks):,} tasks ({', '.join(f'{s} {n}' for s, n in split.items())}), "
         f"{len(RUNS)} runs, "

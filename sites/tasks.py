@@ -4,7 +4,7 @@ The templates live in their site's module (``sites/shop.py``, ``travel.py``, ``w
 ``mail.py``; the protocol is :mod:`sites.taskspec`); importing this module imports the sites, so
 :data:`TEMPLATES` holds them all. :func:`generate` makes ``n`` distinct tasks for a seed (same
 seed, same tasks) as warehouse :class:`~warehouse.records.Task` records, split into
-``train``/``test`` over the training sites and ``ood`` for one held-out site;
+``train``/``val``/``test`` (70/10/20%) over the training sites and ``ood`` for one held-out site;
 :func:`adversarial_variants` adds prompt-injection copies; :func:`resolve_start_url` maps a
 ``bundled://site/path`` start URL onto a running server.
 """
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 SUITE = "bundled"
-SUITE_VERSION = "1"
+SUITE_VERSION = "2"  # 2: a val split (10%, from train)
 BUNDLED_SCHEME = "bundled://"
 DEFAULT_OOD_SITE = "travel"
 ADVERSARIAL_SUITE = "bundled-adversarial"
@@ -45,14 +45,19 @@ ADVERSARIAL_SUITE = "bundled-adversarial"
 # -- generation -------------------------------------------------------------------------------
 
 
+def split_of(task_id: str) -> str:
+    """A training-site task's split, a function of its id: ``test`` 20% (unchanged since the
+    first suite version), ``val`` 10% (suite version 2: taken from what was ``train``, for
+    choosing configurations without looking at ``test``), ``train`` the remaining 70%."""
+    bucket = int(stable_hash(task_id), 16) % 10
+    return "test" if bucket in (0, 5) else "val" if bucket == 1 else "train"
+
+
 def task_from_spec(spec: TaskSpec, *, site_seed: int, ood_site: str) -> Task:
     """A warehouse task record for a spec; the id derives from template and parameters."""
     digest = stable_hash(site_seed, spec.template, spec.instruction, spec.start_path, length=12)
     tid = f"{SUITE}/{spec.template}/{digest}"
-    if spec.site == ood_site:
-        split = "ood"
-    else:
-        split = "test" if int(stable_hash(tid), 16) % 5 == 0 else "train"
+    split = "ood" if spec.site == ood_site else split_of(tid)
     return Task(
         task_id=tid,
         suite=SUITE,

@@ -75,6 +75,7 @@ def test_generated_tasks_are_solvable(server: SiteServer, chromium):
     assert per_template == dict.fromkeys(TEMPLATES, 1)
     assert {t.site for t in tasks} == set(SITES) and {t.split for t in tasks} == {
         "train",
+        "val",
         "test",
         "ood",
     }

@@ -128,7 +128,10 @@ def test_reimporting_a_changed_task_makes_a_new_version(wh: Warehouse, tmp_path:
 def test_generated_tasks_into_the_warehouse(wh: Warehouse):
     tasks = generate(300, seed=0)
     assert len({t.task_id for t in tasks}) == 300
-    assert {t.split for t in tasks} == {"train", "test", "ood"}
+    assert {t.split for t in tasks} == {"train", "val", "test", "ood"}
+    inside = [t for t in tasks if t.split != "ood"]  # 70 / 10 / 20% of the training sites
+    share = {s: sum(t.split == s for t in inside) / len(inside) for s in ("train", "val", "test")}
+    assert abs(share["train"] - 0.7) < 0.08 and abs(share["val"] - 0.1) < 0.05, share
     assert all(t.site == "travel" for t in tasks if t.split == "ood")
     assert min(t.difficulty for t in tasks) <= 3 and max(t.difficulty for t in tasks) >= 15
     assert all(t.difficulty == len(t.reference) for t in tasks)
