@@ -173,9 +173,12 @@ def synthetic_turns(n: int, n_images: int, screen: tuple[int, int], seed: int = 
     return turns
 
 
-def corpus(n_tasks: int = 2000) -> list[str]:
+def corpus(saved: Path | None = None, n_tasks: int = 2000) -> list[str]:
     """webloop's own text for the tokenizer: the bundled sites' task instructions and page
-    templates (what prompts show), beside the prompt builder's text."""
+    templates (what prompts show), beside the prompt builder's text. ``saved``: a JSON list
+    written by ``--dump-corpus`` (for a GPU machine without the sites' dependencies)."""
+    if saved is not None:
+        return json.loads(saved.read_text())
     from sites.tasks import generate
 
     root = Path(__file__).resolve().parents[1] / "sites" / "templates"
@@ -242,7 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's bf16 peak")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --size tiny)")
+    ap.add_argument("--corpus", type=Path, default=None, help="tokenizer text from --dump-corpus")
+    ap.add_argument("--profile", type=int, default=0, help="profile an SFT step: top N ops")
+    ap.add_argument("--dump-corpus", type=Path, default=None, help="write the text and exit")
     args = ap.parse_args(argv)
+    if args.dump_corpus:
+        args.dump_corpus.write_text(json.dumps(corpus()))
+        print(f"wrote the tokenizer text to {args.dump_corpus}")
+        return 0
 
     import torch
 
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     turns = synthetic_turns(args.batch, args.images, SIZES[args.size]["screen"])
     attn = attention(args.attn, device)
-    texts = corpus() + [t.prompt + "\n" + t.completion for t in turns]
+    texts = corpus(args.corpus) + [t.prompt + "\n" + t.completion for t in turns]
     model, proc = build(args.size, device, device == "cuda", attn, args.vocab, texts)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -332,9 +342,35 @@ def main(argv: list[str] | None = None) -> int:
             "tflops": achieved,
             "mfu": achieved / peak if peak else None,
         }
+    if args.profile:
+        profile(sft, device, args.profile)
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=2))
     return 0
+
+
+def profile(step: Any, device: str, rows: int) -> None:
+    """One more SFT step under torch.profiler: the ``rows`` ops that took the most device
+    (or CPU) time, by their own time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch_profiler_quiet(), torch_profile(activities=acts) as prof:
+        step()
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def torch_profiler_quiet() -> Any:
+    import contextlib
+    import warnings
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    return stack
 
 
 if __name__ == "__main__":

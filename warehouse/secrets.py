@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import re
 import threading
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:  # polars is imported where frames are redacted: the chat path stays light
+    import polars as pl
 
 MASK = "***"
 MIN_LENGTH = 6  # shorter values ("1", "true") would mask ordinary text
@@ -57,6 +59,8 @@ def redact(text: str) -> str:
 def redact_frame(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with :func:`redact` applied to its string columns (the same frame, unchanged,
     when no value holds a secret: the common case costs one regex scan per string column)."""
+    import polars as pl
+
     columns = [c for c, t in frame.schema.items() if t == pl.String]
     if not columns or frame.is_empty():
         return frame

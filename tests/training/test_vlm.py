@@ -235,10 +235,27 @@ def test_gpu_check_trains_a_qwen_vl_shaped_model_on_cuda():
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    assert ", cuda, built in" in proc.stdout and "skipped" not in proc.stdout
+    assert ", cuda (" in proc.stdout and "skipped" not in proc.stdout
     for phase in ("sft:", "rl-ppo-clip:"):
         line = next(x for x in proc.stdout.splitlines() if x.startswith(phase))
         assert float(line.split(" examples/s")[0].rsplit(" ", 1)[-1]) > 0
+
+
+def test_gpu_check_carries_its_tokenizer_text_and_profiles_a_step(tmp_path, capsys):
+    """The text dumped for a machine without the sites is what the check trains its tokenizer
+    on there, and ``--profile`` prints the ops of one step (tiny size, on the CPU)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    saved = tmp_path / "corpus.json"
+    assert gpu_check.main(["--dump-corpus", str(saved)]) == 0
+    assert gpu_check.corpus(saved) == gpu_check.corpus()
+    argv = ["--size", "tiny", "--cpu", "--steps", "1", "--batch", "1", "--corpus", str(saved)]
+    assert gpu_check.main([*argv, "--profile", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Self CPU time total" in out and "aten::" in out
 
 
 def test_cuda_only_options_are_ignored_with_a_warning_on_the_cpu(tiny):
