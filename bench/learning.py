@@ -9,14 +9,18 @@
    whose action is a candidate), overall and per site;
 3. training: the ranker (frozen MiniLM + small scorer) by SFT on each dataset (``--quick``: on
    the curated one only, ``--sft-unfiltered`` adds the other), then on-policy RL from the
-   curated SFT checkpoint (``--rl-estimator step_grpo``: candidates sampled at the visited
-   states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task; PPO-clip,
-   with ``--rl-anchor-coef`` × the SFT loss on the curated rows in every update;
-   ``--rl-task-pool N``: the tasks sampled are the ones a greedy probe of N failed first); SFT
+   curated SFT checkpoint in each configuration ``--rl-variants`` names (:data:`RL_VARIANTS`:
+   states from temperature-1 samples or greedy rollouts, the expert's action as an extra
+   candidate, one iteration or two smaller ones). ``--rl-estimator step_grpo``: candidates at
+   the visited states, scored by the exact PRM; or ``grpo`` over ``--group`` rollouts per task;
+   PPO-clip, with ``--rl-anchor-coef`` × the SFT loss on the curated rows in every update;
+   ``--rl-task-pool N``: the tasks sampled are the ones a greedy probe of N failed first. SFT
    throughput (examples/s) of the ranker and of the tiny VLM on the same rows;
-4. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
+4. model selection on ``val``: every RL configuration is evaluated on the ``val`` split and all
+   are reported; the one with the most ``val`` successes is "rl";
+5. evaluation: untrained → SFT (unfiltered) → SFT (curated) → RL on held-out ``test`` tasks of
    the training sites and on the ``ood`` site, ``--eval-n`` episodes each (greedy), success with
-   95% Wilson intervals, and the differences with Newcombe intervals (``--no-eval-untrained``,
+   95% Wilson intervals, and the differences, paired on the same tasks (``--no-eval-untrained``,
    ``--no-eval-ood``: leave those evaluations out, the slowest: every episode of them fails and
    runs all its steps).
 
@@ -63,6 +67,9 @@ FULL = dict(
     prm_max_states=150,
     rl_anchor_coef=1.0,
     rl_task_pool=0,
+    rl_ppo_epochs=2,
+    rl_expert_candidate=False,
+    rl_variants="sampled,greedy+expert,greedy+expert-small",
     vlm_steps=5,
     vlm_batch=8,
     sft_unfiltered=True,
@@ -89,7 +96,28 @@ QUICK = dict(
     vlm_steps=1,
     vlm_batch=2,
     sft_unfiltered=False,
+    rl_variants="sampled,greedy+expert",
 )
+
+#: The RL configurations ``--rl-variants`` names, each a change to the bench's RL settings: every
+#: one trains from the curated SFT checkpoint and is evaluated on ``val``; the best on ``val`` is
+#: the one evaluated on ``test`` (ties: the first listed). A value may be a function of the
+#: settings (``small``: half the tasks and states per iteration, two iterations, a third of the
+#: learning rate, one PPO epoch: the same number of scored states in smaller steps).
+RL_VARIANTS: dict[str, dict[str, Any]] = {
+    "sampled": {},  # the states of temperature-1 samples (the bench's earlier default)
+    "greedy": {"rl_temperature": 0.0},  # the states greedy evaluation visits
+    "greedy+expert": {"rl_temperature": 0.0, "rl_expert_candidate": True},
+    "greedy+expert-small": {
+        "rl_temperature": 0.0,
+        "rl_expert_candidate": True,
+        "rl_iterations": 2,
+        "rl_lr": lambda a: a.rl_lr / 3,
+        "rl_ppo_epochs": 1,
+        "rl_tasks": lambda a: max(1, a.rl_tasks // 2),
+        "prm_max_states": lambda a: max(1, a.prm_max_states // 2),
+    },
+}
 
 CURATED = """
 name: bench-curated
@@ -133,6 +161,7 @@ class Bench:
         self.a, self.wh, self.server, self.browser = args, wh, server, browser
         self.times: dict[str, float] = {}
         self.evals: dict[tuple[str, str], dict[str, Any]] = {}
+        self.variants: list[str] = []  # the RL configurations tried, in order
 
     def timed(self, name: str, start: float) -> None:
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
@@ -305,21 +334,37 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
 RL_ATTEMPTS = 3
 
 
-async def rl(b: Bench, start: str, anchor: str) -> Any:
-    """On-policy RL from ``start`` with ``--rl-estimator``: ``step_grpo`` (the default: at the
-    states each iteration visited, ``--prm-k`` candidates sampled from the policy, scored by the
-    exact PRM, normalised per state) or ``grpo`` (trajectory reward normalised within each
-    task's ``--group`` samples). ``--rl-anchor-coef`` > 0 adds that weight of the SFT loss on
-    the ``anchor`` dataset (the curated one SFT trained on) to every update (PPO-ptx), so the
-    templates an iteration's batch leaves out are not forgotten. A batch without a learning
-    signal makes no update; as an RL
-    loop would, draw another (the next sampling seed), up to :data:`RL_ATTEMPTS` times, and say
-    so. If no attempt had a signal, the result is the unchanged start checkpoint (said)."""
+def variant(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """The bench's settings with RL variant ``name``'s changes."""
+    if name not in RL_VARIANTS:
+        raise SystemExit(f"--rl-variants: unknown {name!r}; known: {', '.join(RL_VARIANTS)}")
+    changes = {k: v(args) if callable(v) else v for k, v in RL_VARIANTS[name].items()}
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
+def described(a: argparse.Namespace) -> str:
+    return (
+        f"T {a.rl_temperature:g}, expert candidate {'on' if a.rl_expert_candidate else 'off'}, "
+        f"{a.rl_iterations} × ({a.rl_tasks} tasks, {a.prm_max_states} states), lr {a.rl_lr:.1e}, "
+        f"{a.rl_ppo_epochs} PPO epoch(s)"
+    )
+
+
+async def rl(b: Bench, a: argparse.Namespace, start: str, anchor: str, name: str) -> Any:
+    """On-policy RL from ``start`` with the settings ``a`` (a variant's) and ``--rl-estimator``:
+    ``step_grpo`` (the default: at the states each iteration visited, ``--prm-k`` candidates of
+    the policy, scored by the exact PRM, normalised per state; ``--rl-expert-candidate`` adds
+    the reference's action at each state's aligned step) or ``grpo`` (trajectory reward
+    normalised within each task's ``--group`` samples). ``--rl-anchor-coef`` > 0 adds that
+    weight of the SFT loss on the ``anchor`` dataset (the curated one SFT trained on) to every
+    update (PPO-ptx), so the templates an iteration's batch leaves out are not forgotten. A
+    batch without a learning signal makes no update; as an RL loop would, draw another (the
+    next sampling seed), up to :data:`RL_ATTEMPTS` times, and say so. If no attempt had a
+    signal, the result is the unchanged start checkpoint (said)."""
     from stages.config import config_from_mapping
     from stages.train import RLConfig, run_rl
 
     t0 = time.perf_counter()
-    a = b.a
     for seed in range(RL_ATTEMPTS):
         rollout = {
             "samples": a.group,
@@ -328,6 +373,9 @@ async def rl(b: Bench, start: str, anchor: str) -> Any:
             "temperature": a.rl_temperature,
             "seed": seed,
         }
+        prm = {"k": a.prm_k, "max_states": a.prm_max_states}
+        if a.rl_expert_candidate:
+            prm["expert_candidate"] = True
         cfg = config_from_mapping(
             RLConfig,
             {
@@ -335,30 +383,60 @@ async def rl(b: Bench, start: str, anchor: str) -> Any:
                 "estimator": a.rl_estimator,
                 "iterations": a.rl_iterations,
                 "lr": a.rl_lr,
-                "ppo_epochs": 2,
+                "ppo_epochs": a.rl_ppo_epochs,
                 "anchor_dataset": anchor if a.rl_anchor_coef else None,
                 "anchor_coef": a.rl_anchor_coef,
                 "task_pool": a.rl_task_pool,
                 "rollout": rollout,
-                "prm": {"k": a.prm_k, "max_states": a.prm_max_states},
+                "prm": prm,
             },
         )
         res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
         if any(r.nonzero_advantage for r in res.iterations):
             break
-        say(f"rl (seed {seed}): no learning signal in any iteration's batch; next seed")
+        say(f"rl {name} (seed {seed}): no learning signal in any iteration's batch; next seed")
     else:
-        say(f"rl: no learning signal in {RL_ATTEMPTS} attempts; the policy is the start checkpoint")
-    b.timed("rl", t0)
+        say(f"rl {name}: no learning signal in {RL_ATTEMPTS} attempts; the policy is the start")
+    b.timed(f"rl {name}", t0)
     for r in res.iterations:
         say(
-            f"rl iteration {r.iteration} ({a.rl_estimator}): mean reward of the samples "
+            f"rl {name} iteration {r.iteration} ({a.rl_estimator}): mean reward of the samples "
             f"{r.mean_reward:.3f} ({r.trajectories} trajectories, "
             f"{r.nonzero_advantage}/{r.turns} turns with a learning signal)"
         )
     if a.rl_anchor_coef:
-        say(f"rl anchor: SFT loss on {anchor} × {a.rl_anchor_coef} in every update")
+        say(f"rl {name} anchor: SFT loss on {anchor} × {a.rl_anchor_coef} in every update")
     return res
+
+
+async def rl_variants(b: Bench, start: str, anchor: str) -> tuple[str, Any]:
+    """Every ``--rl-variants`` configuration from ``start``, each evaluated on ``val``; the one
+    with the most ``val`` successes (ties: the first listed), with its result. Every
+    configuration tried is reported, with its ``val`` figures and settings."""
+    names = [n.strip() for n in b.a.rl_variants.split(",") if n.strip()]
+    if not names:
+        raise SystemExit("--rl-variants: name at least one configuration")
+    tried: dict[str, Any] = {}
+    for name in names:
+        a = variant(b.a, name)
+        say(f"rl {name}: {described(a)}")
+        tried[name] = await rl(b, a, start, anchor, name)
+        await evaluate(b, f"rl {name}", tried[name].checkpoint, "val")
+        b.variants.append(name)
+    best = max(names, key=lambda n: (b.evals[(f"rl {n}", "val")]["n_success"], -names.index(n)))
+    say("rl configurations tried (all from the curated SFT checkpoint; chosen on val):")
+    for name in names:
+        e = b.evals[(f"rl {name}", "val")]
+        mark = "  <- chosen" if name == best else ""
+        how = described(variant(b.a, name))
+        say(f"  {name:<20} val {e['n_success']}/{e['n']} {e['rate']:.1%}  ({how}){mark}")
+        if RESULTS is not None:
+            RESULTS.figures.setdefault("rl_variants", {})[name] = {
+                "settings": how,
+                "val": {k: e[k] for k in ("n", "n_success", "rate")},
+                "chosen": name == best,
+            }
+    return best, tried[best]
 
 
 def differences(b: Bench) -> None:
@@ -370,13 +448,14 @@ def differences(b: Bench) -> None:
     pairs = [
         ("untrained", "sft curated"),
         ("sft unfiltered", "sft curated"),
+        *(("sft curated", f"rl {name}") for name in b.variants),
         ("sft curated", "rl"),
     ]
     say(
         "differences (B - A; paired on the same tasks: 95% bootstrap interval resampling task "
         "templates, exact McNemar p; Newcombe's unpaired interval beside):"
     )
-    for split in ("test", "ood"):
+    for split in ("val", "test", "ood"):
         for a, c in pairs:
             ea, ec = b.evals.get((a, split)), b.evals.get((c, split))
             if ea is None or ec is None:
@@ -455,10 +534,12 @@ async def run_all(b: Bench, home: Path) -> None:
         await evaluate(b, "untrained", untrained(b), "test")
     if sft_u is not None:
         await evaluate(b, "sft unfiltered", sft_u.checkpoint, "test")
+    await evaluate(b, "sft curated", sft_c.checkpoint, "val")
     await evaluate(b, "sft curated", sft_c.checkpoint, "test")
     if b.a.eval_ood:
         await evaluate(b, "sft curated", sft_c.checkpoint, "ood")
-    rl_res = await rl(b, sft_c.checkpoint, curated.dataset_id)
+    best, rl_res = await rl_variants(b, sft_c.checkpoint, curated.dataset_id)
+    say(f"rl = rl {best} (chosen on val), on the held-out splits:")
     await evaluate(b, "rl", rl_res.checkpoint, "test")
     if b.a.eval_ood:
         await evaluate(b, "rl", rl_res.checkpoint, "ood")

@@ -164,13 +164,30 @@ async def replay_actions(
     actions: Sequence[str | None],
     resolve: Resolve,
     failed: Sequence[bool] = (),
+    *,
+    snapshots: bool = False,
 ) -> bool:
     """:func:`replay_states` without the states: reach where the actions lead (no observations,
-    no probes, for a replay whose alignment is already known); whether an ``answer`` ended it."""
+    no probes, for a replay whose alignment is already known); whether an ``answer`` ended it.
+    ``snapshots``: take the accessibility snapshot at every state as collection did, so that
+    refs inside frames (``f2e5``: Playwright numbers frames as its snapshots first meet them)
+    name the same elements as in the stored actions."""
     url, allowed = resolve(task)
     await env.reset(options={"start_url": url, "allowed_origins": allowed, "max_steps": 10_000})
     for action, timeout_s in _replayed(actions, failed):
+        if snapshots:
+            await env.page.aria_snapshot(mode="ai")
         done, _, _ = await env.act(action, timeout_s=timeout_s)
         if done:
             return True
+    if snapshots:
+        await env.page.aria_snapshot(mode="ai")
     return False
+
+
+FRAME_REF = re.compile(r"\bf\d+e\d+\b")
+
+
+def has_frame_refs(actions: Sequence[str | None]) -> bool:
+    """Whether any action targets an element inside a frame by ref (see :func:`replay_actions`)."""
+    return any(a and FRAME_REF.search(a) for a in actions)

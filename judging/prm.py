@@ -20,14 +20,22 @@ Scorers, registered by name:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from judging.alignment import Probe, ReferencePaths, align, replay_actions, replay_states
+from judging.alignment import (
+    Probe,
+    ReferencePaths,
+    align,
+    has_frame_refs,
+    replay_actions,
+    replay_states,
+)
 from judging.base import TrajectoryView, untrusted
-from rollouts.actions import Answer, ParseError, format_action, parse_action, to_dict
+from rollouts.actions import Answer, ParseError, Target, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, build_messages
@@ -357,6 +365,24 @@ class ExactScorer:
             await env.close()
             self.pool.put_nowait(env)
 
+    async def expert_action(self, state: State) -> tuple[State, str | None]:
+        """``state`` aligned, and the reference's next step from there as the model acts: in
+        the refs of the state's stored observation (None: the reference is done, its target is
+        not on the replayed page, or no element of the stored observation matches it). The
+        DAgger-like candidate of step-level RL (the expert's action at a first-error state)."""
+        env = await self.pool.get()
+        try:
+            j = await self._aligned(env, state)
+            located = State(state.traj, state.step_idx, j)
+            ref = list(state.traj.task.reference or [])
+            if j >= len(ref):
+                return located, None
+            stored = state.traj.a11y(state.traj.steps[state.step_idx]) or ""
+            return located, await observed_action(env.page, ref[j], stored)
+        finally:
+            await env.close()
+            self.pool.put_nowait(env)
+
     async def _aligned(self, env: Any, state: State) -> int:
         """Replay the prefix in ``env`` (left at the state it reached) and align it."""
         task = state.traj.task
@@ -392,7 +418,8 @@ class ExactScorer:
         if not aligned:
             actions = [s.action_text for s in state.prefix]
             failed = [bool(s.action_error) for s in state.prefix]
-            if await replay_actions(env, task, actions, self.resolve, failed):
+            framed = has_frame_refs([*actions, candidate])
+            if await replay_actions(env, task, actions, self.resolve, failed, snapshots=framed):
                 raise PrefixEnded(f"the prefix ended with an answer before step {state.step_idx}")
         ref = list(task.reference or [])
         answer, detail = None, {"cursor": j, "candidate": candidate}
@@ -527,3 +554,55 @@ def ranking_agreement(
         "top1_agreement": top / states if states else None,
         "mean_abs_diff": sum(abs_err) / len(abs_err) if abs_err else None,
     }
+
+
+_LINE_REF = re.compile(r"\[ref=((?:f\d+)?e\d+)\]")
+_ROLE_NAME = re.compile(r'^\s*-\s*\'?([\w-]+)(?:\s+"((?:[^"\\]|\\.)*)")?')
+
+
+async def observed_action(page: Any, planned: str, tree: str) -> str | None:
+    """The reference action ``planned`` (CSS target) as a model-facing action on the refs of
+    ``tree`` (the stored accessibility snapshot of the state ``page`` was replayed to): its
+    element is found on the page, then the line of ``tree`` with the same role and name (the
+    page's own ref first: replays observe as collection did, so refs usually agree). Actions
+    without a target come back as they are. None when the element is not on the page or
+    ``tree`` has no single such line."""
+    action = parse_action(planned)
+    if isinstance(action, ParseError):
+        return None
+    target = getattr(action, "target", None)
+    if target is None or target.selector is None:
+        return format_action(action)
+    loc = page.locator(target.selector).first
+    try:
+        await loc.wait_for(state="visible", timeout=1000)
+        own = await loc.aria_snapshot(mode="ai")
+    except Exception:  # (Playwright's timeout or a gone element: no expert candidate here)
+        return None
+    first = own.splitlines()[0] if own else ""
+    m = _LINE_REF.search(first)
+    ref = _matching_ref(tree, _role_name(first), m.group(1) if m else None)
+    if ref is None:
+        return None
+    return format_action(dataclasses.replace(action, target=Target(ref=ref)))
+
+
+def _role_name(line: str) -> tuple[str, str] | None:
+    m = _ROLE_NAME.match(line)
+    return (m.group(1), m.group(2) or "") if m else None
+
+
+def _matching_ref(tree: str, key: tuple[str, str] | None, live_ref: str | None) -> str | None:
+    """The ref in ``tree`` of the element with role and name ``key``: ``live_ref`` when its
+    line agrees, else the one line that does (None: none or several)."""
+    if key is None:
+        return None
+    lines = [
+        (m.group(1), _role_name(line))
+        for line in tree.splitlines()
+        if (m := _LINE_REF.search(line))
+    ]
+    if any(r == live_ref and k == key for r, k in lines):
+        return live_ref
+    same = [r for r, k in lines if k == key]
+    return same[0] if len(same) == 1 else None

@@ -76,6 +76,12 @@ class ScoreStepsConfig:
     candidates: Literal["sample", "top_k"] = setting(
         "sample", help="sample (K samples) or top_k (the K likeliest distinct: ranker)."
     )
+    expert_candidate: bool = setting(
+        False,
+        help="Exact scorer: also the reference's next action at each state's aligned step, "
+        "in the state's own refs, as one more candidate where the policy did not propose it "
+        "(DAgger-like: the expert's action at the states the policy reached).",
+    )
     scorer_base_url: str | None = setting(None, help="vlm scorer server URL.")
     scorer_model: str | None = setting(None, help="vlm scorer model.")
     every: int = setting(1, help="Score every n-th step.", min=1, max=1000)
@@ -112,6 +118,8 @@ class ScoreStepsConfig:
             d.pop("candidates")
         if d["max_states"] is None or d["select"] == "first":  # (selects what it did before)
             d.pop("select")
+        if not d["expert_candidate"]:  # added later: runs without it keep their ids
+            d.pop("expert_candidate")
         return d
 
 
@@ -124,6 +132,11 @@ def check_config(cfg: ScoreStepsConfig) -> None:
         raise ConfigError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
     if cfg.scorer == "vlm" and not (cfg.scorer_base_url and cfg.scorer_model):
         raise ConfigError("--scorer vlm needs --scorer-base-url and --scorer-model")
+    if cfg.expert_candidate and cfg.scorer != "exact":
+        raise ConfigError(
+            "--expert-candidate needs --scorer exact (the expert's action comes from replaying "
+            "the state against the bundled task's reference)"
+        )
 
 
 def selected_trajectories(wh: Warehouse, cfg: ScoreStepsConfig) -> list[str]:
@@ -210,6 +223,8 @@ def missing_candidates(wh: Warehouse, cfg: ScoreStepsConfig, states: list[State]
 
 
 Locate = Callable[[State], Awaitable[State]]
+Expert = Callable[[State], Awaitable[tuple[State, str | None]]]
+EXPERT_THOUGHT = "Thought: this is the next step of the plan."
 
 
 async def ensure_candidates(
@@ -218,10 +233,13 @@ async def ensure_candidates(
     states: list[State],
     run_id: str,
     locate: Locate | None = None,
+    expert: Expert | None = None,
 ) -> dict[tuple[str, int], list[Proposal]]:
     """K candidates per state: the stored ones, or freshly sampled and stored. ``locate`` gives
     a state its page-state-aligned reference cursor before the policy proposes from it (the
-    expert proposes the reference's next action, wherever a model's actions led)."""
+    expert proposes the reference's next action, wherever a model's actions led). ``expert``
+    (``cfg.expert_candidate``): the reference's next action at the state, added as candidate
+    K + 1 where the policy's K do not hold it."""
     have = stored_candidates(wh, states)
     missing = [s for s in states if len(have.get((s.traj.traj_id, s.step_idx), [])) < cfg.k]
     if missing:
@@ -229,10 +247,17 @@ async def ensure_candidates(
         try:
             rows = []
             for st in missing:
-                at = await _located(locate, st)
+                at, extra = await _expert_at(expert, st) if expert else (None, None)
+                at = at or await _located(locate, st)
                 props = await propose(policy, at, cfg.k, cfg.seed, top_k=cfg.candidates == "top_k")
-                have[(st.traj.traj_id, st.step_idx)] = props
                 rows += candidate_rows(st, props, policy.name, run_id)
+                if extra is not None and extra not in {p.action_text for p in props}:
+                    props = [
+                        *props,
+                        Proposal(len(props), f"{EXPERT_THOUGHT}\nAction: {extra}", extra),
+                    ]
+                    rows += candidate_rows(st, props[-1:], "expert-reference", run_id)
+                have[(st.traj.traj_id, st.step_idx)] = props
                 if len(rows) >= 512:
                     wh.write(rows)
                     rows = []
@@ -240,7 +265,17 @@ async def ensure_candidates(
         finally:
             if hasattr(policy, "aclose"):
                 await policy.aclose()
-    return {k: v[: cfg.k] for k, v in have.items()}
+    keep = cfg.k + 1 if cfg.expert_candidate else cfg.k
+    return {k: v[:keep] for k, v in have.items()}
+
+
+async def _expert_at(expert: Expert, state: State) -> tuple[State, str | None]:
+    """``state`` aligned and the expert's action there; unaligned and none when its prefix
+    already answered."""
+    try:
+        return await expert(state)
+    except PrefixEnded:
+        return state, None
 
 
 async def _located(locate: Locate | None, state: State) -> State:
@@ -301,12 +336,14 @@ async def _score(
             done = done_states(wh, ExactScorer, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
             # the expert proposes from the aligned cursor, which needs the scorer's browsers
-            aligning = cfg.policy == "expert" and bool(missing_candidates(wh, cfg, states))
+            replays = cfg.policy == "expert" or cfg.expert_candidate
+            aligning = replays and bool(missing_candidates(wh, cfg, states))
             if not todo and not aligning:
                 await ensure_candidates(wh, cfg, states, run_id)
                 return ScoreSummary()
             scorer = await _exact_scorer(stack, cfg, seed, server, browser)
-            locate = scorer.locate if aligning else None
+            locate = scorer.locate if aligning and cfg.policy == "expert" else None
+            expert = scorer.expert_action if aligning and cfg.expert_candidate else None
         elif cfg.scorer == "vlm":
             if not cfg.scorer_base_url or not cfg.scorer_model:
                 raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
@@ -314,10 +351,10 @@ async def _score(
             stack.push_async_callback(scorer.aclose)
             done = done_states(wh, scorer, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
-            locate = None
+            locate = expert = None
         else:
             raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
-        cands = await ensure_candidates(wh, cfg, states, run_id, locate)
+        cands = await ensure_candidates(wh, cfg, states, run_id, locate, expert)
         if not todo:
             return ScoreSummary()
         return await score_states(

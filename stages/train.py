@@ -476,7 +476,15 @@ class RLConfig:
     prm: ScoreStepsConfig = setting(
         factory=rl_prm,
         help="step_*: the scoring of visited states (a score-steps config; defaults: rl_prm).",
-        cli_fields=("scorer", "k", "candidates", "max_states", "scorer_base_url", "scorer_model"),
+        cli_fields=(
+            "scorer",
+            "k",
+            "candidates",
+            "max_states",
+            "expert_candidate",
+            "scorer_base_url",
+            "scorer_model",
+        ),
         prefix="prm-",
     )
     serve: Literal["auto", "hf", "vllm", "in-process"] = setting(

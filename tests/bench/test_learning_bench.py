@@ -1,8 +1,9 @@
 """``bench/learning.py --quick`` runs in the suite: every stage of the loop (noisy expert →
 judge → curated and unfiltered datasets → ranker SFT on the curated one → tiny VLM SFT →
-evaluations → on-policy RL → evaluations) produces what the next needs; the bench exits non-zero
-when a stage produced nothing or an SFT loss did not fall. Figures are re-read from its output; no
-assertion on speed or on success rates (the quick size is far too small to measure them)."""
+evaluations → on-policy RL in two configurations, chosen on val → evaluations) produces what
+the next needs; the bench exits non-zero when a stage produced nothing or an SFT loss did not
+fall. Figures are re-read from its output; no assertion on speed or on success rates (the quick
+size is far too small to measure them)."""
 
 from __future__ import annotations
 
@@ -31,18 +32,29 @@ def test_learning_bench_quick_runs_the_whole_loop():
     assert m and float(m[2]) < float(m[1])
     assert "sft unfiltered" not in out  # (the same code path: the full size runs it)
     assert re.search(r"sft tiny VLM: \d+ examples in [\d.]+ s", out)
-    evals = re.findall(r"^  (untrained|sft \w+|rl)\s+(test|ood)\s+(\d+)/(\d+)", out, re.M)
+    evals = re.findall(
+        r"^  (untrained|sft \w+|rl(?: [\w+-]+)?)\s+(val|test|ood)\s+(\d+)/(\d+)", out, re.M
+    )
     assert [(a, b) for a, b, *_ in evals] == [
         ("untrained", "test"),
+        ("sft curated", "val"),
         ("sft curated", "test"),
         ("sft curated", "ood"),
-        ("rl", "test"),
+        ("rl sampled", "val"),  # every RL configuration on val ...
+        ("rl greedy+expert", "val"),
+        ("rl", "test"),  # ... the chosen one on the held-out splits
         ("rl", "ood"),
     ]
     assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 3 for *_, k, n in evals)
-    rl = r"rl iteration 0 \(step_grpo\): mean reward of the samples [\d.]+ \(\d+ trajectories"
-    assert re.search(rl, out)
-    diffs = re.findall(r"^  (test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
-    assert [d[0] for d in diffs] == ["test", "test", "ood"]
+    rl = r"rl (sampled|greedy\+expert) iteration 0 \(step_grpo\): mean reward of the samples"
+    assert len(set(re.findall(rl, out))) == 2, out
+    tried = re.findall(r"^  (sampled|greedy\+expert)\s+val (\d+)/\d+ .*?( <- chosen)?$", out, re.M)
+    assert [t[0] for t in tried] == ["sampled", "greedy+expert"]
+    chosen = [name for name, _, mark in tried if mark]
+    assert len(chosen) == 1  # the most val successes (ties: the first listed) ...
+    assert int(dict((n, k) for n, k, _ in tried)[chosen[0]]) == max(int(k) for _, k, _ in tried)
+    assert f"rl = rl {chosen[0]} (chosen on val)" in out  # ... is the one tested
+    diffs = re.findall(r"^  (val|test|ood)\s+(.+?) - (.+?): [+-][\d.]+% \[", out, re.M)
+    assert [d[0] for d in diffs] == ["val", "val", "test", "test", "ood"]
     # the same seeded tasks for every checkpoint: the comparisons are paired
-    assert len(re.findall(r"paired on \d+ tasks \(\d+ templates\).*McNemar p", out)) == 3, out
+    assert len(re.findall(r"paired on \d+ tasks \(\d+ templates\).*McNemar p", out)) == 5, out

@@ -46,3 +46,61 @@ def test_expert_candidates_continue_from_the_aligned_reference_step(tmp_path, si
         'answer("done")',
     ]  # every reference step proposed, in order (a state whose step was a scroll repeats it)
     assert all(score == 1.0 for *_, score in rows)  # the aligned next step always succeeds
+
+
+def test_the_expert_candidate_is_the_reference_step_in_the_states_own_refs(
+    tmp_path, sites, chromium
+):
+    """``expert_candidate``: beside the policy's candidates, the reference's next action at the
+    aligned step, written in the refs of the state's stored observation. On the expert's own
+    trajectory that is the action the expert took there, and it scores 1 (the reference finishes
+    from it)."""
+    tasks = generate(1, 0, templates=["mail_archive"])
+    cfg = CollectConfig(suite="bundled", split=None, n_tasks=1, concurrency=1, run_name="refs")
+    with Warehouse.open(WarehouseConfig.from_env(home=tmp_path)) as wh:
+        put_tasks(wh, tasks)
+        out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
+        assert out.by_status == {"success": 1}
+        taken = wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"].to_list()
+        score = ScoreStepsConfig(
+            run="refs", policy="random", k=2, expert_candidate=True, concurrency=4
+        )
+        res = chromium.run(run_score_steps_async(wh, score, server=sites, browser=chromium.browser))
+        assert res.errors == 0
+        rows = wh.sql(
+            "SELECT c.step_idx, c.cand_idx, c.policy, c.action_text, s.score FROM candidates c "
+            "JOIN step_scores s USING (traj_id, step_idx, cand_idx) ORDER BY c.step_idx, c.cand_idx"
+        ).rows()
+    expert = {i: (a, sc) for i, _, p, a, sc in rows if p == "expert-reference"}
+    policy = {(i, a) for i, _, p, a, _ in rows if p != "expert-reference"}
+    for i, action in enumerate(taken):
+        if action.startswith("answer("):
+            continue  # the last state: no reference step is left
+        if (i, action) in policy:
+            continue  # a random candidate happened to be it: not added twice
+        assert expert.get(i) == (action, 1.0), (i, action, taken, rows)
+    assert expert, "no state got the expert's candidate"
+    assert all(c == 2 for i, c, p, *_ in rows if p == "expert-reference")  # candidate K + 1
+
+
+def test_a_reference_target_maps_to_the_stored_trees_ref_by_role_and_name():
+    from judging.prm import _matching_ref, _role_name
+
+    tree = (
+        '- navigation "Main" [ref=e1]:\n'
+        '  - link "Inbox" [ref=e2] [cursor=pointer]\n'
+        '  - link "Archive" [ref=e3] [cursor=pointer]\n'
+        '- button "Archive" [ref=e7]\n'
+        '- button "Delete" [ref=e8]\n'
+        '- button "Delete" [ref=e9]\n'
+    )
+    assert _role_name('- button "Archive" [ref=e4]') == ("button", "Archive")
+    # (YAML quotes a line whose name holds a '#' or a colon)
+    assert _role_name("- 'link \"Budget #46\" [ref=f1e5]':") == ("link", "Budget #46")
+    # the page's own ref when the stored line agrees; else the one line with that role and name
+    assert _matching_ref(tree, ("button", "Archive"), "e7") == "e7"
+    assert _matching_ref(tree, ("button", "Archive"), "e4") == "e7"
+    assert _matching_ref(tree, ("link", "Archive"), "e7") == "e3"
+    assert _matching_ref(tree, ("button", "Delete"), "e9") == "e9"
+    assert _matching_ref(tree, ("button", "Delete"), "e2") is None  # two: ambiguous
+    assert _matching_ref(tree, ("button", "Send"), "e5") is None
