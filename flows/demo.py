@@ -24,6 +24,7 @@ from typing import Any
 
 from flows.flywheel import flywheel_flow
 from stages.config import load_config, with_settings
+from stages.evaluate import delta_method
 from stages.flywheel import FlywheelConfig, Lent, eval_line, flywheel_status
 
 __all__ = ["Lent", "demo_config", "demo_state", "lend", "run_demo", "summary_lines"]
@@ -143,8 +144,7 @@ def summary_lines(out: dict[str, Any]) -> list[str]:
         f"success before (untrained ranker): {eval_line(u)}",
         f"success after ({len(rounds)} round{'s' * (len(rounds) > 1)}): {eval_line(f)}",
         f"difference: {100 * d['diff']:+.1f} points, 95% CI "
-        f"[{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
-        + ("; the Wilson intervals do not overlap" if d["separated"] else ""),
+        f"[{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}] ({delta_method(d)})",
         f"warehouse: {where['catalog']} (home {where['home']})",
         'look around: webloop dashboard  ·  webloop sql "SELECT * FROM evaluations"  ·  '
         "webloop checkpoints list",

@@ -15,7 +15,6 @@ from flows.artifacts import flow_run_id
 from stages import flywheel as stage
 from stages.collect import CollectConfig, CollectResult
 from stages.flywheel import FlywheelConfig, Lent
-from training.evaluate import compare
 
 # Lent objects are live (a server, a browser): the tasks that take them skip Prefect's input
 # cache (idempotency comes from the warehouse)
@@ -82,9 +81,11 @@ def run_round(
     final = rl_res if rl_res is not None else trained
     after = evaluate(home, cfg, final.checkpoint, lent)
     label = None if cfg.policy.kind == "ranker" or n > 1 else f"the VLM {start}"
+    delta = stage.round_delta(home, before, after)
     r = stage.round_record(
-        n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res, label
-    )
+        n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res, label,
+        delta,
+    )  # fmt: skip
     r["markdown"] = publish(cfg, r)
     return r
 
@@ -128,7 +129,7 @@ def _rounds(
         "untrained": baseline,
         "rounds": rounds,
         "final": rounds[-1]["after"],
-        "overall": compare(baseline, rounds[-1]["after"]),
+        "overall": stage.round_delta(home, baseline, rounds[-1]["after"]),
     }
 
 

@@ -35,7 +35,7 @@ from stages.judge import (
     run_judge_async,
 )
 from stages.report import markdown_table, percent
-from training.evaluate import Summary, compare, protocol_differences, record
+from training.evaluate import Summary, compare_evaluations, protocol_differences, record
 from training.load import POLICY_OF, model_kind, resolve_policy
 from warehouse import Warehouse
 from warehouse.records import Evaluation
@@ -262,7 +262,10 @@ def evaluation_markdown(res: EvalResult) -> str:
         "",
         markdown_table(_interval_rows(s["by_difficulty"], "difficulty")),
         "",
-        "## Deltas to earlier evaluations on this split (this − earlier, 95% Newcombe)",
+        "## Deltas to earlier evaluations on this split (this − earlier, 95%)",
+        "",
+        "Paired where both ran the same tasks (a bootstrap over task templates, exact McNemar); "
+        "Newcombe's interval of two independent samples otherwise.",
         "",
         markdown_table(
             [
@@ -273,23 +276,35 @@ def evaluation_markdown(res: EvalResult) -> str:
                     "this rate": percent(d["rate_b"]),
                     "delta": f"{d['diff']:+.1%}",
                     "95% CI": f"[{d['ci_low']:+.1%}, {d['ci_high']:+.1%}]",
-                    "separated": d["separated"],
+                    "method": delta_method(d),
                 }
                 for d in res.deltas
             ],
-            ["earlier", "checkpoint", "earlier rate", "this rate", "delta", "95% CI", "separated"],
+            ["earlier", "checkpoint", "earlier rate", "this rate", "delta", "95% CI", "method"],
         ),
     ]
     return "\n".join(lines)
 
 
+def delta_method(d: dict[str, Any]) -> str:
+    """How a delta was computed, for a table: ``paired on N tasks, McNemar p …`` or why not."""
+    if d.get("method") == "paired":
+        p = d.get("mcnemar_p")
+        return f"paired on {d['n_pairs']} tasks" + (f", McNemar p {p:.3g}" if p is not None else "")
+    return f"unpaired, Newcombe ({d.get('unpaired_because', 'no task outcomes')})"
+
+
 def evaluation_deltas(wh: Warehouse, res: EvalResult) -> tuple[dict[str, Any], ...]:
-    """This evaluation against the newest earlier ones on its suite and split (Newcombe), of
-    the same protocol (:func:`protocol`; an evaluation recorded before protocols were counts
-    as the same)."""
+    """This evaluation against the newest earlier ones on its suite and split, of the same
+    protocol (:func:`protocol`; an evaluation recorded before protocols were counts as the
+    same): paired where both ran the same tasks, else Newcombe's unpaired interval
+    (:func:`training.evaluate.compare_evaluations`; ``method`` says which)."""
     ev = dataclasses.asdict(res.evaluation)
     return tuple(
-        {**compare(other, ev), "checkpoint": other.get("checkpoint_id") or other.get("policy")}
+        {
+            **compare_evaluations(wh, other, ev, force=True, n_boot=2000),
+            "checkpoint": other.get("checkpoint_id") or other.get("policy"),
+        }
         for other in earlier_evaluations(wh, ev)
         if not protocol_differences(other, ev)
     )

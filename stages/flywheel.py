@@ -45,7 +45,7 @@ from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
-from stages.evaluate import EvalConfig, eval_rollout, run_evaluation
+from stages.evaluate import EvalConfig, delta_method, eval_rollout, run_evaluation
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import (
     JudgeConfig,
@@ -59,7 +59,7 @@ from stages.judge import (
 from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.train import RLConfig, SFTConfig, TrainResult, rl_rollout, run_rl, run_sft
-from training.evaluate import compare
+from training.evaluate import compare, compare_evaluations, find_evaluation
 from warehouse import Warehouse, WarehouseConfig, migrations
 from warehouse.ids import make_id
 from warehouse.records import Run, utcnow
@@ -779,6 +779,17 @@ def evaluate_checkpoint(
     }
 
 
+def round_delta(home: str | None, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """After − before: paired on the tasks both evaluations ran (the flywheel evaluates every
+    round on the same seeded held-out tasks), else Newcombe's unpaired interval; ``method``
+    says which (:func:`training.evaluate.compare_evaluations`)."""
+    if not before.get("evaluation_id") or not after.get("evaluation_id"):
+        return compare(before, after)
+    with _open(home) as wh:
+        a, b = (find_evaluation(wh, e["evaluation_id"]) for e in (before, after))
+        return compare_evaluations(wh, a, b, force=True, n_boot=2000)
+
+
 # -- reporting ------------------------------------------------------------------------------------
 
 
@@ -817,9 +828,7 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
         f"| success before ({b['label']}) | {eval_line(b)} |",
         f"| success after (round {n}) | {eval_line(a)} |",
         f"| difference | {100 * d['diff']:+.1f} points "
-        f"[{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
-        + (" (separated)" if d["separated"] else "")
-        + " |",
+        f"[{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}], " + delta_method(d) + " |",
     ]
     return "\n".join(rows)
 
@@ -896,6 +905,7 @@ def round_record(
     after: dict[str, Any],
     rl: TrainResult | None = None,
     start: str | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What round ``n`` did, from its stages' results (the round's artifact shows it);
     ``trained`` is the SFT result, ``rl`` RL's (its checkpoint is then the round's)."""
@@ -928,5 +938,5 @@ def round_record(
         "steps_run": trained.steps_run + (rl.steps_run if rl is not None else 0),
         "before": before,
         "after": {**after, "label": f"round {n}"},
-        "delta": compare(before, after),
+        "delta": delta if delta is not None else compare(before, after),
     }

@@ -319,6 +319,9 @@ def compare_evaluations(
             "compare evaluations of one protocol, or pass --force to compare anyway"
         )
     base = {**compare(a, b), "protocol_known": differs is not None, "protocol_differs": differs}
+    if not a.get("run_id") or not b.get("run_id"):
+        why = "an evaluation has no recorded collect run"
+        return {**base, "method": "unpaired", "unpaired_because": why}
     ta = per_task(run_outcomes(wh, a["run_id"], a.get("judge")))
     tb = per_task(run_outcomes(wh, b["run_id"], b.get("judge")))
     only_a = set(ta["task_id"]) - set(tb["task_id"])

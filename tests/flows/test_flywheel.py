@@ -179,6 +179,7 @@ def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
     u, f = out["untrained"], out["final"]
     assert f"success before (untrained ranker): {u['n_success']}/{u['n']}" in text
     assert f"success after (2 rounds): {f['n_success']}/{f['n']}" in text
+    assert f"(paired on {u['n']} tasks" in text  # the same held-out tasks before and after
     sft = out["rounds"][1]["dataset"]["counts"]["sft"]
     assert f"{sft} SFT rows" in text and resumed["home"] in text
     assert "webloop dashboard" in text and "prefect server start" in text
@@ -296,6 +297,10 @@ def test_each_round_leaves_its_rows(resumed):
     for r in out["rounds"]:
         md = r["markdown"]
         assert f"round {r['round']}/2" in md and "success after" in md and "[" in md
+        # each round is evaluated on the same seeded held-out tasks: compared paired
+        d = r["delta"]
+        assert d["method"] == "paired" and d["n_pairs"] == r["after"]["n"], d
+        assert f"paired on {d['n_pairs']} tasks" in md
         assert 0.0 <= r["after"]["ci_low"] <= r["after"]["rate"] <= r["after"]["ci_high"] <= 1.0
     assert out["rounds"][1]["before"]["evaluation_id"] == out["rounds"][0]["after"]["evaluation_id"]
 

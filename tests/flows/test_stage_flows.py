@@ -386,9 +386,11 @@ def test_evaluate_newest_shows_the_delta(home: str, sft: tuple, eval_sft: tuple,
     assert delta["diff"] == pytest.approx(
         out.evaluation.success_rate - first.evaluation.success_rate
     )
+    # both rolled out the same seeded test tasks: the delta is paired on them
+    assert delta["method"] == "paired" and delta["n_pairs"] == 2, delta
     md = artifact("evaluation-bundled-test", fr)
     assert f"| {first.evaluation_id} | {sft[0].checkpoint_id} |" in md
-    assert f"{delta['diff']:+.1%}" in md
+    assert f"{delta['diff']:+.1%}" in md and "| paired on 2 tasks" in md
 
 
 def test_train_rl_step_grpo_scores_the_states_it_visited(home: str, sft: tuple):
