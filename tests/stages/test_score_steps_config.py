@@ -18,6 +18,15 @@ from warehouse.records import Step, Task, Trajectory
         ({"candidates": "best"}, "candidates: 'best' is not one of 'sample', 'top_k'"),
         ({"select": "last"}, "select: 'last' is not one of 'failures_first', 'first'"),
         ({"scorer": "vlm"}, "--scorer vlm needs --scorer-base-url and --scorer-model"),
+        (
+            {
+                "scorer": "vlm",
+                "scorer_base_url": "http://x",
+                "scorer_model": "m",
+                "expert_candidate": True,
+            },
+            "--expert-candidate needs --scorer exact",
+        ),
     ],
 )
 def test_bad_settings_are_refused(options: dict, message: str) -> None:
@@ -79,3 +88,19 @@ def test_the_selection_order_is_part_of_the_run_identity_only_when_it_selects() 
     assert "select" not in ScoreStepsConfig().identity()  # no budget: every state
     assert "select" not in ScoreStepsConfig(max_states=5, select="first").identity()
     assert ScoreStepsConfig(max_states=5).identity()["select"] == "failures_first"
+
+
+def test_the_expert_candidate_names_a_run_only_when_on():
+    """Runs from before the option keep their ids; with it, the scoring (and an RL run using
+    it) is another run."""
+    from stages.config import config_from_mapping
+    from stages.train import RLConfig
+    from warehouse.ids import run_id_for
+
+    off, on = ScoreStepsConfig(), ScoreStepsConfig(expert_candidate=True)
+    assert "expert_candidate" not in off.identity() and on.identity()["expert_candidate"] is True
+    assert run_id_for("score_steps", off.identity()) != run_id_for("score_steps", on.identity())
+    rl = {"policy": "ck", "estimator": "step_grpo"}
+    plain = config_from_mapping(RLConfig, rl).identity()
+    expert = config_from_mapping(RLConfig, {**rl, "prm": {"expert_candidate": True}}).identity()
+    assert not any("expert" in k for k in plain) and expert["prm.expert_candidate"] is True
