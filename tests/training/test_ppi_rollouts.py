@@ -1,5 +1,6 @@
 """Prediction-powered success on real rollouts: a noisy expert's trajectories on bundled tasks,
-whose programmatic outcomes are the truth; a deliberately lenient judge (it passes most of the
+whose programmatic outcomes are the truth (short templates, a mistake rate of 0.8 so that many
+fail); a deliberately lenient judge (it passes most of the
 failures) decides them; people label a uniformly random sample drawn by the dashboard's random
 queue. The judge alone misses the truth; the debiased interval covers it in >= 90% of the
 queue's seeded draws, and the stored evaluation's estimate is the one computed from its labels."""
@@ -33,9 +34,10 @@ def lenient_verdicts(truth: dict[str, int], seed: int = 0) -> dict[str, int]:
 
 
 def test_ppi_on_real_rollouts_covers_the_truth_a_lenient_judge_misses(server, chromium, wh):
-    put_tasks(wh, generate(400, seed=0))
+    short = ["mail_archive", "wiki_fact", "shop_product_fact", "wiki_on_page"]  # 1-3 steps
+    put_tasks(wh, generate(400, seed=0, templates=short))
     cfg = CollectConfig(
-        split="train", n_tasks=N_TASKS, policy="expert", noise=0.35, max_steps=10,
+        split="train", n_tasks=N_TASKS, policy="expert", noise=0.8, max_steps=6,
         concurrency=4, run_name="ppi-noisy",
     )  # fmt: skip
     res = chromium.run(run_collect(wh, cfg, server=server, browser=chromium.browser))
