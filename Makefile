@@ -76,6 +76,7 @@ bench: setup vllm
 	$(PY) bench/judging.py
 	$(PY) bench/curation.py
 	$(PY) bench/learning.py
+	$(PY) bench/ood.py
 	$(PY) bench/dashboard.py
 	$(PY) bench/serving.py
 	$(PY) bench/training.py --gpu

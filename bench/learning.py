@@ -237,7 +237,7 @@ def coverage(b: Bench, ds: Any) -> None:
     say(f"oracle coverage of the candidate generator: {oracle_coverage(rows):.1%} ({parts})")
 
 
-def sft(b: Bench, ds: Any, label: str) -> Any:
+def sft(b: Bench, ds: Any, label: str, splits: tuple[str, ...] = ("train",)) -> Any:
     from stages.train import SFTConfig, run_sft
 
     t0 = time.perf_counter()
@@ -248,6 +248,7 @@ def sft(b: Bench, ds: Any, label: str) -> Any:
         lr=2e-3,
         batch_size=b.a.batch,
         save_every=10_000,
+        splits=splits,
     )
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0

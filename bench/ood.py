@@ -1,0 +1,274 @@
+"""Held-out site benchmark: a few-shot curve on the travel site (the ``ood`` split), on 2 cores.
+
+The learning bench's policies never see travel and solve none of it. This bench asks what a few
+demonstrations of the new site buy, and whether what fails is the site or the policy's habits:
+
+1. tasks: ``--tasks`` bundled tasks (travel is the ``ood`` split); the ``ood`` tasks in a seeded
+   order: the first ``max(--shots)`` are the demonstration pool, the next ``--eval-n`` the
+   held-out evaluation tasks (never demonstrated);
+2. demonstrations: the scripted expert (no mistakes) on ``--train`` ``train`` tasks of the
+   training sites, and on the first K travel tasks for each K of ``--shots`` (0, 5, 20); the
+   expert also solves the held-out travel tasks once, for next-action accuracy;
+3. per K: a curated dataset (judged successes of the training-site demonstrations plus the first
+   K travel ones), ranker SFT on it (the learning bench's settings);
+4. per K, on the held-out travel tasks: closed-loop success (greedy, Wilson and template-
+   clustered intervals), the share of the checker's criteria met (progress), and next-action
+   accuracy (the policy's top choice against the expert's action at the expert's own states);
+   K vs 0 paired on the same tasks.
+
+Everything is the product's own code path, in one process with one sites server and one
+Chromium, into a fresh warehouse; a results file as the other benches write.
+
+    python bench/ood.py [--quick] [--shots 0,5,20] [--eval-n 100] [--home DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench import learning  # (after the path and offline settings)
+
+FULL = dict(tasks=2400, train=240, shots="0,5,20", eval_n=100, eval_max_steps=30, epochs=12)
+QUICK = dict(FULL, tasks=400, train=8, shots="0,1", eval_n=2, eval_max_steps=6, epochs=2)
+
+DEMOS = """
+name: ood-{k}-shot
+description: "Expert demonstrations: the training sites, and {k} of the held-out travel site."
+sources: {{splits: [train, ood], runs: {runs}}}
+filters:
+  - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
+HELDOUT = """
+name: ood-heldout-expert
+description: "The expert on the held-out travel tasks (next-action accuracy; never trained on)."
+sources: {{splits: [ood], runs: [{run}]}}
+filters:
+  - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
+
+say = learning.say
+
+
+def ood_order(tasks: list[Any], seed: int = 0) -> list[str]:
+    """The ``ood`` task ids in a seeded order (demonstrations first, then evaluation)."""
+    ids = sorted(t.task_id for t in tasks if t.split == "ood")
+    random.Random(seed).shuffle(ids)
+    return ids
+
+
+async def expert_run(b: Any, name: str, *, split: str, n: int, task_ids: tuple = ()) -> str:
+    """The scripted expert (no mistakes) on ``n`` tasks of ``split`` (or ``task_ids``), judged."""
+    from stages.collect import CollectConfig, run_collect
+    from stages.judge import JudgeConfig, run_judge
+
+    t0 = time.perf_counter()
+    cfg = CollectConfig(
+        split=split,
+        n_tasks=n,
+        task_ids=task_ids,
+        policy="expert",
+        prompt_mode="a11y",
+        max_steps=26,
+        action_timeout_s=1.5,
+        concurrency=8,
+        run_name=name,
+    )
+    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
+    await asyncio.to_thread(run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id))
+    b.timed("collect", t0)
+    say(f"expert {name}: {res.ran + res.skipped} trajectories, outcomes {res.by_status}")
+    return res.run_id
+
+
+def accuracy(b: Any, checkpoint: str, ds: Any) -> tuple[int, int]:
+    """(top choices equal to the expert's action, expert turns) over ``ds``'s SFT rows."""
+    from training.data import find_dataset, sft_turns
+    from training.ranker import RankerTrainable
+
+    model = RankerTrainable.load(checkpoint)
+    model.train(False)
+    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path, ("ood",))
+    hits = 0
+    for t in turns:
+        best, target = model.greedy_and_target(t)
+        hits += target is not None and best == target
+    return hits, len(turns)
+
+
+def progress(b: Any, evaluation: dict[str, Any]) -> float:
+    """The mean share of the checker's criteria met over the evaluation's checked trajectories
+    (the collector records them in ``meta.criteria``)."""
+    df = b.wh.sql(
+        "SELECT meta FROM trajectories WHERE run_id = ? AND status IN ('success', 'failure')",
+        [evaluation["row"]["run_id"]],
+    )
+    shares = []
+    for raw in df["meta"].to_list():
+        meta = json.loads(raw) if isinstance(raw, str) else raw or {}
+        crit = [c for c in meta.get("criteria") or [] if isinstance(c, dict)]
+        if crit:
+            shares.append(sum(bool(c.get("passed")) for c in crit) / len(crit))
+    return sum(shares) / len(shares) if shares else float("nan")
+
+
+async def run_all(b: Any, home: Path) -> None:
+    from sites.tasks import generate
+    from warehouse.tasks import put_tasks
+
+    a = b.a
+    tasks = generate(a.tasks, seed=0)
+    put_tasks(b.wh, tasks)
+    shots = sorted({int(k) for k in a.shots.split(",")})
+    order = ood_order(tasks)
+    pool, held_out = order[: max(shots)], order[max(shots) : max(shots) + a.eval_n]
+    say(
+        f"tasks: {len(tasks)}; ood (travel) {len(order)}: demonstration pool {len(pool)}, "
+        f"held out {len(held_out)}"
+    )
+    train_run = await expert_run(b, "ood-train-demos", split="train", n=a.train)
+    heldout_run = await expert_run(
+        b, "ood-heldout-expert", split="ood", n=len(held_out), task_ids=tuple(held_out)
+    )
+    heldout = learning.build(b, HELDOUT.format(run=json.dumps(heldout_run)), home / "datasets")
+    b.a.eval_n = len(held_out)
+    results: dict[int, dict[str, Any]] = {}
+    for k in shots:
+        runs = [train_run]
+        if k:
+            ids = tuple(pool[:k])
+            runs.append(await expert_run(b, f"ood-travel-{k}", split="ood", n=k, task_ids=ids))
+        ds = learning.build(b, DEMOS.format(k=k, runs=json.dumps(runs)), home / "datasets")
+        res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"))
+        hits, n = accuracy(b, res.checkpoint, heldout)
+        ev = await evaluate_on(b, f"{k}-shot", res.checkpoint, held_out)
+        results[k] = {"hits": hits, "turns": n, "progress": progress(b, ev)}
+    report(b, shots, results)
+
+
+async def evaluate_on(b: Any, label: str, checkpoint: str, task_ids: list[str]) -> dict:
+    """``checkpoint`` on exactly ``task_ids`` (greedy): the learning bench's evaluation."""
+    from stages.config import config_from_mapping
+    from stages.evaluate import EvalConfig, run_evaluation
+
+    t0 = time.perf_counter()
+    rollout = {
+        "split": "ood",
+        "n_tasks": len(task_ids),
+        "task_ids": list(task_ids),
+        "max_steps": b.a.eval_max_steps,
+    }
+    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
+    res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
+    b.timed("evaluate", t0)
+    s = dataclasses.asdict(res.summary)
+    say(
+        f"  {label:<8} ood {s['n_success']:>4}/{s['n']:<4} {s['rate']:6.1%} "
+        f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]  ({time.perf_counter() - t0:.0f} s)"
+    )
+    b.evals[(label, "ood")] = {**s, "row": dataclasses.asdict(res.evaluation)}
+    return b.evals[(label, "ood")]
+
+
+def report(b: Any, shots: list[int], results: dict[int, dict[str, Any]]) -> None:
+    from training.evaluate import compare_evaluations
+
+    say("few-shot curve on the held-out travel site (the same held-out tasks for every K):")
+    zero = b.evals[(f"{shots[0]}-shot", "ood")]
+    for k in shots:
+        e, r = b.evals[(f"{k}-shot", "ood")], results[k]
+        acc = r["hits"] / r["turns"] if r["turns"] else float("nan")
+        line = (
+            f"  {k:>3} demonstrations: success {e['n_success']}/{e['n']} {e['rate']:.1%} "
+            f"[{e['ci_low']:.1%}, {e['ci_high']:.1%}], criteria met {r['progress']:.1%}, "
+            f"next-action accuracy {r['hits']}/{r['turns']} {acc:.1%}"
+        )
+        if k != shots[0]:
+            d = compare_evaluations(b.wh, zero["row"], e["row"])
+            line += f"; vs {shots[0]}: {d['diff']:+.1%} [{d['ci_low']:+.1%}, {d['ci_high']:+.1%}]"
+            line += f" ({d['method']})"
+        say(line)
+        if learning.RESULTS is not None:
+            learning.RESULTS.figures.setdefault("shots", {})[str(k)] = {
+                "n": e["n"],
+                "n_success": e["n_success"],
+                "rate": e["rate"],
+                "ci_low": e["ci_low"],
+                "ci_high": e["ci_high"],
+                "criteria_met": r["progress"],
+                "next_action_accuracy": acc,
+            }
+
+
+async def main_async(args: argparse.Namespace, home: Path) -> None:
+    from playwright.async_api import async_playwright
+
+    from rollouts.browser import launch
+    from sites.server import SiteServer
+    from warehouse import Warehouse, WarehouseConfig
+
+    say(f"bench/ood.py ({'quick' if args.quick else 'full'}), {learning.load()}, home {home}")
+    server = SiteServer(seed=0, mode="process").start()
+    t_all = time.perf_counter()
+    try:
+        async with async_playwright() as pw:
+            browser = await launch(pw)
+            with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
+                b = learning.Bench(args, wh, server, browser)
+                await run_all(b, home)
+            await browser.close()
+    finally:
+        server.stop()
+    times = ", ".join(f"{k} {v:.0f} s" for k, v in b.times.items())
+    if learning.RESULTS is not None:
+        learning.RESULTS.figures["seconds"] = {**b.times, "total": time.perf_counter() - t_all}
+    say(f"total {time.perf_counter() - t_all:.0f} s ({times}); {learning.load()}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
+    p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
+    p.add_argument("--results", type=Path, default=None, help="results file (bench/results/)")
+    for k, v in FULL.items():
+        p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
+    args = p.parse_args(argv)
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.batch = 32 if not args.quick else 16  # the learning bench's SFT settings
+    return args
+
+
+def main() -> None:
+    from bench.results import Results
+
+    args = parse_args()
+    learning.RESULTS = Results("ood", args)
+    if args.home is not None:
+        asyncio.run(main_async(args, args.home))
+    else:
+        with tempfile.TemporaryDirectory(prefix="webloop-ood-") as tmp:
+            asyncio.run(main_async(args, Path(tmp) / "home"))
+    learning.RESULTS.write(args.results, args.quick)
+
+
+if __name__ == "__main__":
+    main()
