@@ -493,12 +493,17 @@ def differences(b: Bench) -> None:
             )
 
 
-async def main_async(args: argparse.Namespace, home: Path) -> None:
+async def main_async(
+    args: argparse.Namespace, home: Path, run: Any = None, script: str = "bench/learning.py"
+) -> None:
+    """``run(bench, home)`` (default: :func:`run_all`) with one sites server, one Chromium and a
+    fresh warehouse at ``home``; the stages' times and the total at the end."""
     from rollouts.browser import launch
     from sites.server import SiteServer
     from warehouse import Warehouse, WarehouseConfig
 
-    say(f"bench/learning.py ({'quick' if args.quick else 'full'}), {load()}, home {home}")
+    run = run or run_all
+    say(f"{script} ({'quick' if args.quick else 'full'}), {load()}, home {home}")
     server = SiteServer(seed=0, mode="process").start()
     from playwright.async_api import async_playwright
 
@@ -508,7 +513,7 @@ async def main_async(args: argparse.Namespace, home: Path) -> None:
             browser = await launch(pw)
             with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
                 b = Bench(args, wh, server, browser)
-                await run_all(b, home)
+                await run(b, home)
             await browser.close()
     finally:
         server.stop()

@@ -217,31 +217,6 @@ def report(b: Any, shots: list[int], results: dict[int, dict[str, Any]]) -> None
             }
 
 
-async def main_async(args: argparse.Namespace, home: Path) -> None:
-    from playwright.async_api import async_playwright
-
-    from rollouts.browser import launch
-    from sites.server import SiteServer
-    from warehouse import Warehouse, WarehouseConfig
-
-    say(f"bench/ood.py ({'quick' if args.quick else 'full'}), {learning.load()}, home {home}")
-    server = SiteServer(seed=0, mode="process").start()
-    t_all = time.perf_counter()
-    try:
-        async with async_playwright() as pw:
-            browser = await launch(pw)
-            with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
-                b = learning.Bench(args, wh, server, browser)
-                await run_all(b, home)
-            await browser.close()
-    finally:
-        server.stop()
-    times = ", ".join(f"{k} {v:.0f} s" for k, v in b.times.items())
-    if learning.RESULTS is not None:
-        learning.RESULTS.figures["seconds"] = {**b.times, "total": time.perf_counter() - t_all}
-    say(f"total {time.perf_counter() - t_all:.0f} s ({times}); {learning.load()}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
@@ -263,10 +238,11 @@ def main() -> None:
     args = parse_args()
     learning.RESULTS = Results("ood", args)
     if args.home is not None:
-        asyncio.run(main_async(args, args.home))
+        asyncio.run(learning.main_async(args, args.home, run_all, "bench/ood.py"))
     else:
         with tempfile.TemporaryDirectory(prefix="webloop-ood-") as tmp:
-            asyncio.run(main_async(args, Path(tmp) / "home"))
+            home = Path(tmp) / "home"
+            asyncio.run(learning.main_async(args, home, run_all, "bench/ood.py"))
     learning.RESULTS.write(args.results, args.quick)
 
 

@@ -17,18 +17,22 @@ from warehouse.tasks import put_tasks
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
+def _expert_run(wh: Warehouse, tasks: list, sites, chromium) -> list[str]:
+    """The expert's run ``refs`` on the one task (a success); its model-facing actions."""
+    put_tasks(wh, tasks)
+    cfg = CollectConfig(suite="bundled", split=None, n_tasks=1, concurrency=1, run_name="refs")
+    out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
+    assert out.by_status == {"success": 1}
+    return wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"].to_list()
+
+
 def test_expert_candidates_continue_from_the_aligned_reference_step(tmp_path, sites, chromium):
     tasks = generate(1, 0, templates=["mail_archive"])  # 3 steps, no answer step
     ref = [format_action(parse_action(a)) for a in tasks[0].reference]
     assert len(ref) >= 3  # several reference steps, so a wrong cursor shows
-    cfg = CollectConfig(suite="bundled", split=None, n_tasks=1, concurrency=1, run_name="refs")
     with Warehouse.open(WarehouseConfig.from_env(home=tmp_path)) as wh:
-        put_tasks(wh, tasks)
-        out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
-        assert out.by_status == {"success": 1}
-        actions = wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"]
-        assert not set(actions.to_list()) & set(ref)  # model-facing, not the reference's text
-
+        actions = _expert_run(wh, tasks, sites, chromium)
+        assert not set(actions) & set(ref)  # model-facing, not the reference's text
         score = ScoreStepsConfig(run="refs", k=2, noise=0.0, concurrency=4)
         res = chromium.run(run_score_steps_async(wh, score, server=sites, browser=chromium.browser))
         assert res.errors == 0
@@ -56,12 +60,8 @@ def test_the_expert_candidate_is_the_reference_step_in_the_states_own_refs(
     trajectory that is the action the expert took there, and it scores 1 (the reference finishes
     from it)."""
     tasks = generate(1, 0, templates=["mail_archive"])
-    cfg = CollectConfig(suite="bundled", split=None, n_tasks=1, concurrency=1, run_name="refs")
     with Warehouse.open(WarehouseConfig.from_env(home=tmp_path)) as wh:
-        put_tasks(wh, tasks)
-        out = chromium.run(run_collect(wh, cfg, server=sites, browser=chromium.browser))
-        assert out.by_status == {"success": 1}
-        taken = wh.sql("SELECT action_text FROM steps ORDER BY step_idx")["action_text"].to_list()
+        taken = _expert_run(wh, tasks, sites, chromium)
         score = ScoreStepsConfig(
             run="refs", policy="random", k=2, expert_candidate=True, concurrency=4
         )
