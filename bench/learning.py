@@ -308,12 +308,17 @@ def untrained(b: Bench) -> str:
     return str(path)
 
 
-async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[str, Any]:
+async def evaluate(
+    b: Bench, label: str, checkpoint: str, split: str, task_ids: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``checkpoint`` greedy on ``--eval-n`` tasks of ``split`` (or on exactly ``task_ids``)."""
     from stages.config import config_from_mapping
     from stages.evaluate import EvalConfig, run_evaluation
 
     t0 = time.perf_counter()
     rollout = {"split": split, "n_tasks": b.a.eval_n, "max_steps": b.a.eval_max_steps}
+    if task_ids:
+        rollout.update(n_tasks=len(task_ids), task_ids=list(task_ids))
     cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
     res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
     b.timed("evaluate", t0)
@@ -329,7 +334,7 @@ async def evaluate(b: Bench, label: str, checkpoint: str, split: str) -> dict[st
         RESULTS.figures.setdefault("evaluations", {})[f"{label}/{split}"] = {
             k: s[k] for k in ("n", "n_success", "rate", "ci_low", "ci_high", "clustered")
         }
-    return res
+    return b.evals[(label, split)]
 
 
 RL_ATTEMPTS = 3

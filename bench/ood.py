@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import random
@@ -158,33 +157,9 @@ async def run_all(b: Any, home: Path) -> None:
         ds = learning.build(b, DEMOS.format(k=k, runs=json.dumps(runs)), home / "datasets")
         res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"))
         hits, n = accuracy(b, res.checkpoint, heldout)
-        ev = await evaluate_on(b, f"{k}-shot", res.checkpoint, held_out)
+        ev = await learning.evaluate(b, f"{k}-shot", res.checkpoint, "ood", tuple(held_out))
         results[k] = {"hits": hits, "turns": n, "progress": progress(b, ev)}
     report(b, shots, results)
-
-
-async def evaluate_on(b: Any, label: str, checkpoint: str, task_ids: list[str]) -> dict:
-    """``checkpoint`` on exactly ``task_ids`` (greedy): the learning bench's evaluation."""
-    from stages.config import config_from_mapping
-    from stages.evaluate import EvalConfig, run_evaluation
-
-    t0 = time.perf_counter()
-    rollout = {
-        "split": "ood",
-        "n_tasks": len(task_ids),
-        "task_ids": list(task_ids),
-        "max_steps": b.a.eval_max_steps,
-    }
-    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
-    res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
-    b.timed("evaluate", t0)
-    s = dataclasses.asdict(res.summary)
-    say(
-        f"  {label:<8} ood {s['n_success']:>4}/{s['n']:<4} {s['rate']:6.1%} "
-        f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]  ({time.perf_counter() - t0:.0f} s)"
-    )
-    b.evals[(label, "ood")] = {**s, "row": dataclasses.asdict(res.evaluation)}
-    return b.evals[(label, "ood")]
 
 
 def report(b: Any, shots: list[int], results: dict[int, dict[str, Any]]) -> None:

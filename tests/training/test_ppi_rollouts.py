@@ -1,8 +1,9 @@
 """Prediction-powered success on real rollouts: a noisy expert's trajectories on bundled tasks,
 whose programmatic outcomes are the truth (short templates, a mistake rate of 0.8 so that many
-fail); a deliberately lenient judge (it passes most of the failures) decides them; people label a uniformly random sample drawn by the dashboard's random
-queue. The judge alone misses the truth; the debiased interval covers it in >= 90% of the
-queue's seeded draws, and the stored evaluation's estimate is the one computed from its labels."""
+fail); a deliberately lenient judge (it passes most of the failures) decides them; people label
+a uniformly random sample drawn by the dashboard's random queue. The judge alone misses the
+truth; the debiased interval covers it in >= 90% of the queue's seeded draws, and the stored
+evaluation's estimate is the one computed from its labels."""
 
 from __future__ import annotations
 
