@@ -244,10 +244,14 @@ async def ensure_candidates(
     missing = [s for s in states if len(have.get((s.traj.traj_id, s.step_idx), [])) < cfg.k]
     if missing:
         policy = candidate_policy(cfg)
+        # the expert's actions first, as many replays at once as the scorer has browsers
+        experts = (
+            await asyncio.gather(*(_expert_at(expert, st) for st in missing)) if expert else []
+        )
         try:
             rows = []
-            for st in missing:
-                at, extra = await _expert_at(expert, st) if expert else (None, None)
+            for i, st in enumerate(missing):
+                at, extra = experts[i] if expert else (None, None)
                 at = at or await _located(locate, st)
                 props = await propose(policy, at, cfg.k, cfg.seed, top_k=cfg.candidates == "top_k")
                 rows += candidate_rows(st, props, policy.name, run_id)
