@@ -147,7 +147,6 @@ async def run_all(b: Any, home: Path) -> None:
         b, "ood-heldout-expert", split="ood", n=len(held_out), task_ids=tuple(held_out)
     )
     heldout = learning.build(b, HELDOUT.format(run=json.dumps(heldout_run)), home / "datasets")
-    b.a.eval_n = len(held_out)
     results: dict[int, dict[str, Any]] = {}
     for k in shots:
         runs = [train_run]

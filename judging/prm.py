@@ -20,9 +20,10 @@ Scorers, registered by name:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -343,35 +344,27 @@ class ExactScorer:
                 return ScoreResult(None, error=str(exc))
             except Exception as exc:
                 return _replay_failed(exc)
-        env = await self.pool.get()
         try:
-            if first:
-                return await self.replay(env, state, candidate, cursor=cursor)
-            return await self._continue(env, state, candidate, j, aligned=False)
+            async with self._env() as env:
+                if first:
+                    return await self.replay(env, state, candidate, cursor=cursor)
+                return await self._continue(env, state, candidate, j, aligned=False)
         except Exception as exc:  # a crashed browser is a scorer error, not a low score
             if not cursor.done():
                 cursor.set_exception(exc)
             return _replay_failed(exc)
-        finally:
-            await env.close()
-            self.pool.put_nowait(env)
 
     async def locate(self, state: State) -> State:
         """``state`` with its page-state-aligned cursor (for proposing candidates from it)."""
-        env = await self.pool.get()
-        try:
+        async with self._env() as env:
             return State(state.traj, state.step_idx, await self._aligned(env, state))
-        finally:
-            await env.close()
-            self.pool.put_nowait(env)
 
     async def expert_action(self, state: State) -> tuple[State, str | None]:
         """``state`` aligned, and the reference's next step from there as the model acts: in
         the refs of the state's stored observation (None: the reference is done, its target is
         not on the replayed page, or no element of the stored observation matches it). The
         DAgger-like candidate of step-level RL (the expert's action at a first-error state)."""
-        env = await self.pool.get()
-        try:
+        async with self._env() as env:
             j = await self._aligned(env, state)
             located = State(state.traj, state.step_idx, j)
             ref = list(state.traj.task.reference or [])
@@ -379,6 +372,13 @@ class ExactScorer:
                 return located, None
             stored = state.traj.a11y(state.traj.steps[state.step_idx]) or ""
             return located, await observed_action(env.page, ref[j], stored)
+
+    @contextlib.asynccontextmanager
+    async def _env(self) -> AsyncIterator[Any]:
+        """An environment of the pool, closed and given back after use."""
+        env = await self.pool.get()
+        try:
+            yield env
         finally:
             await env.close()
             self.pool.put_nowait(env)

@@ -903,9 +903,9 @@ def round_record(
     trained: TrainResult,
     before: dict[str, Any],
     after: dict[str, Any],
-    rl: TrainResult | None = None,
-    start: str | None = None,
-    delta: dict[str, Any] | None = None,
+    rl: TrainResult | None,
+    start: str | None,
+    delta: dict[str, Any],
 ) -> dict[str, Any]:
     """What round ``n`` did, from its stages' results (the round's artifact shows it);
     ``trained`` is the SFT result, ``rl`` RL's (its checkpoint is then the round's)."""
@@ -938,5 +938,5 @@ def round_record(
         "steps_run": trained.steps_run + (rl.steps_run if rl is not None else 0),
         "before": before,
         "after": {**after, "label": f"round {n}"},
-        "delta": delta if delta is not None else compare(before, after),
+        "delta": delta,  # (round_delta: paired on the held-out tasks where it can be)
     }

@@ -246,12 +246,13 @@ async def ensure_candidates(
         policy = candidate_policy(cfg)
         # the expert's actions first, as many replays at once as the scorer has browsers
         experts = (
-            await asyncio.gather(*(_expert_at(expert, st) for st in missing)) if expert else []
+            await asyncio.gather(*(_expert_at(expert, st) for st in missing))
+            if expert
+            else [(None, None)] * len(missing)
         )
         try:
             rows = []
-            for i, st in enumerate(missing):
-                at, extra = experts[i] if expert else (None, None)
+            for st, (at, extra) in zip(missing, experts, strict=True):
                 at = at or await _located(locate, st)
                 props = await propose(policy, at, cfg.k, cfg.seed, top_k=cfg.candidates == "top_k")
                 rows += candidate_rows(st, props, policy.name, run_id)
