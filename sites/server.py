@@ -14,8 +14,10 @@ the browser and the server should not share one interpreter)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 import socket
 import threading
 import time
@@ -176,7 +178,12 @@ def _serve_child(
     parent: int,
 ) -> None:
     """The server process. It exits when its parent is gone: a parent killed by a signal runs
-    no exit handlers, and its daemon children would otherwise keep serving (and hold ports)."""
+    no exit handlers, and its daemon children would otherwise keep serving (and hold ports).
+
+    A terminal's Ctrl-C reaches the whole process group: the parent decides when this process
+    stops, so the child ignores SIGINT before it serves, and uvicorn (which handles SIGINT while
+    serving, then raises it again once shut down) ends quietly instead of with a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     socks = {name: _bind(host, port) for name, port in ports.items()}
     server = _make_server(seed, secret, slow_s, socks)
 
@@ -194,4 +201,5 @@ def _serve_child(
         await task
         watch.cancel()
 
-    asyncio.run(main())
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
