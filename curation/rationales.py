@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from rollouts.actions import Answer, Click, ParseError, Select, Type, format_action, parse_action
 from rollouts.chat import ChatClient, ModelUnavailable
-from rollouts.prompts import PromptConfig, Turn, build_messages, prompt_hash
+from rollouts.prompts import PromptConfig, Turn, action_ref, build_messages, prompt_hash
 from warehouse.records import Rationale, Step, Task, from_frame
 from warehouse.relations import with_relations
 from warehouse.store import Warehouse
@@ -149,7 +149,8 @@ def step_turns(steps: Sequence[Step], i: int, blobs: Any, k_images: int = 3) -> 
     for j, s in enumerate(shown):
         recent, current = j >= len(shown) - max(k_images, 1), j == len(shown) - 1
         shot = blobs.get(s.screenshot_hash) if recent and s.screenshot_hash else None
-        tree = blobs.get_text(s.a11y_hash) if current and s.a11y_hash else None
+        named = current or action_ref(s.action_text) is not None  # its line names the element
+        tree = blobs.get_text(s.a11y_hash) if named and s.a11y_hash else None
         out.append(
             Turn(
                 s.url or "",

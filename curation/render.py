@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curation.blob_reader import BlobReader
-from rollouts.prompts import BLOB_REF, DATA_URL, PromptConfig, Turn, build_messages, render
+from rollouts.prompts import (
+    BLOB_REF,
+    DATA_URL,
+    PromptConfig,
+    Turn,
+    action_ref,
+    build_messages,
+    render,
+)
 
 INVALID = "(invalid action)"  # what the engine shows for a step whose output did not parse
 
@@ -143,14 +151,16 @@ class StoredTrajectory:
             if j < i:
                 text = s["action_text"] if s["action_text"] is not None else INVALID
                 err = s["action_error"]
-                out.append(Turn(s["url"] or "", s["title"] or "", shot, None, text, err))
+                tree = self._tree(s) if action_ref(text) else None  # names its element
+                out.append(Turn(s["url"] or "", s["title"] or "", shot, tree, text, err))
             else:
-                a11y = None
-                if self.config.mode in ("a11y", "both"):
-                    raw = self.reader.get(s["a11y_hash"], "a11y")
-                    a11y = raw.decode("utf-8") if raw is not None else None
+                a11y = self._tree(s) if self.config.mode in ("a11y", "both") else None
                 out.append(Turn(s["url"] or "", s["title"] or "", shot, a11y))
         return out
+
+    def _tree(self, step: dict[str, Any]) -> str | None:
+        raw = self.reader.get(step["a11y_hash"], "a11y")
+        return raw.decode("utf-8") if raw is not None else None
 
     def prompt(self, i: int) -> tuple[str, list[dict[str, Any]], list[str]]:
         """(render(messages), images as Image() values, their hashes) at step ``i``."""

@@ -39,7 +39,7 @@ from judging.base import TrajectoryView, untrusted
 from rollouts.actions import Answer, ParseError, Target, format_action, parse_action, to_dict
 from rollouts.chat import ChatClient, ModelUnavailable
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
-from rollouts.prompts import PromptConfig, Turn, build_messages
+from rollouts.prompts import PromptConfig, Turn, action_ref, build_messages
 from warehouse.advantage import group_relative_values
 from warehouse.records import Candidate, Step, StepScore
 from warehouse.registry import Registry
@@ -69,7 +69,7 @@ class State:
                     s.url or "",
                     s.title or "",
                     self.traj.screenshot(s) if recent else None,
-                    self.traj.a11y(s) if current else None,
+                    self.traj.a11y(s) if current or action_ref(s.action_text) else None,
                     None if current else (s.action_text or "(invalid action)"),
                     None if current else s.action_error,
                 )

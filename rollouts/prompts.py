@@ -13,15 +13,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollouts.chat import image_part
 
-PROMPT_FORMAT_VERSION = 1
+PROMPT_FORMAT_VERSION = 2
 """The version of the prompt format below (system prompt, history lines, page sections). Bump
 it when a change would make a model trained on older prompts see different text; exported
-datasets record it and training refuses data of another version."""
+datasets record it and training refuses data of another version.
+
+Version 2: each history line names the element its action acted on and the page it was on
+(:func:`history_line`); version 1 wrote the bare action (``click(e12)``), whose refs mean
+nothing once the page has changed (Playwright renumbers them on every snapshot)."""
 
 SYSTEM_PROMPT = """You are a web agent. You see the browser and act in it, one action per turn.
 
@@ -57,7 +62,8 @@ class PromptConfig:
 
 @dataclass(frozen=True)
 class Turn:
-    """One past (or the current) step as the prompt sees it."""
+    """One past (or the current) step as the prompt sees it. A past step's ``a11y`` is the tree
+    its action was taken on: its history line names the element from it (it is not shown)."""
 
     url: str
     title: str
@@ -65,6 +71,50 @@ class Turn:
     a11y: str | None = None
     action_text: str | None = None  # what was done at this step (None for the current one)
     error: str | None = None
+
+
+_TARGET_NAME_CHARS = 60
+
+
+def action_ref(action_text: str | None) -> str | None:
+    """The ref an action's text names as its first argument (``click(e12)`` → ``e12``), else
+    None: whether a history line needs its step's tree at all."""
+    m = re.match(r"^\w+\(\s*((?:f\d+)?e\d+)\b", action_text or "")
+    return m.group(1) if m else None
+
+
+def describe_target(action_text: str | None, a11y: str | None) -> str:
+    """``role "name"`` of the element an action names by ref (``click(e12)``, ``type(f2e3, …)``)
+    in the accessibility tree of the page it was taken on; ``""`` when it names none or the
+    tree does not have it. Long names are cut (with ``…``)."""
+    ref = action_ref(action_text)
+    if ref is None or not a11y:
+        return ""
+    line = re.search(
+        rf'^\s*- (?P<role>[a-z][\w-]*)(?: "(?P<name>(?:[^"\\]|\\.)*)")?[^\n]*\[ref={ref}\]',
+        a11y,
+        re.M,
+    )
+    if line is None:
+        return ""
+    name = line.group("name") or ""
+    if len(name) > _TARGET_NAME_CHARS:
+        name = name[: _TARGET_NAME_CHARS - 1] + "…"
+    return f'{line.group("role")} "{name}"' if name else line.group("role")
+
+
+def history_line(i: int, turn: Turn) -> str:
+    """The prompt's line for an earlier step ``i`` (from 1): the action, then after ``  # `` the
+    element it acted on (from that step's tree, ``turn.a11y``) and the page's title, then a
+    failure note::
+
+        3. click(e12)  # button "Add to cart" on page "Blue kettle — Shop"
+        4. scroll(down)  # on page "Blue kettle — Shop"  (failed: …)
+    """
+    target = describe_target(turn.action_text, turn.a11y)
+    note = f"{target} on page " if target else "on page "
+    line = f"{i}. {turn.action_text}  # {note}{json.dumps(turn.title, ensure_ascii=False)}"
+    return line + (f"  (failed: {turn.error})" if turn.error else "")
 
 
 def build_messages(
@@ -77,10 +127,7 @@ def build_messages(
     cfg = config or PromptConfig()
     if not turns:
         raise ValueError("build_messages needs at least the current observation")
-    history = [
-        f"{i}. {t.action_text}" + (f"  (failed: {t.error})" if t.error else "")
-        for i, t in enumerate(turns[:-1], start=1)
-    ]
+    history = [history_line(i, t) for i, t in enumerate(turns[:-1], start=1)]
     text = [
         f"Task: {instruction}",
         "",

@@ -83,6 +83,8 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
         len(nodes),
         last_typed_end(inp),
         overlap(inp.title.split(" — ")[0], word_stems(inp.instruction)),
+        frozenset(t for t in inp.targets if t),
+        inp.targets[-1] if inp.targets else "",
     )
     values = instruction_values(inp.instruction)
     out: dict[Action, Candidate] = {}

@@ -20,14 +20,23 @@ from rollouts.ranker.candidate import Candidate, candidates
 from rollouts.ranker.features import N_FEATURES
 from rollouts.ranker.prompt import RankerInput
 
+LAST_ACTIONS = 3
+"""How many of the latest actions the third context text describes."""
+
 
 def context_texts(inp: RankerInput) -> tuple[str, str, str]:
-    """The three context texts: instruction, page (title and URL path), last action."""
+    """The three context texts: instruction, page (title and URL path), the last
+    :data:`LAST_ACTIONS` actions (newest first, refs replaced by the element each acted on)."""
     path = re.sub(r"^\w+://[^/]+", "", inp.url)
     page = f"{inp.title} — {path}"
-    last = inp.history[-1] if inp.history else "no previous action"
-    last = re.sub(r"\b(?:f\d+)?e\d+\b", "element", last)
-    return inp.instruction, page, f"last action: {last}"
+    done = [_described(inp, i) for i in range(len(inp.history) - 1, -1, -1)[:LAST_ACTIONS]]
+    return inp.instruction, page, "last actions: " + ("; ".join(done) or "none")
+
+
+def _described(inp: RankerInput, i: int) -> str:
+    target = inp.targets[i] if i < len(inp.targets) and inp.targets[i] else "element"
+    text = re.sub(r"\b(?:f\d+)?e\d+\b", lambda _: target, inp.history[i], count=1)
+    return text + (" (failed)" if inp.failed[i] else "")
 
 
 @dataclass

@@ -4,7 +4,11 @@ Beside the encoder's vectors, each candidate carries a vector of exact-match sig
 whether its value is in the instruction (quoted, typed before, into this element), what kind of
 value it is, whether its element was acted on before, word overlap of the element, its context,
 the answer's key and the page title with the instruction, where in the instruction the value
-sits relative to the last typed one, and so on. :func:`feature_vector` computes them from a
+sits relative to the last typed one, whether the element (by role and name, which survive a
+page change, unlike refs) was acted on before, whether the words before the value in the
+instruction name the field (``from`` Paris → the "From" field: slot binding), and so on. Refs
+are compared with history entries taken on the current page only (Playwright renumbers them on
+every page). :func:`feature_vector` computes them from a
 :class:`FeatureContext` (what the prompt's instruction and history say, computed once per
 prompt). A checkpoint records the feature names and version; a change here means retraining.
 """
@@ -17,10 +21,10 @@ from dataclasses import dataclass
 
 from rollouts.actions import Action, Click, ParseError, Select, Type, parse_action
 from rollouts.ranker.prompt import RankerInput
-from rollouts.ranker.tree import TEXT_FIELDS, Node, current_value
+from rollouts.ranker.tree import TEXT_FIELDS, Node, current_value, field_label
 from rollouts.ranker.values import DATE, EMAIL, PRICE, WORD
 
-FEATURE_VERSION = 3
+FEATURE_VERSION = 4
 VERBS = ("click", "type", "select", "answer", "scroll")
 FEATURES = (
     *(f"verb_{v}" for v in VERBS),
@@ -55,6 +59,9 @@ FEATURES = (
     "value_near_last_typed",
     "answer_kind_rank",
     "value_inside_typed",
+    "target_in_history",
+    "target_in_last_action",
+    "slot_binding",
 )
 N_FEATURES = len(FEATURES)
 
@@ -124,6 +131,8 @@ class FeatureContext:
     n_nodes: int
     last_typed_end: int  # where the last typed value ends in the instruction (-1: none)
     title_overlap: float
+    targets: frozenset[str] = frozenset()  # elements acted on before (role "name")
+    last_target: str = ""
 
 
 def history_info(
@@ -136,14 +145,15 @@ def history_info(
     last_verb = "none"
     for i, line in enumerate(inp.history):
         a = parse_action(line)
-        line_refs = set(re.findall(r"\b((?:f\d+)?e\d+)\b", line))
+        here = inp.on_this_page(i)  # refs name this page's elements only if taken on it
+        line_refs = set(re.findall(r"\b((?:f\d+)?e\d+)\b", line)) if here else set()
         refs |= line_refs
         if i == len(inp.history) - 1:
             last_refs = line_refs
             last_verb = (
                 type(a).__name__.lower() if isinstance(a, Click | Type | Select) else "other"
             )
-        if isinstance(a, ParseError):
+        if isinstance(a, ParseError) or not here:
             continue
         actions.add(a)
         if isinstance(a, Type | Select):
@@ -164,6 +174,37 @@ def last_typed_end(inp: RankerInput) -> int:
             if pos >= 0:
                 return pos + len(v)
     return -1
+
+
+def node_target(node: Node) -> str:
+    """An element as a history line names it (:func:`rollouts.prompts.describe_target`)."""
+    name = node.name
+    if len(name) > 60:
+        name = name[:59] + "…"
+    return f'{node.role} "{name}"' if name else node.role
+
+
+_LEAD = re.compile(r"[A-Za-z]+")
+_SKIP = frozenset(["the", "a", "an", "my", "your"])
+
+
+def slot_binding(instr_low: str, value_low: str, label: str) -> float:
+    """How closely the words just before the value in the instruction name the field: 1 when
+    the nearest word (articles skipped) is a word of the field's label (``from`` Paris → the
+    "From" field, ``to`` bob@x.org → "To"), 1/2 for the second nearest ("search for X"), else 0
+    (further back, the words belong to the slot before: "from A to B" does not bind B to
+    "From"); the best occurrence of the value counts. Stop words count: they are the binding."""
+    words = {w.lower() for w in _LEAD.findall(label)}
+    if not value_low or not words:
+        return 0.0
+    best = 0.0
+    for m in re.finditer(re.escape(value_low), instr_low):
+        before = [w for w in _LEAD.findall(instr_low[: m.start()])[-5:] if w not in _SKIP]
+        for k, w in enumerate(reversed(before[-2:]), start=1):
+            if w in words:
+                best = max(best, 1 / k)
+                break
+    return best
 
 
 def feature_vector(
@@ -217,6 +258,13 @@ def feature_vector(
             if c.last_typed_end >= 0:
                 f["value_near_last_typed"] = math.exp(-abs(pos - c.last_typed_end) / 30)
         f["value_inside_typed"] = float(any(value in t and value != t for t in c.typed))
+    if node is not None and (c.targets or c.last_target):
+        target = node_target(node)
+        f["target_in_history"] = float(target in c.targets)
+        f["target_in_last_action"] = float(target == c.last_target)
+    if value and node is not None and verb in ("type", "select"):
+        label = " ".join(s for s in (node.name, field_label(node)) if s)
+        f["slot_binding"] = slot_binding(c.instr_low, low, label.replace(node.role, ""))
     for k, v in kw.items():
         f[k] = v
     return tuple(f[name] for name in FEATURES)

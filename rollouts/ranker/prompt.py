@@ -27,9 +27,12 @@ class NotAWebloopPrompt(ValueError):
 class RankerInput:
     """What the ranker reads from a prompt.
 
-    ``instruction``: the task. ``history``: the previous action lines as written (``"click(e3)"``,
-    a failure note stripped), ``failed``: whether each failed. ``title``/``url``: the current
-    page. ``tree``: the accessibility-tree text (``""`` when the prompt has none)."""
+    ``instruction``: the task. ``history``: the previous actions as written (``"click(e3)"``,
+    the line's note and failure note stripped), ``failed``: whether each failed, ``targets``:
+    the element each acted on (``button "Add"``; ``""``: none named), ``pages``: the title of
+    the page each was taken on (``None``: a prompt of format 1, whose lines name no page).
+    ``title``/``url``: the current page. ``tree``: the accessibility-tree text (``""`` when the
+    prompt has none)."""
 
     instruction: str
     history: tuple[str, ...]
@@ -37,13 +40,26 @@ class RankerInput:
     title: str
     url: str
     tree: str
+    targets: tuple[str, ...] = ()
+    pages: tuple[str | None, ...] = ()
+
+    def on_this_page(self, i: int) -> bool:
+        """Whether history entry ``i`` was taken on the current page (same title): only there do
+        its refs name the same elements (a format-1 prompt names no pages: assumed so)."""
+        page = self.pages[i] if i < len(self.pages) else None
+        return page is None or page == self.title
 
     @staticmethod
     def parse(prompt: str | Sequence[dict[str, Any]]) -> RankerInput:
         return parse_prompt(prompt)
 
 
-_HISTORY = re.compile(r"^\d+\. (.*?)(  \(failed: .*\))?$")
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_HISTORY = re.compile(
+    r"^\d+\. (?P<action>.*?)"
+    rf"(?:  # (?:(?P<target>[a-z][\w-]*(?: {_QUOTED})?) )?on page (?P<page>{_QUOTED}))?"
+    r"(?P<failed>  \(failed: .*\))?$"
+)
 
 
 def _user_text(messages: Sequence[dict[str, Any]]) -> str:
@@ -85,7 +101,7 @@ def parse_prompt(prompt: str | Sequence[dict[str, Any]]) -> RankerInput:
         tree = m.group(1) if m else ""
     lines = head.split("\n")
     instruction = lines[0][len("Task: ") :]
-    history, failed = [], []
+    history, failed, targets, pages = [], [], [], []
     title = url = ""
     for line in lines[1:]:
         if line.startswith("Current page: "):
@@ -94,9 +110,29 @@ def parse_prompt(prompt: str | Sequence[dict[str, Any]]) -> RankerInput:
             continue
         m = _HISTORY.match(line)
         if m and not url:
-            history.append(m.group(1))
-            failed.append(m.group(2) is not None)
-    return RankerInput(instruction, tuple(history), tuple(failed), title, url, tree)
+            history.append(m.group("action"))
+            failed.append(m.group("failed") is not None)
+            targets.append(m.group("target") or "")
+            pages.append(_page(m.group("page")))
+    return RankerInput(
+        instruction,
+        tuple(history),
+        tuple(failed),
+        title,
+        url,
+        tree,
+        tuple(targets),
+        tuple(pages),
+    )
+
+
+def _page(quoted: str | None) -> str | None:
+    if quoted is None:
+        return None
+    try:
+        return str(json.loads(quoted))
+    except json.JSONDecodeError:
+        return quoted[1:-1]
 
 
 def prompt_key(prompt: str) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,9 +197,8 @@ def test_targets_are_model_replies_and_invalid_steps_stay_visible(engine_wh: War
     assert rows[("shop-kettle", False, 1)]["completion"] == 'Action: type(e2, "blue kettle")'
     # the unparseable reply is the stored target; the next prompt shows it as invalid
     assert rows[("travel-oslo", False, 1)]["completion"] == "Action: nonsense without a call"
-    assert (
-        "2. (invalid action)  (failed: no action found" in rows[("travel-oslo", False, 2)]["prompt"]
-    )
+    shown = json.loads(rows[("travel-oslo", False, 2)]["prompt"])[1]["content"][0]["text"]
+    assert re.search(r'\n2\. \(invalid action\)  # on page ".*"  \(failed: no action found', shown)
     checks = ex.target_checks.filter(~pl.col("parses"))
     assert checks.get_column("completion").to_list() == ["Action: nonsense without a call"]
 

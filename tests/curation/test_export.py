@@ -126,6 +126,13 @@ def test_data_card_names_composition_filters_licence_and_provenance(built):
     assert "sft: 8" in card
 
 
+def _load(path: Path, tmp: Path, config: str | None = None) -> datasets.Dataset:
+    """``load_dataset(path, config, split="train")`` with a cache of the test's own: the
+    ``datasets`` cache is keyed by the folder's name (a dataset id, equal across code versions),
+    and ``HF_DATASETS_CACHE`` is read once, at import, so setting it in a test does nothing."""
+    return datasets.load_dataset(str(path), config, split="train", cache_dir=str(tmp / "hf"))
+
+
 def _rows(ds: datasets.Dataset) -> list[dict]:
     raw = ds.cast_column("images", datasets.List(datasets.Image(decode=False)))
     return [{**r, "images": [i["bytes"] for i in r["images"]]} for r in raw]
@@ -139,15 +146,14 @@ def test_the_folder_loads_as_a_hub_dataset_repository_with_the_same_rows(
     layout), load the same."""
     from curation.export import hub_files
 
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     path = Path(built["first"].export_path)
     from_disk = _rows(datasets.load_from_disk(str(path / "sft")))
-    loaded = datasets.load_dataset(str(path), "sft", split="train")
+    loaded = _load(path, tmp_path, "sft")
     assert _rows(loaded) == from_disk and len(from_disk) == 8
-    default = datasets.load_dataset(str(path), split="train")  # sft is the default config
+    default = _load(path, tmp_path)  # sft is the default config
     assert default["example_id"] == loaded["example_id"]
-    rl = datasets.load_dataset(str(path), "rl", split="train")
+    rl = _load(path, tmp_path, "rl")
     assert sorted(rl["reward"]) == [0.0, 1.0, 1.0]
 
     files = hub_files(path)
@@ -159,7 +165,7 @@ def test_the_folder_loads_as_a_hub_dataset_repository_with_the_same_rows(
     for f in files:
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_bytes((path / f).read_bytes())
-    assert _rows(datasets.load_dataset(str(repo), "sft", split="train")) == from_disk
+    assert _rows(_load(repo, tmp_path, "sft")) == from_disk
 
 
 def test_sft_messages_render_with_a_processor_chat_template(built, tiny):
@@ -204,7 +210,6 @@ def test_a_push_uploads_the_files_that_load_as_the_folder_does(built, tmp_path, 
     from tests.curation.hub_stand_in import HubStandIn
 
     path = Path(built["first"].export_path)
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_123")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with HubStandIn(tmp_path / "hub", "hf_secret_token_123") as hub:
@@ -220,7 +225,7 @@ def test_a_push_uploads_the_files_that_load_as_the_folder_does(built, tmp_path, 
     )
     assert "/datasets/me/webloop-sft/commit/" in res.commit_url
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    loaded = datasets.load_dataset(str(repo), "sft", split="train")
+    loaded = _load(repo, tmp_path, "sft")
     assert _rows(loaded) == _rows(datasets.load_from_disk(str(path / "sft")))
     with pytest.raises(PushError, match="offline mode"):
         push_folder(path, "me/webloop-sft")

@@ -7,7 +7,14 @@ import json
 import random
 
 from rollouts.policies import PolicyContext, remember_summary
-from rollouts.prompts import PromptConfig, Turn, build_messages, prompt_hash, render
+from rollouts.prompts import (
+    PromptConfig,
+    Turn,
+    build_messages,
+    describe_target,
+    prompt_hash,
+    render,
+)
 
 
 def turns(n: int) -> list[Turn]:
@@ -78,3 +85,22 @@ def test_self_summary_is_kept_and_shown():
         "Buy a mug", turns(2), PromptConfig(self_summary=True), ctx.memory["summary"]
     )
     assert "Your notes so far: the mug is on page 2" in text(m)
+
+
+def test_history_lines_name_the_element_and_the_page_of_each_action():
+    """Refs are renumbered on every page, so a history line says what its ref was: the
+    element's role and name in the tree the action was taken on, and that page's title."""
+    tree = '- main:\n  - button "Add to cart" [ref=e12] [cursor=pointer]\n  - textbox [ref=e3]'
+    past = [
+        Turn("http://x/p", 'Blue "kettle" — Shop', None, tree, "click(e12)"),
+        Turn("http://x/p", "Cart", None, tree, 'type(e3, "2")', "Timeout"),
+        Turn("http://x/p", "Cart", None, tree, "click(e99)"),  # not in its tree
+        Turn("http://x/p", "Cart", None, None, "scroll(down)"),
+    ]
+    t = text(build_messages("Buy", [*past, Turn("http://x/now", "Now", None, "- x")]))
+    assert '1. click(e12)  # button "Add to cart" on page "Blue \\"kettle\\" — Shop"\n' in t
+    assert '2. type(e3, "2")  # textbox on page "Cart"  (failed: Timeout)\n' in t
+    assert '3. click(e99)  # on page "Cart"\n' in t and '4. scroll(down)  # on page "Cart"\n' in t
+    long = Turn("u", "T", None, f'- link "{"x" * 80}" [ref=f2e7]', "click(f2e7)")
+    assert describe_target(long.action_text, long.a11y) == f'link "{"x" * 59}…"'
+    assert describe_target("answer(e12)", None) == "" and describe_target(None, tree) == ""

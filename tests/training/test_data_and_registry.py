@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from curation.build import build_dataset
-from rollouts.prompts import render
+from rollouts.prompts import PROMPT_FORMAT_VERSION, render
 from tests.curation.test_examples import RUN, engine_warehouse, recipe
 from training import registry
 from training.data import find_dataset, run_steps, sft_turns
@@ -69,9 +69,9 @@ def test_bad_datasets_are_refused_before_training_with_the_reason(built):
     other = base / "other-format"
     shutil.copytree(ref.export_path, other)
     meta = json.loads((other / "metadata.json").read_text())
-    assert meta["prompt_format"] == 1
-    (other / "metadata.json").write_text(json.dumps({**meta, "prompt_format": 99}))
-    with pytest.raises(DataMismatch, match=r"format version 99.*writes version 1"):
+    assert meta["prompt_format"] == PROMPT_FORMAT_VERSION == 2
+    (other / "metadata.json").write_text(json.dumps({**meta, "prompt_format": 1}))
+    with pytest.raises(DataMismatch, match=r"format version 1.*writes version 2"):
         sft_turns(other)
 
 

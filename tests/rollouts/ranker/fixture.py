@@ -60,9 +60,19 @@ class HashEncoder(TextEncoder):
         return self.encode(texts)
 
 
-def messages(history: list[str] | None = None, tree: str = TREE, error: str | None = None):
-    turns = [Turn("u", "t", a11y="x", action_text=a, error=error) for a in history or []]
-    turns.append(Turn("http://127.0.0.1:5/flights?x=1", "Farefinder — search", a11y=tree))
+PAGE = ("http://127.0.0.1:5/flights?x=1", "Farefinder — search")
+
+
+def messages(
+    history: list[str] | None = None,
+    tree: str = TREE,
+    error: str | None = None,
+    page: tuple[str, str] = PAGE,
+):
+    """The prompt at :data:`PAGE` (``tree``) after ``history``, each action taken on ``page``
+    (this one by default) with ``tree`` as its page's snapshot."""
+    turns = [Turn(*page, a11y=tree, action_text=a, error=error) for a in history or []]
+    turns.append(Turn(*PAGE, a11y=tree))
     return build_messages(INSTRUCTION, turns, PromptConfig(mode="a11y"))
 
 

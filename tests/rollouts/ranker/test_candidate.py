@@ -9,7 +9,7 @@ from rollouts.actions import Answer, Click, Select, Target, Type, parse_action
 from rollouts.policies import ExpertPolicy
 from rollouts.prompts import PromptConfig
 from rollouts.ranker.candidate import candidates, oracle_coverage, target_index
-from rollouts.ranker.features import FEATURES
+from rollouts.ranker.features import FEATURES, slot_binding
 from rollouts.ranker.prompt import parse_prompt
 from tests.rollouts.ranker.fixture import messages, run
 
@@ -48,6 +48,38 @@ def test_candidates_cover_clicks_types_selects_answers_with_features() -> None:
     assert target_index(cands, "Action: click( e20 )") == target_index(cands, "click(e20)")
     assert target_index(cands, "Action: click(e999)") is None
     assert target_index(cands, "nothing") is None
+
+
+def test_refs_count_on_their_own_page_only_and_elements_by_name_everywhere() -> None:
+    """An action taken on another page names another page's ``e11``: ref features ignore it,
+    and the element features match by role and name (which survive the page change)."""
+    e = lambda r: Target(ref=r)  # noqa: E731
+    here = parse_prompt(messages(['type(e11, "Mia")']))
+    there = parse_prompt(messages(['type(e11, "Mia")'], page=("http://h/other", "Other page")))
+    f_here, f_there = (
+        {c.action: dict(zip(FEATURES, c.features, strict=True)) for c in candidates(i)}
+        for i in (here, there)
+    )
+    mia = Type("Mia", e("e11"))
+    assert f_here[mia]["ref_in_last_action"] == 1.0 and f_here[mia]["ref_in_history"] == 1.0
+    assert f_there[mia]["ref_in_last_action"] == 0.0 and f_there[mia]["ref_in_history"] == 0.0
+    assert f_there[mia]["value_typed_into_this_before"] == 0.0
+    for f in (f_here, f_there):  # 'textbox "From"' in the history line, on either page
+        assert f[mia]["target_in_last_action"] == 1.0 and f[mia]["target_in_history"] == 1.0
+        assert f[Click(e("e20"))]["target_in_history"] == 0.0
+
+
+def test_slot_binding_pairs_a_value_with_the_field_its_words_name() -> None:
+    """'from Mias to Videl': Mias binds to the "From" field, Videl does not (a word between)."""
+    e = lambda r: Target(ref=r)  # noqa: E731
+    by = {c.action: dict(zip(FEATURES, c.features, strict=True)) for c in candidates(
+        parse_prompt(messages()))}  # fmt: skip
+    assert by[Type("Mias", e("e11"))]["slot_binding"] == 1.0
+    assert by[Type("Videl", e("e11"))]["slot_binding"] == 0.0
+    assert by[Type("Mias", e("e19"))]["slot_binding"] == 0.0  # "Departure date"
+    assert slot_binding("send it to bob@x.org now", "bob@x.org", "To") == 1.0
+    assert slot_binding("search for the red kettle", "red kettle", "Search") == 0.5
+    assert slot_binding("a to b", "b", "") == 0.0
 
 
 @pytest.mark.browser
