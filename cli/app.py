@@ -162,30 +162,41 @@ def sql(
 def warehouse_info(
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Counts per table, snapshots, pinned versions, sizes."""
+    """Where catalog, data files and blobs live and whether each answers; counts per table,
+    snapshots, pinned versions, sizes. Exits 1 when the data path or blob store does not answer."""
     from warehouse import info
 
     with _open(read_only=True) as wh:  # creates, migrates and writes nothing
         report = info.collect(wh)
+    failed = [k for k, v in report["checks"].items() if v != "ok"]
     if fmt is not Format.table:
         import json
 
         sys.stdout.write(json.dumps(report, default=str, indent=2) + "\n")
-        return
-    console.print(f"[bold]catalog[/bold]  {report['catalog']}")
-    console.print(f"[bold]data[/bold]     {report['data_path']}")
-    console.print(f"[bold]blobs[/bold]    {report['blob_path']}")
+        raise typer.Exit(1 if failed else 0)
+    for label, key, check in (
+        ("catalog", "catalog", "catalog"),
+        ("data", "data_path", "data"),
+        ("blobs", "blob_path", "blobs"),
+    ):
+        state = report["checks"][check]
+        mark = "[green]ok[/green]" if state == "ok" else f"[red]{escape(state)}[/red]"
+        console.print(f"[bold]{label:<8}[/bold] {escape(str(report[key]))}  {mark}")
     console.print(
         f"schema version {report['schema_version']}, snapshots {report['snapshots']} "
         f"(latest {report['latest_snapshot']}), pinned {report['pinned'] or 'none'}"
     )
-    console.print(
-        f"data files {report['data_files']} ({_size(report['data_bytes'])}), "
+    blobs = (
         f"blobs {report['blob_count']} ({_size(report['blob_bytes'])})"
+        if report["blob_count"] is not None
+        else "blobs: not counted (the store did not answer)"
     )
+    console.print(f"data files {report['data_files']} ({_size(report['data_bytes'])}), {blobs}")
     from warehouse.frames import rows_frame
 
     print_frame(rows_frame(report["tables"]), title="rows per table")
+    if failed:
+        raise typer.Exit(1)
 
 
 def _size(n: int) -> str:
@@ -234,6 +245,53 @@ def warehouse_maintain(cfg: MaintainConfig) -> None:
 
 
 config_command(warehouse_app, "maintain", MaintainConfig, warehouse_maintain)
+
+
+@warehouse_app.command("copy")
+def warehouse_copy(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The destination catalog: a postgresql:// URL (a team's) or a SQLite path.",
+        ),
+    ],
+    data_path: Annotated[
+        str | None,
+        typer.Option(help="Where the copy's data files go (default: where they are now)."),
+    ] = None,
+    blobs: Annotated[
+        str | None,
+        typer.Option(help="Where the copy's blobs go (default: where they are now)."),
+    ] = None,
+) -> None:
+    """Copy this warehouse (every snapshot, data file and blob) to another catalog, data path
+    and blob store, e.g. from a laptop's SQLite to a team's PostgreSQL and S3. The source is
+    only read; re-running resumes; the copy is verified by rows per table at every pinned
+    snapshot and by blob hashes."""
+    from warehouse.copy import copy_warehouse
+
+    src = WarehouseConfig.from_env()
+    dst = WarehouseConfig.from_env(
+        home=src.home,
+        warehouse=to,
+        data_path=data_path or src.data_path,
+        blob_path=blobs or src.blob_path,
+    )
+    rep = copy_warehouse(src, dst, progress=lambda m: console.print(escape(m)))
+    if rep.nothing_to_do:
+        console.print(f"nothing to do: {dst.describe()} already holds this warehouse")
+        return
+    console.print(
+        f"copied to {escape(dst.describe())}: {rep.files_copied} data files "
+        f"({rep.files_present} already there), {rep.blobs_copied} blobs "
+        f"({rep.blobs_present} already there), catalog {rep.catalog}; snapshots up to "
+        f"{rep.snapshots}, pinned {rep.pinned or 'none'}"
+    )
+    console.print(
+        "use it with: WEBLOOP_WAREHOUSE=<the URL> "
+        f"WEBLOOP_DATA_PATH={escape(dst.data_path)} WEBLOOP_BLOBS={escape(dst.blob_path)}"
+    )
 
 
 @warehouse_app.command("attach-sql")

@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import polars as pl
 
-from warehouse.blobs import BlobError, BlobStore
+from warehouse.blobs import BlobError, Blobs
 from warehouse.images import validate_image
 
 
@@ -22,7 +22,7 @@ class BlobReader:
     and re-validates its blobs (measured on bench/curation.py: 600 distinct small blobs against
     a 256-entry cap read 27k blobs from disk for 34k examples)."""
 
-    def __init__(self, store: BlobStore, cache_bytes: int = 128 << 20) -> None:
+    def __init__(self, store: Blobs, cache_bytes: int = 128 << 20) -> None:
         self.store = store
         self.cache: OrderedDict[str, bytes | None] = OrderedDict()  # LRU: bounded memory
         self.cache_bytes = cache_bytes

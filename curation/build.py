@@ -34,7 +34,7 @@ from curation import gates as gates_mod
 from curation.examples import Examples, render_examples
 from curation.recipe import Recipe, recipe_hash, validate_against
 from curation.select import Selection, select
-from warehouse.blobs import BlobStore
+from warehouse.blobs import Blobs
 from warehouse.connection import LAKE
 from warehouse.ids import make_id
 from warehouse.outdir import check_out_dir
@@ -70,7 +70,7 @@ def build_dataset(
     *,
     out_dir: Path,
     snapshot_id: int | None = None,
-    blobs: BlobStore,
+    blobs: Blobs,
     progress: Callable[[str], Any] | None = print,
     code_version: str | None = None,
 ) -> Dataset:

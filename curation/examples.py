@@ -55,7 +55,7 @@ from curation.rl_rows import REWARDS, group_advantages, rl_rows
 from curation.schemas import KINDS, PREF_SCHEMA, RL_SCHEMA, SCHEMAS, SFT_SCHEMA
 from curation.sft_rows import intervention_rows, sft_rows
 from rollouts.actions import action_from_dict, proposed_action_text
-from warehouse.blobs import BlobStore
+from warehouse.blobs import Blobs
 from warehouse.store import Warehouse
 
 __all__ = [
@@ -134,7 +134,7 @@ def render_examples(
     wh: Warehouse,
     sel: Any,
     recipe: Any,
-    blobs: BlobStore,
+    blobs: Blobs,
     spool_dir: Path,
     *,
     chunk: int = CHUNK_TRAJECTORIES,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,17 +49,88 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class BlobStore:
+def check_digest(digest: str) -> str:
+    """``digest`` when it is a sha256 hex digest; else :class:`BlobError`."""
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise BlobError(f"not a sha256 hex digest: {digest!r}")
+    return digest
+
+
+def shard_key(digest: str) -> str:
+    """A blob's place below the store's root: ``ab/cd/abcd…``."""
+    return f"{digest[:2]}/{digest[2:4]}/{check_digest(digest)}"
+
+
+class Blobs(ABC):
+    """What every blob store offers beside :meth:`put`, :meth:`get`, ``__iter__`` and
+    :meth:`stats` (a folder: :class:`BlobStore`; object storage:
+    :class:`warehouse.objectblobs.ObjectBlobStore`)."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the blobs are (a folder, an ``s3://`` URL)."""
+
+    @abstractmethod
+    def put(self, data: bytes) -> PutResult:
+        """Store ``data``; return its hash. Atomic, and a no-op when already stored."""
+
+    @abstractmethod
+    def get(self, digest: str) -> bytes:
+        """The blob's bytes, verified against its hash."""
+
+    @abstractmethod
+    def exists(self, digest: str) -> bool: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[str]:
+        """The hashes of the stored blobs."""
+
+    @abstractmethod
+    def stats(self) -> tuple[int, int]:
+        """(number of blobs, total bytes)."""
+
+    def put_image(self, data: bytes) -> PutResult:
+        """Store a screenshot: like :meth:`put`, after checking that ``data`` is a whole image.
+
+        Raises :class:`NotAnImageError` (and stores nothing) for bytes that are not a PNG, JPEG
+        or WebP image (see :func:`warehouse.images.validate_image`).
+        """
+        reason = validate_image(data)
+        if reason is not None:
+            raise NotAnImageError(f"not storing a screenshot of {len(data)} bytes: {reason}")
+        return self.put(data)
+
+    def put_text(self, text: str) -> PutResult:
+        return self.put(text.encode("utf-8"))
+
+    def get_text(self, digest: str) -> str:
+        return self.get(digest).decode("utf-8")
+
+    def verify(self) -> list[str]:
+        """Hashes of all corrupt blobs in the store (empty when all are intact)."""
+        bad = []
+        for digest in self:
+            try:
+                self.get(digest)
+            except BlobCorruptError:
+                bad.append(digest)
+        return bad
+
+
+class BlobStore(Blobs):
     """A folder of blobs addressed by sha256."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
     def path(self, digest: str) -> Path:
         """Where the blob ``digest`` lives (whether or not it exists)."""
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise BlobError(f"not a sha256 hex digest: {digest!r}")
-        return self.root / digest[:2] / digest[2:4] / digest
+        return self.root / shard_key(digest)
 
     def put(self, data: bytes) -> PutResult:
         """Store ``data``; return its hash. Atomic, and a no-op when already stored."""
@@ -77,20 +149,6 @@ class BlobStore:
             raise
         return PutResult(digest, len(data), new=True)
 
-    def put_image(self, data: bytes) -> PutResult:
-        """Store a screenshot: like :meth:`put`, after checking that ``data`` is a whole image.
-
-        Raises :class:`NotAnImageError` (and stores nothing) for bytes that are not a PNG, JPEG
-        or WebP image (see :func:`warehouse.images.validate_image`).
-        """
-        reason = validate_image(data)
-        if reason is not None:
-            raise NotAnImageError(f"not storing a screenshot of {len(data)} bytes: {reason}")
-        return self.put(data)
-
-    def put_text(self, text: str) -> PutResult:
-        return self.put(text.encode("utf-8"))
-
     def get(self, digest: str) -> bytes:
         """The blob's bytes, verified against its hash."""
         path = self.path(digest)
@@ -105,9 +163,6 @@ class BlobStore:
             )
         return data
 
-    def get_text(self, digest: str) -> str:
-        return self.get(digest).decode("utf-8")
-
     def exists(self, digest: str) -> bool:
         return self.path(digest).exists()
 
@@ -117,16 +172,6 @@ class BlobStore:
         for path in self.root.glob("??/??/*"):
             if not path.name.startswith(".tmp-"):
                 yield path.name
-
-    def verify(self) -> list[str]:
-        """Hashes of all corrupt blobs in the store (empty when all are intact)."""
-        bad = []
-        for digest in self:
-            try:
-                self.get(digest)
-            except BlobCorruptError:
-                bad.append(digest)
-        return bad
 
     def stats(self) -> tuple[int, int]:
         """(number of blobs, total bytes)."""

@@ -7,9 +7,10 @@ Environment variables (all optional):
   ``$WEBLOOP_HOME/lake/catalog.sqlite``. A ``postgresql://user:pass@host:port/db`` URL selects a
   PostgreSQL catalog (teams, many machines); ``sqlite:PATH`` or a plain path selects a SQLite file.
 - ``WEBLOOP_DATA_PATH``: where DuckLake writes Parquet data files (default
-  ``$WEBLOOP_HOME/lake/data/``). An ``s3://bucket/prefix/`` URL works when DuckDB's httpfs
-  extension and S3 credentials are available (see README).
-- ``WEBLOOP_BLOBS``: the content-addressed blob store folder (default ``$WEBLOOP_HOME/blobs``).
+  ``$WEBLOOP_HOME/lake/data/``), a folder or an ``s3://bucket/prefix/`` URL (S3-compatible
+  storage: credentials, endpoint and region as :mod:`warehouse.objectstore` reads them).
+- ``WEBLOOP_BLOBS``: the content-addressed blob store (default ``$WEBLOOP_HOME/blobs``), a
+  folder or an ``s3://bucket/prefix`` URL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from warehouse.objectstore import is_object_url
 from warehouse.secrets import register
 
 
@@ -37,7 +39,7 @@ class WarehouseConfig:
         catalog_kind: ``"sqlite"`` or ``"postgres"``.
         catalog: SQLite file path, or a libpq keyword connection string for PostgreSQL.
         data_path: folder or object-store URL for DuckLake's Parquet files (ends with ``/``).
-        blob_path: folder of the content-addressed blob store.
+        blob_path: folder (absolute) or ``s3://`` URL of the content-addressed blob store.
         inline_row_limit: DuckLake data inlining: inserts of at most this many rows are kept in
             the catalog until flushed by maintenance (0 disables inlining).
     """
@@ -46,7 +48,7 @@ class WarehouseConfig:
     catalog_kind: str
     catalog: str
     data_path: str
-    blob_path: Path
+    blob_path: str
     inline_row_limit: int = 0
     secret: str | None = field(default=None, repr=False, compare=False)
 
@@ -67,7 +69,11 @@ class WarehouseConfig:
             data = str(Path(data).absolute())
         if not data.endswith("/"):
             data += "/"
-        blobs = Path(blob_path or os.environ.get("WEBLOOP_BLOBS") or home_p / "blobs").absolute()
+        blobs = str(blob_path or os.environ.get("WEBLOOP_BLOBS") or home_p / "blobs")
+        if not is_object_url(blobs):
+            if "://" in blobs:
+                raise ConfigError(f"WEBLOOP_BLOBS={blobs!r}: use a folder or an s3:// URL")
+            blobs = str(Path(blobs).absolute())
         return cls(home_p, kind, catalog, data, blobs, secret=secret)
 
     def __repr__(self) -> str:  # never show a catalog password
@@ -82,6 +88,10 @@ class WarehouseConfig:
     @property
     def is_local_data(self) -> bool:
         return "://" not in self.data_path
+
+    @property
+    def is_local_blobs(self) -> bool:
+        return not is_object_url(self.blob_path)
 
 
 def redact(text: str, secret: str | None) -> str:

@@ -19,6 +19,7 @@ import duckdb
 
 from warehouse.config import WarehouseConfig, redact
 from warehouse.extensions import connect_config
+from warehouse.objectstore import ObjectStoreError, S3Settings, is_object_url, split_url
 from warehouse.retry import retrying
 
 T = TypeVar("T")
@@ -117,6 +118,8 @@ def connect(
             target = attach_target(cfg)  # no password: it is in the secret
         if cfg.is_local_data and not read_only:
             created += _mkdirs(Path(cfg.data_path))
+        elif not cfg.is_local_data:
+            _storage_secret(con, cfg)
         options = [f"DATA_PATH {sql_string(cfg.data_path)}"]
         if cfg.inline_row_limit:
             options.append(f"DATA_INLINING_ROW_LIMIT {int(cfg.inline_row_limit)}")
@@ -173,6 +176,23 @@ def _catalog_secret(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> Non
             "CREATE OR REPLACE TEMPORARY SECRET webloop_catalog "
             f"(TYPE postgres, PASSWORD {sql_string(cfg.secret)})"
         )
+
+
+def _storage_secret(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> None:
+    """Load httpfs and hand it the object store's settings and credentials as a temporary
+    secret scoped to the data path's bucket (:mod:`warehouse.objectstore`): nothing of them is
+    in the ATTACH string, the catalog, or ``duckdb_secrets()`` (redacted)."""
+    if not is_object_url(cfg.data_path):
+        raise WarehouseError(
+            f"data path {cfg.data_path!r}: use a folder or an s3://bucket/prefix/ URL"
+        )
+    try:
+        settings = S3Settings.from_env()
+        bucket, _ = split_url(cfg.data_path)
+    except ObjectStoreError as exc:
+        raise WarehouseError(f"data path {cfg.data_path}: {exc}") from None
+    con.execute("LOAD httpfs")
+    con.execute(settings.duckdb_secret_sql("webloop_storage", f"s3://{bucket}"))
 
 
 def require_catalog_file(cfg: WarehouseConfig) -> None:

@@ -1,8 +1,8 @@
 """DuckDB's extensions offline, their signatures checked once per process.
 
 The ``duckdb-ext-*`` wheels ship DuckDB's signed extension binaries (ducklake, sqlite, postgres:
-about 50 MB each) under ``site-packages/duckdb_ext/extensions/``; :func:`connect_config` points
-DuckDB there and never lets it download one.
+about 50 MB each; httpfs: 25 MB) under ``site-packages/duckdb_ext/extensions/``;
+:func:`connect_config` points DuckDB there and never lets it download one.
 
 DuckDB checks an extension's signature at every ``LOAD`` by hashing the whole binary, and every
 warehouse open is a new in-memory DuckDB that loads ducklake and a catalog extension again:

@@ -2,25 +2,55 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from warehouse import migrations
 from warehouse.config import WarehouseConfig
 from warehouse.connection import LAKE, extension_directory, sql_string
 from warehouse.records import RECORD_TYPES
+from warehouse.secrets import redact
 from warehouse.store import Warehouse
 from warehouse.versions import current_snapshot, pinned_snapshots
 
 
+def checks(wh: Warehouse) -> dict[str, str]:
+    """Whether the catalog, the data path and the blob store answer: ``"ok"``, or what failed
+    (credentials never appear: :mod:`warehouse.secrets` masks them)."""
+    out = {"catalog": "ok"}  # it answered: the warehouse is open
+    try:
+        if wh.cfg.is_local_data:
+            if not Path(wh.cfg.data_path).is_dir():
+                raise OSError(f"no folder {wh.cfg.data_path}")
+        else:
+            wh.con.execute("SELECT count(*) FROM glob(?)", [wh.cfg.data_path + "*"]).fetchone()
+        out["data"] = "ok"
+    except Exception as exc:  # any failure is reported, not raised: this is the diagnosis
+        out["data"] = redact(f"{type(exc).__name__}: {exc}")
+    try:
+        ping = getattr(wh.blobs, "ping", None)
+        if ping is not None:
+            ping()
+        elif Path(wh.blobs.location).exists() and not Path(wh.blobs.location).is_dir():
+            raise OSError(f"{wh.blobs.location} is not a folder")  # absent: none stored yet
+        out["blobs"] = "ok"
+    except Exception as exc:
+        out["blobs"] = redact(f"{type(exc).__name__}: {exc}")
+    return out
+
+
 def collect(wh: Warehouse) -> dict[str, Any]:
-    """Counts per table, snapshots, pins, data and blob sizes."""
+    """Where catalog, data and blobs live and whether they answer (:func:`checks`); counts per
+    table, snapshots, pins, data and blob sizes (when the blob store answers)."""
     tables = [{"table": r.TABLE, "rows": wh.count(r)} for r in RECORD_TYPES]
+    answers = checks(wh)
     files = _files(wh)
-    blob_count, blob_bytes = wh.blobs.stats()
+    blob_count, blob_bytes = wh.blobs.stats() if answers["blobs"] == "ok" else (None, None)
     return {
         "catalog": wh.cfg.describe(),
         "data_path": wh.cfg.data_path,
-        "blob_path": str(wh.cfg.blob_path),
+        "blob_path": wh.cfg.blob_path,
+        "checks": answers,
         "schema_version": migrations.current_version(wh.con),
         "snapshots": int(wh.sql(f"SELECT count(*) FROM {LAKE}.snapshots()").item()),
         "latest_snapshot": current_snapshot(wh),

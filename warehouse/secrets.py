@@ -21,7 +21,9 @@ if TYPE_CHECKING:  # polars is imported where frames are redacted: the chat path
 
 MASK = "***"
 MIN_LENGTH = 6  # shorter values ("1", "true") would mask ordinary text
-_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$|^PGPASSWORD$", re.I)
+_NAME = re.compile(
+    r"(API_?KEY|TOKEN|SECRET|SECRET_ACCESS_KEY|PASSWORD|PASSWD|CREDENTIALS?)$|^PGPASSWORD$", re.I
+)
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(@)")
 
 _lock = threading.Lock()

@@ -21,9 +21,9 @@ import duckdb
 import polars as pl
 
 from warehouse import migrations
-from warehouse.blobs import BlobStore
 from warehouse.config import WarehouseConfig, redact
 from warehouse.connection import LAKE, WarehouseError, connect, with_retry
+from warehouse.objectblobs import open_blobs
 from warehouse.records import (
     TERMINAL_STATUSES,
     Record,
@@ -80,7 +80,7 @@ class Warehouse:
     def __init__(self, cfg: WarehouseConfig, con: duckdb.DuckDBPyConnection) -> None:
         self.cfg = cfg
         self.con = con
-        self.blobs = BlobStore(cfg.blob_path)
+        self.blobs = open_blobs(cfg.blob_path, cfg.home)
         # traj_id -> (status, n_steps) of trajectories known to be stored, per run loaded once:
         # lets write_trajectories skip a scan of the steps table on every batch.
         self._known: dict[str, tuple[str, int]] = {}

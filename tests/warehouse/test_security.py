@@ -170,7 +170,7 @@ def test_write_mode_changes_data_but_still_not_files(tmp_path: Path):
 
 @pytest.mark.slow  # CLI subprocesses
 def test_read_only_commands_leave_catalog_and_data_untouched(lake: WarehouseConfig):
-    before = _fingerprint(Path(lake.catalog), Path(lake.data_path), lake.blob_path)
+    before = _fingerprint(Path(lake.catalog), Path(lake.data_path), Path(lake.blob_path))
     for args in (
         ("sql", "SELECT count(*) AS n FROM steps", "--format", "json"),
         ("warehouse", "info", "--format", "json"),
@@ -179,7 +179,7 @@ def test_read_only_commands_leave_catalog_and_data_untouched(lake: WarehouseConf
         assert proc.returncode == 0, proc.stderr
     with open_sandboxed(lake) as wh:
         assert run_user_sql(wh.con, "SELECT * FROM steps")[0].height > 0
-    assert _fingerprint(Path(lake.catalog), Path(lake.data_path), lake.blob_path) == before
+    assert _fingerprint(Path(lake.catalog), Path(lake.data_path), Path(lake.blob_path)) == before
 
 
 @pytest.mark.slow  # CLI subprocesses

@@ -1,0 +1,367 @@
+"""Moving a warehouse to a team set-up: ``webloop warehouse copy --to CATALOG [--data-path URL]
+[--blobs URL]``.
+
+A DuckLake warehouse is a catalog (SQL tables: every snapshot, every data file, the schema), the
+Parquet data files it names (paths relative to its data path) and, for webloop, the blob store.
+The copy moves all three and keeps every snapshot with its id, so everything that names a
+snapshot (datasets, pins, ``--snapshot N``, time travel) reads the same rows in the copy:
+
+1. the data files the catalog names, to the new data path (same relative paths), each skipped
+   when the destination already holds it at its size;
+2. the blobs, skipped when already there (content-addressed: a blob's name is its hash, and
+   every blob copied is read back through the source's hash check);
+3. the catalog last, in one transaction: the destination's DuckLake metadata tables replaced by
+   the source's, the data path set to the new one. Until then the destination names no file
+   that is not yet copied, and an interrupted copy leaves it as it was.
+
+Re-running resumes (copied files and blobs are skipped) and a copy that has nothing left to do
+says so. The source is only read. A destination that has snapshots of its own (someone wrote
+to it) is refused: a copy never overwrites history that is not the source's. The result is
+verified by opening the destination as a warehouse: rows per table at the latest snapshot and at
+every pinned one, and every blob present.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from warehouse.blobs import Blobs
+from warehouse.config import ConfigError, WarehouseConfig
+from warehouse.connection import (
+    LAKE,
+    WarehouseError,
+    _catalog_secret,
+    attach_target,
+    connect,
+    sql_string,
+)
+from warehouse.objectblobs import open_blobs
+from warehouse.objectstore import S3Settings, is_object_url, split_url
+from warehouse.records import RECORD_TYPES
+from warehouse.secrets import redact
+from warehouse.store import Warehouse
+from warehouse.versions import current_snapshot, pinned_snapshots
+
+Progress = Callable[[str], None]
+
+
+class CopyError(WarehouseError):
+    """A copy that cannot go on (the destination diverged, a count differs); nothing of the
+    source changed."""
+
+
+@dataclass
+class CopyReport:
+    """What a copy did and what it verified."""
+
+    files_copied: int = 0
+    files_present: int = 0
+    blobs_copied: int = 0
+    blobs_present: int = 0
+    catalog: str = ""  # "copied", "unchanged"
+    snapshots: int = 0
+    pinned: list[int] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.files_copied == 0 and self.blobs_copied == 0 and self.catalog == "unchanged"
+
+
+def copy_warehouse(
+    src: WarehouseConfig, dst: WarehouseConfig, progress: Progress | None = None
+) -> CopyReport:
+    """Copy the warehouse ``src`` describes to ``dst`` (see the module docstring)."""
+    say = progress or (lambda _m: None)
+    if (dst.catalog_kind, dst.catalog) == (src.catalog_kind, src.catalog):
+        raise ConfigError(f"--to names the source catalog itself ({src.describe()})")
+    report = CopyReport()
+    with Warehouse.open(src, read_only=True) as wh:
+        files = data_files(wh)
+        report.snapshots = current_snapshot(wh)
+        report.pinned = sorted(pinned_snapshots(wh))
+        src_counts = counts(wh, [None, *report.pinned])
+        say(f"source {src.describe()}: {len(files)} data files, snapshots up to {report.snapshots}")
+        _check_destination(wh, dst)
+        report.files_copied, report.files_present = copy_files(
+            src.data_path, dst.data_path, files, say
+        )
+        report.blobs_copied, report.blobs_present = copy_blobs(wh.blobs, dst, say)
+        report.catalog = copy_catalog(wh, dst, say)
+    report.rows = verify(dst, src_counts, report, say)
+    return report
+
+
+# -- data files ---------------------------------------------------------------------------------
+
+
+def data_files(wh: Warehouse) -> dict[str, int]:
+    """Every Parquet file the catalog names (data and delete files, any snapshot), relative
+    to the data path, with its size."""
+    meta = f"__ducklake_metadata_{LAKE}"
+    rows = wh.con.execute(
+        f"""
+        WITH files AS (
+            SELECT table_id, path, path_is_relative, file_size_bytes FROM {meta}.ducklake_data_file
+            UNION ALL
+            SELECT table_id, path, path_is_relative, file_size_bytes
+            FROM {meta}.ducklake_delete_file
+        ),
+        tables AS (
+            SELECT DISTINCT t.table_id, s.path AS schema_path, s.path_is_relative AS s_rel,
+                   t.path AS table_path, t.path_is_relative AS t_rel
+            FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
+        )
+        SELECT f.path, f.path_is_relative, t.schema_path, t.s_rel, t.table_path, t.t_rel,
+               f.file_size_bytes
+        FROM files f LEFT JOIN tables t USING (table_id)
+        """
+    ).fetchall()
+    out: dict[str, int] = {}
+    for path, rel, schema_path, s_rel, table_path, t_rel, size in rows:
+        if not (rel and (t_rel in (None, True)) and (s_rel in (None, True))):
+            raise CopyError(f"data file {path}: an absolute path (not under the data path)")
+        out[f"{schema_path or ''}{table_path or ''}{path}"] = int(size)
+    return out
+
+
+class _Files:
+    """A folder or an ``s3://`` prefix, for whole-file copies."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") + "/"
+        self.remote = is_object_url(root)
+        if self.remote:
+            bucket, prefix = split_url(root)
+            self.base = f"{bucket}/{prefix}".rstrip("/") + "/"
+            self.fs: Any = S3Settings.from_env().filesystem()
+
+    def size(self, rel: str) -> int | None:
+        if self.remote:
+            try:
+                return int(self.fs.info(self.base + rel)["size"])
+            except FileNotFoundError:
+                return None
+        p = Path(self.root + rel)
+        return p.stat().st_size if p.is_file() else None
+
+    def read(self, rel: str) -> bytes:
+        return (
+            self.fs.cat_file(self.base + rel) if self.remote else Path(self.root + rel).read_bytes()
+        )
+
+    def write(self, rel: str, data: bytes) -> None:
+        if self.remote:  # one PUT: S3 never shows half an object
+            self.fs.pipe_file(self.base + rel, data)
+            return
+        target = Path(self.root + rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp-{target.name}")
+        tmp.write_bytes(data)
+        tmp.replace(target)  # atomic: never half a file under the real name
+
+    def copy_local(self, rel: str, dst: _Files) -> None:
+        target = Path(dst.root + rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp-{target.name}")
+        shutil.copyfile(self.root + rel, tmp)
+        tmp.replace(target)
+
+
+def copy_files(src: str, dst: str, files: dict[str, int], say: Progress) -> tuple[int, int]:
+    """Copy ``files`` (relative path → size) from data path ``src`` to ``dst``: (copied,
+    already present at their size)."""
+    if src.rstrip("/") == dst.rstrip("/"):
+        return 0, len(files)  # the catalog moves, the files stay
+    a, b = _Files(src), _Files(dst)
+    copied = present = 0
+    for i, (rel, size) in enumerate(sorted(files.items()), start=1):
+        try:
+            if b.size(rel) == size:
+                present += 1
+                continue
+            _copy_one(a, b, rel, size)
+        except CopyError:
+            raise
+        except Exception as exc:  # storage errors (an outage, a refused write)
+            raise CopyError(
+                f"copying data file {rel} from {src} to {dst} failed "
+                f"({copied} copied so far; re-run to resume): {redact(str(exc))}"
+            ) from None
+        copied += 1
+        if copied % 200 == 0 or i == len(files):
+            say(f"data files: {copied} copied, {present} already there ({i}/{len(files)})")
+    return copied, present
+
+
+def _copy_one(a: _Files, b: _Files, rel: str, size: int) -> None:
+    if not (a.remote or b.remote):
+        a.copy_local(rel, b)
+        return
+    data = a.read(rel)
+    if len(data) != size:
+        raise CopyError(f"data file {a.root}{rel}: {len(data)} bytes, the catalog says {size}")
+    b.write(rel, data)
+
+
+# -- blobs --------------------------------------------------------------------------------------
+
+
+def copy_blobs(src: Blobs, dst_cfg: WarehouseConfig, say: Progress) -> tuple[int, int]:
+    """Copy every blob of ``src`` to the destination's store: (copied, already there)."""
+    dst = open_blobs(dst_cfg.blob_path, dst_cfg.home)
+    if dst.location.rstrip("/") == src.location.rstrip("/"):
+        return 0, sum(1 for _ in src)
+    copied = present = 0
+    for digest in src:
+        if dst.exists(digest):
+            present += 1
+            continue
+        put = dst.put(src.get(digest))  # get verifies the hash; put names it by its bytes
+        if put.hash != digest:  # pragma: no cover - get() verified it
+            raise CopyError(f"blob {digest}: copied bytes hash to {put.hash}")
+        copied += 1
+        if copied % 500 == 0:
+            say(f"blobs: {copied} copied, {present} already there")
+    say(f"blobs: {copied} copied, {present} already there")
+    return copied, present
+
+
+# -- the catalog --------------------------------------------------------------------------------
+
+
+def _raw_attach(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig, alias: str, ro: bool) -> str:
+    """ATTACH ``cfg``'s catalog database itself (not through DuckLake); the schema that holds
+    the DuckLake tables."""
+    _catalog_secret(con, cfg)  # a PostgreSQL password, as a secret (never in the ATTACH)
+    target = attach_target(cfg).removeprefix("ducklake:")
+    kind, _, where = target.partition(":")
+    opts = f"TYPE {kind}" + (", READ_ONLY" if ro else "")
+    con.execute(f"ATTACH {sql_string(where)} AS {alias} ({opts})")
+    return f"{alias}.public" if kind == "postgres" else f"{alias}.main"
+
+
+def _tables(con: duckdb.DuckDBPyConnection, alias: str) -> list[str]:
+    rows = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+        "AND table_name LIKE 'ducklake%' ORDER BY table_name",
+        [alias],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _snapshots(con: duckdb.DuckDBPyConnection, schema: str) -> list[tuple[Any, ...]]:
+    return con.execute(
+        f"SELECT snapshot_id, CAST(snapshot_time AS VARCHAR) FROM {schema}.ducklake_snapshot "
+        "ORDER BY snapshot_id"
+    ).fetchall()
+
+
+def _check_destination(wh: Warehouse, dst: WarehouseConfig) -> None:
+    """Refuse a destination whose history is not a prefix of the source's."""
+    con = wh.con
+    try:
+        schema = _raw_attach(con, dst, "wl_dst_check", ro=True)
+    except duckdb.Error:
+        return  # no destination catalog yet
+    try:
+        if "ducklake_snapshot" not in _tables(con, "wl_dst_check"):
+            return
+        mine = _snapshots(con, f"__ducklake_metadata_{LAKE}")
+        theirs = _snapshots(con, schema)
+        if theirs and theirs != mine[: len(theirs)] and not _fresh(theirs):
+            raise CopyError(
+                f"{dst.describe()} already holds a warehouse with history of its own "
+                f"({len(theirs)} snapshots, not the source's): copy to an empty catalog"
+            )
+    finally:
+        con.execute("DETACH wl_dst_check")
+
+
+def _fresh(snapshots: list[tuple[Any, ...]]) -> bool:
+    """A catalog DuckLake just created (its snapshot 0 only) holds nothing to keep."""
+    return len(snapshots) == 1 and snapshots[0][0] == 0
+
+
+def copy_catalog(wh: Warehouse, dst: WarehouseConfig, say: Progress) -> str:
+    """Replace the destination catalog's DuckLake tables by the source's (one transaction),
+    with the data path set to ``dst.data_path``: ``"copied"``, or ``"unchanged"`` when it
+    already held exactly the source's snapshots and data path."""
+    connect(dst).close()  # creates the destination catalog (DuckLake's tables) if need be
+    con = wh.con
+    src_schema = f"__ducklake_metadata_{LAKE}"
+    schema = _raw_attach(con, dst, "wl_dst", ro=False)
+    try:
+        same = _snapshots(con, src_schema) == _snapshots(con, schema)
+        path = con.execute(
+            f"SELECT value FROM {schema}.ducklake_metadata WHERE key = 'data_path'"
+        ).fetchone()
+        if same and path and path[0] == dst.data_path:
+            say("catalog: the destination already holds every snapshot")
+            return "unchanged"
+        src_tables = _tables(con, f"__ducklake_metadata_{LAKE}")
+        dst_tables = set(_tables(con, "wl_dst"))
+        con.execute("BEGIN")
+        try:
+            for t in src_tables:
+                if t in dst_tables:
+                    con.execute(f"DELETE FROM {schema}.{t}")
+                    con.execute(f"INSERT INTO {schema}.{t} SELECT * FROM {src_schema}.{t}")
+                else:  # inlined data tables: named per table and schema version
+                    con.execute(f"CREATE TABLE {schema}.{t} AS SELECT * FROM {src_schema}.{t}")
+            con.execute(
+                f"UPDATE {schema}.ducklake_metadata SET value = ? WHERE key = 'data_path'",
+                [dst.data_path],
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        say(f"catalog: {len(src_tables)} DuckLake tables copied to {dst.describe()}")
+        return "copied"
+    finally:
+        con.execute("DETACH wl_dst")
+
+
+# -- verification -------------------------------------------------------------------------------
+
+
+def counts(wh: Warehouse, versions: list[int | None]) -> dict[str, int]:
+    """Rows per table at each snapshot (``None``: the latest), keyed ``table@version``."""
+    out = {}
+    for v in versions:
+        at = "" if v is None else f" AT (VERSION => {int(v)})"
+        for r in RECORD_TYPES:
+            try:
+                n = wh.con.execute(f"SELECT count(*) FROM {LAKE}.{r.TABLE}{at}").fetchone()[0]
+            except duckdb.Error:  # a table created after that snapshot
+                n = -1
+            out[f"{r.TABLE}@{'latest' if v is None else v}"] = int(n)
+    return out
+
+
+def verify(
+    dst: WarehouseConfig, expected: dict[str, int], report: CopyReport, say: Progress
+) -> dict[str, int]:
+    """Open the copy and compare rows per table at every snapshot counted; raise
+    :class:`CopyError` on a difference."""
+    with Warehouse.open(dst, read_only=True) as wh:
+        got = counts(wh, [None, *report.pinned])
+        missing = [h for h in _blob_hashes(wh) if not wh.blobs.exists(h)]
+    bad = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
+    if bad:
+        raise CopyError(f"the copy's rows differ from the source's (source, copy): {bad}")
+    if missing:
+        raise CopyError(f"{len(missing)} blobs the warehouse names are missing, e.g. {missing[0]}")
+    say(f"verified: rows of {len(RECORD_TYPES)} tables at {len(report.pinned) + 1} snapshots")
+    return {k.removesuffix("@latest"): v for k, v in got.items() if k.endswith("@latest")}
+
+
+def _blob_hashes(wh: Warehouse) -> list[str]:
+    return [r[0] for r in wh.con.execute(f"SELECT hash FROM {LAKE}.blobs").fetchall()]
