@@ -160,8 +160,21 @@ def fingerprint(cfg: WarehouseConfig) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
 
 
+def dashboard_page(monkeypatch: pytest.MonkeyPatch, name: str, **query: str):
+    """A dashboard page (AppTest) after one run, on the warehouse the environment names."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboards.conftest import APP
+
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.switch_page(f"views/{name}.py")
+    return at.run()
+
+
 def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
-    s3, team, pg_url, tmp_path
+    s3, team, pg_url, tmp_path, monkeypatch
 ):
     laptop = WarehouseConfig.from_env(home=tmp_path / "laptop", warehouse="")
     r = recipe(filters="[{drop_invalid_steps: {noop: false}}]")
@@ -191,8 +204,15 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
     args = ("--to", pg_url, "--data-path", team["data"], "--blobs", team["blobs"])
     again = webloop(laptop.home, "warehouse", "copy", *args)  # as a user re-runs it
     assert "nothing to do: postgres:" in again.stdout and MARKER_SECRET not in again.stdout
+    for k, v in (("HOME", team_cfg.home), ("WAREHOUSE", pg_url), ("DATA_PATH", team["data"])):
+        monkeypatch.setenv(f"WEBLOOP_{k}", str(v))
+    monkeypatch.setenv("WEBLOOP_BLOBS", team["blobs"])
     with Warehouse.open(team_cfg) as wh:  # the team's machine, its own blob cache
         assert wh.sql("SELECT count(*) FROM trajectories WHERE traj_id = 'late'").item() == 1
+        shown = wh.sql("SELECT traj_id FROM steps WHERE screenshot_hash IS NOT NULL").item(0, 0)
+    at = dashboard_page(monkeypatch, "trajectories", traj=shown, step="0")
+    assert not at.exception and len(at.image) == 1  # the screenshot, read from the bucket
+    with Warehouse.open(team_cfg) as wh:
         rebuilt = build_dataset(
             wh, r, out_dir=tmp_path / "b", snapshot_id=first.snapshot_id, blobs=wh.blobs,
             progress=None,
