@@ -1,6 +1,7 @@
 """Scale-out on Dask (flows/dask_scale.py): ``collect`` sharded across a LocalCluster of 2 worker
 processes writes the same trajectories (ids and outcomes) as a single-process run, on the SQLite
-and on a PostgreSQL catalog; a worker SIGKILLed mid-shard loses nothing and doubles nothing."""
+catalog and on a team's PostgreSQL catalog with data files and blobs on S3; a worker SIGKILLed
+mid-shard loses nothing and doubles nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from flows.dask_scale import shards
 from sites.tasks import generate
 from stages.collect import CollectConfig, CollectResult, run_collect
 from tests.flows.integrity import duplicate_and_mismatched
+from tests.s3_stand_in import S3StandIn
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.tasks import put_tasks
 
@@ -82,19 +84,31 @@ def test_two_worker_collect_matches_single_process_sqlite(
     assert sharded_run(home).ran == 0  # a re-run finds everything stored
 
 
-def test_two_worker_collect_matches_single_process_postgres(
+def test_two_worker_collect_matches_single_process_on_postgres_and_s3(
     single: dict, api: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv("WEBLOOP_WAREHOUSE", pg_url)  # the workers inherit it
-    home = tmp_path / "home"
-    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        put_tasks(wh, generate(12, 0))
-    out = sharded_run(home)
-    assert out.ran == BASE["n_tasks"]
-    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
-        assert wh.cfg.catalog_kind == "postgres"
-        assert trajectories(wh) == single
-        check_whole(wh)
+    """A team's set-up: a PostgreSQL catalog, data files and blobs on S3-compatible storage
+    (moto's S3 server on loopback, :mod:`tests.s3_stand_in`); the workers inherit it all."""
+    with S3StandIn() as s3:
+        for k, v in s3.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("WEBLOOP_WAREHOUSE", pg_url)
+        monkeypatch.setenv("WEBLOOP_DATA_PATH", f"s3://{s3.bucket}/lake/")
+        monkeypatch.setenv("WEBLOOP_BLOBS", f"s3://{s3.bucket}/blobs")
+        home = tmp_path / "home"
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            put_tasks(wh, generate(12, 0))
+        out = sharded_run(home)
+        assert out.ran == BASE["n_tasks"]
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            assert wh.cfg.catalog_kind == "postgres" and not wh.cfg.is_local_blobs
+            assert trajectories(wh) == single
+            check_whole(wh)
+            named = set(wh.sql("SELECT hash FROM blobs")["hash"])
+        stored = {k.rsplit("/", 1)[-1] for k in s3.keys("blobs/")}
+        assert named and named == stored  # every blob a row names, and no other
+        assert any(k.startswith("lake/main/steps/") for k in s3.keys("lake/"))
+        assert not (home / "lake" / "data").exists()
 
 
 def _spawned(proc: psutil.Process) -> bool:
