@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +223,43 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
     assert file_hashes(Path(rebuilt.export_path)) == file_hashes(Path(first.export_path))
     with pytest.raises(CopyError, match="history of its own"):
         copy_warehouse(laptop, team_cfg)  # the team wrote to it since: never overwritten
+
+
+@pytest.mark.browser
+def test_storage_down_mid_collect_keeps_no_half_rows_and_a_rerun_completes(
+    s3, team, tmp_path, sites, chromium
+):
+    """The S3 server stops as the first blobs of a collect's first batch land: the collect stops
+    saying the blob store failed; no trajectory of that batch has rows (blobs go first, rows
+    after); with the storage back, the same command runs what is missing and nothing twice."""
+    from stages.collect import CollectConfig, run_collect
+    from tests.flows.integrity import duplicate_and_mismatched
+
+    cfg = WarehouseConfig.from_env(home=tmp_path / "a", warehouse="", blob_path=team["blobs"])
+    config = CollectConfig(n_tasks=3, policy="expert", prompt_mode="a11y", run_name="outage")
+    prefix = f"{team['prefix']}/blobs/"
+    stop = threading.Event()
+
+    def pull_the_plug() -> None:
+        while not stop.is_set() and not s3.keys(prefix):
+            time.sleep(0.02)
+        s3.stop()
+
+    with Warehouse.open(cfg) as wh:
+        put_tasks(wh, generate(12, 0))
+        watcher = threading.Thread(target=pull_the_plug, daemon=True)
+        watcher.start()
+        try:
+            with pytest.raises(Exception, match=f"blob store {team['blobs']}: ") as err:
+                chromium.run(run_collect(wh, config, server=sites, browser=chromium.browser))
+            assert MARKER_SECRET not in str(err.value)
+            assert wh.sql("SELECT count(*) FROM trajectories").item() == 0  # no half batch
+        finally:
+            stop.set()
+            watcher.join()
+            s3.start()
+        res = chromium.run(run_collect(wh, config, server=sites, browser=chromium.browser))
+        assert res.ran == 3 and res.by_status == {"success": 3}
+        assert duplicate_and_mismatched(wh) == (0, 0)
+        named = set(wh.sql("SELECT hash FROM blobs")["hash"])
+    assert named <= {k.rsplit("/", 1)[-1] for k in s3.keys(prefix)}  # every row's blob stored
