@@ -214,6 +214,8 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
         shown = wh.sql("SELECT traj_id FROM steps WHERE screenshot_hash IS NOT NULL").item(0, 0)
     at = dashboard_page(monkeypatch, "trajectories", traj=shown, step="0")
     assert not at.exception and len(at.image) == 1  # the screenshot, read from the bucket
+    assert MARKER_SECRET not in repr([e.value for kind in ("text", "code", "markdown")
+                                      for e in getattr(at, kind)])  # fmt: skip
     with Warehouse.open(team_cfg) as wh:
         rebuilt = build_dataset(
             wh, r, out_dir=tmp_path / "b", snapshot_id=first.snapshot_id, blobs=wh.blobs,
@@ -227,7 +229,7 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
 
 @pytest.mark.browser
 def test_storage_down_mid_collect_keeps_no_half_rows_and_a_rerun_completes(
-    s3, team, tmp_path, sites, chromium
+    s3, team, tmp_path, sites, chromium, caplog
 ):
     """The S3 server stops as the first blobs of a collect's first batch land: the collect stops
     saying the blob store failed; no trajectory of that batch has rows (blobs go first, rows
@@ -262,4 +264,6 @@ def test_storage_down_mid_collect_keeps_no_half_rows_and_a_rerun_completes(
         assert res.ran == 3 and res.by_status == {"success": 3}
         assert duplicate_and_mismatched(wh) == (0, 0)
         named = set(wh.sql("SELECT hash FROM blobs")["hash"])
+        config_text = wh.sql("SELECT CAST(config AS VARCHAR) FROM runs").item()
     assert named <= {k.rsplit("/", 1)[-1] for k in s3.keys(prefix)}  # every row's blob stored
+    assert MARKER_SECRET not in config_text + caplog.text  # nor in the run's config or logs
