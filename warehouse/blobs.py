@@ -56,6 +56,14 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def verified(digest: str, data: bytes, where: str) -> bytes:
+    """``data`` when it hashes to ``digest``; else :class:`BlobCorruptError` naming ``where``."""
+    actual = sha256_hex(data)
+    if actual != digest:
+        raise BlobCorruptError(f"blob {digest} is corrupt: its bytes at {where} hash to {actual}")
+    return data
+
+
 def shard_key(digest: str) -> str:
     """A blob's place below the store's root: ``ab/cd/abcd…``."""
     return f"{digest[:2]}/{digest[2:4]}/{check_digest(digest)}"
@@ -156,12 +164,7 @@ class BlobStore(Blobs):
             data = path.read_bytes()
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {digest} not found under {self.root}") from None
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise BlobCorruptError(
-                f"blob {digest} is corrupt: its bytes at {path} hash to {actual}"
-            )
-        return data
+        return verified(digest, data, str(path))
 
     def exists(self, digest: str) -> bool:
         return self.path(digest).exists()

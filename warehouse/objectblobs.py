@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from warehouse.blobs import (
-    BlobCorruptError,
     BlobError,
     BlobNotFoundError,
     Blobs,
@@ -23,6 +22,7 @@ from warehouse.blobs import (
     PutResult,
     sha256_hex,
     shard_key,
+    verified,
 )
 from warehouse.objectstore import S3Settings, is_object_url, split_url
 from warehouse.secrets import redact
@@ -96,12 +96,7 @@ class ObjectBlobStore(Blobs):
             data: bytes = self._call(f"reading {digest}", lambda: self.fs.cat_file(key))
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {digest} not found under {self.url}") from None
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise BlobCorruptError(
-                f"blob {digest} is corrupt: its bytes at s3://{key} hash to {actual}"
-            )
-        self.cache.put(data)
+        self.cache.put(verified(digest, data, f"s3://{key}"))
         return data
 
     def exists(self, digest: str) -> bool:
