@@ -253,16 +253,23 @@ def warehouse_copy(
         str,
         typer.Option(
             "--to",
-            help="The destination catalog: a postgresql:// URL (a team's) or a SQLite path.",
+            help="The destination catalog: a postgresql:// URL (a team's; its password in "
+            "PGPASSWORD, not on the command line) or a SQLite path.",
         ),
     ],
     data_path: Annotated[
-        str | None,
-        typer.Option(help="Where the copy's data files go (default: where they are now)."),
-    ] = None,
+        str,
+        typer.Option(
+            help="Where the copy's data files go (a folder or s3://bucket/prefix/; not the "
+            "source's: maintenance of either catalog would delete the other's files)."
+        ),
+    ],
     blobs: Annotated[
         str | None,
-        typer.Option(help="Where the copy's blobs go (default: where they are now)."),
+        typer.Option(
+            help="Where the copy's blobs go (default: where they are now; blobs are "
+            "content-addressed and never deleted, so two catalogs may share them)."
+        ),
     ] = None,
 ) -> None:
     """Copy this warehouse (every snapshot, data file and blob) to another catalog, data path
@@ -275,7 +282,7 @@ def warehouse_copy(
     dst = WarehouseConfig.from_env(
         home=src.home,
         warehouse=to,
-        data_path=data_path or src.data_path,
+        data_path=data_path,
         blob_path=blobs or src.blob_path,
     )
     rep = copy_warehouse(src, dst, progress=lambda m: console.print(escape(m)))

@@ -23,6 +23,7 @@ every pinned one, and every blob present.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,12 +32,11 @@ from typing import Any
 
 import duckdb
 
-from warehouse.blobs import Blobs
+from warehouse.blobs import BlobCorruptError, Blobs
 from warehouse.config import ConfigError, WarehouseConfig
 from warehouse.connection import (
     LAKE,
     WarehouseError,
-    _catalog_secret,
     attach_target,
     connect,
     sql_string,
@@ -81,6 +81,11 @@ def copy_warehouse(
     say = progress or (lambda _m: None)
     if (dst.catalog_kind, dst.catalog) == (src.catalog_kind, src.catalog):
         raise ConfigError(f"--to names the source catalog itself ({src.describe()})")
+    if dst.data_path.rstrip("/") == src.data_path.rstrip("/"):
+        raise ConfigError(
+            f"--data-path {dst.data_path} is the source's own: two catalogs must not share a data "
+            "path (maintenance of either would delete files the other reads); name another"
+        )
     report = CopyReport()
     with Warehouse.open(src, read_only=True) as wh:
         files = data_files(wh)
@@ -88,12 +93,12 @@ def copy_warehouse(
         report.pinned = sorted(pinned_snapshots(wh))
         src_counts = counts(wh, [None, *report.pinned])
         say(f"source {src.describe()}: {len(files)} data files, snapshots up to {report.snapshots}")
-        _check_destination(wh, dst)
+        check_destination(wh, dst)
         report.files_copied, report.files_present = copy_files(
             src.data_path, dst.data_path, files, say
         )
         report.blobs_copied, report.blobs_present = copy_blobs(wh.blobs, dst, say)
-        report.catalog = copy_catalog(wh, dst, say)
+        report.catalog = copy_catalog(wh, dst, report.snapshots, say)
     report.rows = verify(dst, src_counts, report, say)
     return report
 
@@ -177,8 +182,6 @@ class _Files:
 def copy_files(src: str, dst: str, files: dict[str, int], say: Progress) -> tuple[int, int]:
     """Copy ``files`` (relative path → size) from data path ``src`` to ``dst``: (copied,
     already present at their size)."""
-    if src.rstrip("/") == dst.rstrip("/"):
-        return 0, len(files)  # the catalog moves, the files stay
     a, b = _Files(src), _Files(dst)
     copied = present = 0
     for i, (rel, size) in enumerate(sorted(files.items()), start=1):
@@ -220,12 +223,18 @@ def copy_blobs(src: Blobs, dst_cfg: WarehouseConfig, say: Progress) -> tuple[int
         return 0, sum(1 for _ in src)
     copied = present = 0
     for digest in src:
-        if dst.exists(digest):
-            present += 1
-            continue
-        put = dst.put(src.get(digest))  # get verifies the hash; put names it by its bytes
-        if put.hash != digest:  # pragma: no cover - get() verified it
-            raise CopyError(f"blob {digest}: copied bytes hash to {put.hash}")
+        try:
+            if dst.exists(digest):
+                present += 1
+                continue
+            dst.put(src.get(digest))  # get verifies the hash; put names it by its bytes
+        except BlobCorruptError:
+            raise
+        except Exception as exc:  # the storage did not answer
+            raise CopyError(
+                f"copying blob {digest} from {src.location} to {dst.location} failed "
+                f"({copied} copied so far; re-run to resume): {redact(str(exc))}"
+            ) from None
         copied += 1
         if copied % 500 == 0:
             say(f"blobs: {copied} copied, {present} already there")
@@ -235,98 +244,129 @@ def copy_blobs(src: Blobs, dst_cfg: WarehouseConfig, say: Progress) -> tuple[int
 
 # -- the catalog --------------------------------------------------------------------------------
 
+_HISTORY = "snapshot_id, schema_version, next_catalog_id, next_file_id"
+"""What identifies a snapshot across catalog databases (integers: no time zones to disagree)."""
 
-def _raw_attach(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig, alias: str, ro: bool) -> str:
-    """ATTACH ``cfg``'s catalog database itself (not through DuckLake); the schema that holds
-    the DuckLake tables."""
-    _catalog_secret(con, cfg)  # a PostgreSQL password, as a secret (never in the ATTACH)
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _raw_attach(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig, alias: str) -> str:
+    """ATTACH ``cfg``'s catalog database itself (not through DuckLake) as ``alias``; the
+    schema that holds its DuckLake tables. A PostgreSQL password goes in a secret of its own,
+    named in the ATTACH (never the source's, never in the ATTACH string)."""
     target = attach_target(cfg).removeprefix("ducklake:")
     kind, _, where = target.partition(":")
-    opts = f"TYPE {kind}" + (", READ_ONLY" if ro else "")
+    opts = f"TYPE {kind}"
+    if kind == "postgres":
+        password = f", PASSWORD {sql_string(cfg.secret)}" if cfg.secret else ""
+        con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {alias}_pw (TYPE postgres{password})")
+        opts += f", SECRET {alias}_pw"
     con.execute(f"ATTACH {sql_string(where)} AS {alias} ({opts})")
-    return f"{alias}.public" if kind == "postgres" else f"{alias}.main"
-
-
-def _tables(con: duckdb.DuckDBPyConnection, alias: str) -> list[str]:
-    rows = con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
-        "AND table_name LIKE 'ducklake%' ORDER BY table_name",
+    found = con.execute(
+        "SELECT schema_name FROM duckdb_tables() WHERE database_name = ? "
+        "AND table_name = 'ducklake_snapshot'",
         [alias],
     ).fetchall()
+    if len(found) != 1:
+        con.execute(f"DETACH {alias}")
+        raise CopyError(f"{cfg.describe()}: no DuckLake catalog (or more than one) in it")
+    return f"{alias}.{_q(found[0][0])}"
+
+
+def _detach(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    con.execute(f"DETACH {alias}")
+    con.execute(f"DROP TEMPORARY SECRET IF EXISTS {alias}_pw")
+
+
+def _tables(con: duckdb.DuckDBPyConnection, schema: str) -> list[str]:
+    """The DuckLake tables of ``schema`` (``db.schema``, or a database's default schema)."""
+    db, _, name = schema.partition(".")
+    query = "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+    params = [db]
+    if name:
+        query += "AND schema_name = ? "
+        params.append(name.strip('"').replace('""', '"'))
+    rows = con.execute(query + "AND table_name LIKE 'ducklake%' ORDER BY 1", params).fetchall()
     return [r[0] for r in rows]
 
 
-def _snapshots(con: duckdb.DuckDBPyConnection, schema: str) -> list[tuple[Any, ...]]:
-    return con.execute(
-        f"SELECT snapshot_id, CAST(snapshot_time AS VARCHAR) FROM {schema}.ducklake_snapshot "
-        "ORDER BY snapshot_id"
-    ).fetchall()
+def _history(con: duckdb.DuckDBPyConnection, schema: str) -> list[tuple[Any, ...]]:
+    return con.execute(f"SELECT {_HISTORY} FROM {schema}.ducklake_snapshot ORDER BY 1").fetchall()
 
 
-def _check_destination(wh: Warehouse, dst: WarehouseConfig) -> None:
-    """Refuse a destination whose history is not a prefix of the source's."""
-    con = wh.con
+def _check_history(mine: list[tuple[Any, ...]], theirs: list[tuple[Any, ...]], dst: str) -> None:
+    """Refuse a destination whose history is not a prefix of the source's (a catalog DuckLake
+    just created, its snapshot 0 only, holds nothing to keep)."""
+    fresh = len(theirs) == 1 and theirs[0][0] == 0
+    if theirs and theirs != mine[: len(theirs)] and not fresh:
+        raise CopyError(
+            f"{dst} already holds a warehouse with history of its own ({len(theirs)} "
+            "snapshots, not the source's): copy to an empty catalog"
+        )
+
+
+def check_destination(wh: Warehouse, dst: WarehouseConfig) -> None:
+    """Create the destination catalog if need be (a bad URL or password fails here, before
+    anything is copied) and refuse one with history of its own."""
+    connect(dst).close()
+    schema = _raw_attach(wh.con, dst, "wl_dst")
     try:
-        schema = _raw_attach(con, dst, "wl_dst_check", ro=True)
-    except duckdb.Error:
-        return  # no destination catalog yet
-    try:
-        if "ducklake_snapshot" not in _tables(con, "wl_dst_check"):
-            return
-        mine = _snapshots(con, f"__ducklake_metadata_{LAKE}")
-        theirs = _snapshots(con, schema)
-        if theirs and theirs != mine[: len(theirs)] and not _fresh(theirs):
-            raise CopyError(
-                f"{dst.describe()} already holds a warehouse with history of its own "
-                f"({len(theirs)} snapshots, not the source's): copy to an empty catalog"
-            )
+        _check_history(_history(wh.con, _SRC), _history(wh.con, schema), dst.describe())
     finally:
-        con.execute("DETACH wl_dst_check")
+        _detach(wh.con, "wl_dst")
 
 
-def _fresh(snapshots: list[tuple[Any, ...]]) -> bool:
-    """A catalog DuckLake just created (its snapshot 0 only) holds nothing to keep."""
-    return len(snapshots) == 1 and snapshots[0][0] == 0
+_SRC = f"__ducklake_metadata_{LAKE}"
 
 
-def copy_catalog(wh: Warehouse, dst: WarehouseConfig, say: Progress) -> str:
+def copy_catalog(wh: Warehouse, dst: WarehouseConfig, latest: int, say: Progress) -> str:
     """Replace the destination catalog's DuckLake tables by the source's (one transaction),
     with the data path set to ``dst.data_path``: ``"copied"``, or ``"unchanged"`` when it
-    already held exactly the source's snapshots and data path."""
-    connect(dst).close()  # creates the destination catalog (DuckLake's tables) if need be
+    already held exactly the source's snapshots and data path. ``latest``: the source's latest
+    snapshot when the copy began (a source written since is refused: re-run)."""
     con = wh.con
-    src_schema = f"__ducklake_metadata_{LAKE}"
-    schema = _raw_attach(con, dst, "wl_dst", ro=False)
+    schema = _raw_attach(con, dst, "wl_dst")
     try:
-        same = _snapshots(con, src_schema) == _snapshots(con, schema)
+        mine = _history(con, _SRC)
+        if mine[-1][0] != latest:
+            raise CopyError(
+                f"the source changed during the copy (snapshot {latest} → {mine[-1][0]}): "
+                "stop its writers and re-run (what was copied is kept)"
+            )
         path = con.execute(
             f"SELECT value FROM {schema}.ducklake_metadata WHERE key = 'data_path'"
         ).fetchone()
-        if same and path and path[0] == dst.data_path:
+        if _history(con, schema) == mine and path and path[0] == dst.data_path:
             say("catalog: the destination already holds every snapshot")
             return "unchanged"
-        src_tables = _tables(con, f"__ducklake_metadata_{LAKE}")
-        dst_tables = set(_tables(con, "wl_dst"))
+        tables = _tables(con, _SRC)
+        there = set(_tables(con, schema))
         con.execute("BEGIN")
         try:
-            for t in src_tables:
-                if t in dst_tables:
-                    con.execute(f"DELETE FROM {schema}.{t}")
-                    con.execute(f"INSERT INTO {schema}.{t} SELECT * FROM {src_schema}.{t}")
+            _check_history(mine, _history(con, schema), dst.describe())  # again, in the txn
+            for t in tables:
+                if t in there:
+                    con.execute(f"DELETE FROM {schema}.{_q(t)}")
+                    con.execute(
+                        f"INSERT INTO {schema}.{_q(t)} BY NAME SELECT * FROM {_SRC}.{_q(t)}"
+                    )
                 else:  # inlined data tables: named per table and schema version
-                    con.execute(f"CREATE TABLE {schema}.{t} AS SELECT * FROM {src_schema}.{t}")
+                    con.execute(f"CREATE TABLE {schema}.{_q(t)} AS SELECT * FROM {_SRC}.{_q(t)}")
             con.execute(
                 f"UPDATE {schema}.ducklake_metadata SET value = ? WHERE key = 'data_path'",
                 [dst.data_path],
             )
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error):  # a failed COMMIT has ended it already
+                con.execute("ROLLBACK")
             raise
-        say(f"catalog: {len(src_tables)} DuckLake tables copied to {dst.describe()}")
+        say(f"catalog: {len(tables)} DuckLake tables copied to {dst.describe()}")
         return "copied"
     finally:
-        con.execute("DETACH wl_dst")
+        _detach(con, "wl_dst")
 
 
 # -- verification -------------------------------------------------------------------------------
@@ -340,7 +380,7 @@ def counts(wh: Warehouse, versions: list[int | None]) -> dict[str, int]:
         for r in RECORD_TYPES:
             try:
                 n = wh.con.execute(f"SELECT count(*) FROM {LAKE}.{r.TABLE}{at}").fetchone()[0]
-            except duckdb.Error:  # a table created after that snapshot
+            except duckdb.CatalogException:  # a table created after that snapshot
                 n = -1
             out[f"{r.TABLE}@{'latest' if v is None else v}"] = int(n)
     return out

@@ -137,7 +137,9 @@ class ObjectBlobStore(Blobs):
 
 def open_blobs(location: str, home: Path) -> Blobs:
     """The blob store at ``location``: a folder, or an ``s3://`` URL (read through a cache
-    under ``home/cache/blobs``)."""
-    if is_object_url(location):
-        return ObjectBlobStore(location, home / "cache" / "blobs")
+    of its own under ``home/cache/blobs/``)."""
+    if is_object_url(location):  # a cache per store: a blob in it is a blob in that store
+        return ObjectBlobStore(
+            location, home / "cache" / "blobs" / sha256_hex(location.encode())[:16]
+        )
     return BlobStore(location)

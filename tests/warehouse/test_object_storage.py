@@ -24,6 +24,7 @@ from tests.curation.test_export import file_hashes
 from tests.s3_stand_in import MARKER_SECRET, S3StandIn
 from warehouse import Warehouse, WarehouseConfig
 from warehouse.blobs import BlobCorruptError, BlobNotFoundError, NotAnImageError
+from warehouse.config import ConfigError
 from warehouse.copy import CopyError, copy_warehouse
 from warehouse.info import checks
 from warehouse.objectblobs import BlobStoreUnavailable, ObjectBlobStore
@@ -190,6 +191,11 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
         home=tmp_path / "team-machine", warehouse=pg_url, data_path=team["data"],
         blob_path=team["blobs"],
     )  # fmt: skip
+    shared = WarehouseConfig.from_env(
+        home=tmp_path / "x", warehouse=pg_url, data_path=laptop.data_path
+    )
+    with pytest.raises(ConfigError, match="is the source's own: two catalogs must not share"):
+        copy_warehouse(laptop, shared)
     s3.stop()  # the storage is down when the copy starts: it stops, saying where and why
     try:
         with pytest.raises(CopyError, match=r"copying data file .* failed .*re-run to resume"):
