@@ -20,6 +20,7 @@ from flows.collect import collect
 from flows.dask_scale import shards
 from sites.tasks import generate
 from stages.collect import CollectConfig, CollectResult, run_collect
+from stages.judge import JudgeConfig, run_judge
 from tests.flows.integrity import duplicate_and_mismatched
 from tests.s3_stand_in import S3StandIn
 from warehouse import Warehouse, WarehouseConfig
@@ -105,6 +106,10 @@ def test_two_worker_collect_matches_single_process_on_postgres_and_s3(
             assert trajectories(wh) == single
             check_whole(wh)
             named = set(wh.sql("SELECT hash FROM blobs")["hash"])
+            judged = run_judge(wh, JudgeConfig(run="scale"))  # the judge writes there too
+            verdicts = wh.sql("SELECT traj_id, verdict FROM judgments ORDER BY traj_id")
+        assert judged.judged == BASE["n_tasks"]
+        assert dict(verdicts.iter_rows()) == {t: "success" for t in single}
         stored = {k.rsplit("/", 1)[-1] for k in s3.keys("blobs/")}
         assert named and named == stored  # every blob a row names, and no other
         assert any(k.startswith("lake/main/steps/") for k in s3.keys("lake/"))
