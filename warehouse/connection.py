@@ -21,6 +21,7 @@ from warehouse.config import WarehouseConfig, redact
 from warehouse.extensions import connect_config
 from warehouse.objectstore import ObjectStoreError, S3Settings, is_object_url, split_url
 from warehouse.retry import retrying
+from warehouse.sqltext import sql_string
 
 T = TypeVar("T")
 
@@ -79,14 +80,6 @@ def with_retry(
         on_retry=on_retry,
     )
     return policy(fn)
-
-
-def sql_string(value: str) -> str:
-    """Quote a string literal for the few statements that take no parameters (ATTACH options).
-
-    Only configuration (paths, connection strings) goes through here, never row values.
-    """
-    return "'" + value.replace("'", "''") + "'"
 
 
 class NoWarehouseError(WarehouseError):

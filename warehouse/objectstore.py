@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from warehouse.secrets import register
+from warehouse.sqltext import sql_string
 
 SCHEMES = ("s3://", "s3a://", "s3n://")
 URL_STYLES = ("path", "vhost")
@@ -86,8 +87,6 @@ class S3Settings:
     def duckdb_secret_sql(self, name: str, scope: str) -> str:
         """``CREATE TEMPORARY SECRET`` for DuckDB's httpfs, scoped to ``scope`` (a bucket URL).
         The statement holds the credentials: run it, never log it."""
-        from warehouse.connection import sql_string
-
         opts = [
             "TYPE s3",
             f"REGION {sql_string(self.region)}",
