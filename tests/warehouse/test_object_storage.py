@@ -273,3 +273,23 @@ def test_storage_down_mid_collect_keeps_no_half_rows_and_a_rerun_completes(
         config_text = wh.sql("SELECT CAST(config AS VARCHAR) FROM runs").item()
     assert named <= {k.rsplit("/", 1)[-1] for k in s3.keys(prefix)}  # every row's blob stored
     assert MARKER_SECRET not in config_text + caplog.text  # nor in the run's config or logs
+
+
+def test_copy_into_a_new_sqlite_catalog_with_local_files(tmp_path):
+    """No object storage at all: a warehouse moved to another folder and SQLite file (the
+    destination file does not exist yet), its blob store shared (content-addressed)."""
+    src = WarehouseConfig.from_env(home=tmp_path / "old", warehouse="")
+    with Warehouse.open(src) as wh:
+        put_tasks(wh, generate(6, 0))
+        h = wh.blobs.put_text("a tree").hash
+    dst = WarehouseConfig.from_env(
+        home=tmp_path / "new", warehouse=str(tmp_path / "new" / "catalog.sqlite"),
+        data_path=str(tmp_path / "new" / "data"), blob_path=src.blob_path,
+    )  # fmt: skip
+    rep = copy_warehouse(src, dst)
+    assert rep.catalog == "copied" and rep.files_copied >= 1 and rep.blobs_copied == 0
+    assert rep.rows["tasks"] == 6 and copy_warehouse(src, dst).nothing_to_do
+    with Warehouse.open(dst, read_only=True) as wh:
+        assert wh.sql("SELECT count(*) FROM tasks").item() == 6
+        assert wh.blobs.get_text(h) == "a tree"
+    assert Path(dst.data_path).is_dir() and Path(src.data_path).is_dir()  # both intact
