@@ -137,7 +137,8 @@ def data_files(wh: Warehouse) -> dict[str, int]:
 
 
 class _Files:
-    """A folder or an ``s3://`` prefix, for whole-file copies."""
+    """A folder or an ``s3://`` prefix, for whole-file copies that stream (a Parquet file is
+    never held in memory) and never show half a file under its name."""
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/") + "/"
@@ -156,27 +157,32 @@ class _Files:
         p = Path(self.root + rel)
         return p.stat().st_size if p.is_file() else None
 
-    def read(self, rel: str) -> bytes:
-        return (
-            self.fs.cat_file(self.base + rel) if self.remote else Path(self.root + rel).read_bytes()
-        )
-
-    def write(self, rel: str, data: bytes) -> None:
-        if self.remote:  # one PUT: S3 never shows half an object
-            self.fs.pipe_file(self.base + rel, data)
-            return
+    def local_tmp(self, rel: str) -> tuple[Path, Path]:
+        """(the file's path, a temporary name beside it) in this folder."""
         target = Path(self.root + rel)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-{target.name}")
-        tmp.write_bytes(data)
-        tmp.replace(target)  # atomic: never half a file under the real name
+        return target, target.with_name(f".tmp-{target.name}")
 
-    def copy_local(self, rel: str, dst: _Files) -> None:
-        target = Path(dst.root + rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-{target.name}")
-        shutil.copyfile(self.root + rel, tmp)
+
+def _copy_one(a: _Files, b: _Files, rel: str, size: int) -> None:
+    """One file from ``a`` to ``b``: an object upload is visible only once complete; a local
+    file is written under a temporary name, then renamed."""
+    if a.remote and b.remote:
+        a.fs.copy(a.base + rel, b.base + rel)  # server-side (one set of credentials)
+    elif b.remote:
+        b.fs.put_file(a.root + rel, b.base + rel)
+    else:
+        target, tmp = b.local_tmp(rel)
+        if a.remote:
+            a.fs.get_file(a.base + rel, str(tmp))
+        else:
+            shutil.copyfile(a.root + rel, tmp)
         tmp.replace(target)
+    got = b.size(rel)
+    if got != size:
+        raise CopyError(
+            f"data file {b.root}{rel}: {got} bytes after the copy, the catalog says {size}"
+        )
 
 
 def copy_files(src: str, dst: str, files: dict[str, int], say: Progress) -> tuple[int, int]:
@@ -201,16 +207,6 @@ def copy_files(src: str, dst: str, files: dict[str, int], say: Progress) -> tupl
         if copied % 200 == 0 or i == len(files):
             say(f"data files: {copied} copied, {present} already there ({i}/{len(files)})")
     return copied, present
-
-
-def _copy_one(a: _Files, b: _Files, rel: str, size: int) -> None:
-    if not (a.remote or b.remote):
-        a.copy_local(rel, b)
-        return
-    data = a.read(rel)
-    if len(data) != size:
-        raise CopyError(f"data file {a.root}{rel}: {len(data)} bytes, the catalog says {size}")
-    b.write(rel, data)
 
 
 # -- blobs --------------------------------------------------------------------------------------
