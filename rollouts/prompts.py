@@ -11,6 +11,7 @@ mode includes it), and optionally the policy's own running summary.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -83,10 +84,13 @@ def action_ref(action_text: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+@functools.lru_cache(maxsize=4096)
 def describe_target(action_text: str | None, a11y: str | None) -> str:
     """``role "name"`` of the element an action names by ref (``click(e12)``, ``type(f2e3, …)``)
     in the accessibility tree of the page it was taken on; ``""`` when it names none or the
-    tree does not have it. Long names are cut (with ``…``)."""
+    tree does not have it. Long names are cut (with ``…``). Cached: every step's prompt names
+    the same earlier elements again (an episode's trees are the same string objects, whose
+    hashes Python keeps)."""
     ref = action_ref(action_text)
     if ref is None or not a11y:
         return ""
@@ -95,12 +99,15 @@ def describe_target(action_text: str | None, a11y: str | None) -> str:
         a11y,
         re.M,
     )
-    if line is None:
-        return ""
-    name = line.group("name") or ""
+    return "" if line is None else element_label(line.group("role"), line.group("name") or "")
+
+
+def element_label(role: str, name: str) -> str:
+    """How a history line names an element: ``role "name"`` (the name cut at 60 characters,
+    with ``…``), or the role alone."""
     if len(name) > _TARGET_NAME_CHARS:
         name = name[: _TARGET_NAME_CHARS - 1] + "…"
-    return f'{line.group("role")} "{name}"' if name else line.group("role")
+    return f'{role} "{name}"' if name else role
 
 
 def history_line(i: int, turn: Turn) -> str:

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from rollouts.actions import Action, Click, ParseError, Select, Type, parse_action
+from rollouts.prompts import element_label
 from rollouts.ranker.prompt import RankerInput
 from rollouts.ranker.tree import TEXT_FIELDS, Node, current_value, field_label
 from rollouts.ranker.values import DATE, EMAIL, PRICE, WORD
@@ -177,11 +178,8 @@ def last_typed_end(inp: RankerInput) -> int:
 
 
 def node_target(node: Node) -> str:
-    """An element as a history line names it (:func:`rollouts.prompts.describe_target`)."""
-    name = node.name
-    if len(name) > 60:
-        name = name[:59] + "…"
-    return f'{node.role} "{name}"' if name else node.role
+    """An element as a history line names it (:func:`rollouts.prompts.element_label`)."""
+    return element_label(node.role, node.name)
 
 
 _LEAD = re.compile(r"[A-Za-z]+")
