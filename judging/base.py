@@ -55,6 +55,7 @@ class TrajectoryView:
     steps: list[Step]
     wh: Warehouse | None = None
     verdicts: dict[str, str] = field(default_factory=dict)  # judge name → its current verdict
+    _trees: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def traj_id(self) -> str:
@@ -78,9 +79,13 @@ class TrajectoryView:
         return self.wh.blobs.get(step.screenshot_hash)
 
     def a11y(self, step: Step) -> str | None:
+        """The step's accessibility tree, read once per view (every later state's prompt names
+        the elements of the earlier steps from their trees)."""
         if not step.a11y_hash or self.wh is None:
             return None
-        return self.wh.blobs.get_text(step.a11y_hash)
+        if step.a11y_hash not in self._trees:
+            self._trees[step.a11y_hash] = self.wh.blobs.get_text(step.a11y_hash)
+        return self._trees[step.a11y_hash]
 
 
 class Judge(Protocol):
