@@ -98,6 +98,10 @@ class Blobs(ABC):
     def stats(self) -> tuple[int, int]:
         """(number of blobs, total bytes)."""
 
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise unless the store can be reached (``webloop warehouse info``'s check)."""
+
     def put_image(self, data: bytes) -> PutResult:
         """Store a screenshot: like :meth:`put`, after checking that ``data`` is a whole image.
 
@@ -175,6 +179,10 @@ class BlobStore(Blobs):
         for path in self.root.glob("??/??/*"):
             if not path.name.startswith(".tmp-"):
                 yield path.name
+
+    def ping(self) -> None:
+        if self.root.exists() and not self.root.is_dir():  # absent: none stored yet
+            raise BlobError(f"{self.root} is not a folder")
 
     def stats(self) -> tuple[int, int]:
         """(number of blobs, total bytes)."""

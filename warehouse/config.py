@@ -67,6 +67,8 @@ class WarehouseConfig:
         data = data_path or os.environ.get("WEBLOOP_DATA_PATH") or str(home_p / "lake" / "data")
         if "://" not in data:
             data = str(Path(data).absolute())
+        elif not is_object_url(data):
+            raise ConfigError(f"WEBLOOP_DATA_PATH={data!r}: use a folder or an s3:// URL")
         if not data.endswith("/"):
             data += "/"
         blobs = str(blob_path or os.environ.get("WEBLOOP_BLOBS") or home_p / "blobs")

@@ -19,7 +19,7 @@ import duckdb
 
 from warehouse.config import WarehouseConfig, redact
 from warehouse.extensions import connect_config
-from warehouse.objectstore import ObjectStoreError, S3Settings, is_object_url, split_url
+from warehouse.objectstore import ObjectStoreError, S3Settings, split_url
 from warehouse.retry import retrying
 from warehouse.sqltext import sql_string
 
@@ -175,10 +175,6 @@ def _storage_secret(con: duckdb.DuckDBPyConnection, cfg: WarehouseConfig) -> Non
     """Load httpfs and hand it the object store's settings and credentials as a temporary
     secret scoped to the data path's bucket (:mod:`warehouse.objectstore`): nothing of them is
     in the ATTACH string, the catalog, or ``duckdb_secrets()`` (redacted)."""
-    if not is_object_url(cfg.data_path):
-        raise WarehouseError(
-            f"data path {cfg.data_path!r}: use a folder or an s3://bucket/prefix/ URL"
-        )
     try:
         settings = S3Settings.from_env()
         bucket, _ = split_url(cfg.data_path)

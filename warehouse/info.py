@@ -28,11 +28,7 @@ def checks(wh: Warehouse) -> dict[str, str]:
     except Exception as exc:  # any failure is reported, not raised: this is the diagnosis
         out["data"] = redact(f"{type(exc).__name__}: {exc}")
     try:
-        ping = getattr(wh.blobs, "ping", None)
-        if ping is not None:
-            ping()
-        elif Path(wh.blobs.location).exists() and not Path(wh.blobs.location).is_dir():
-            raise OSError(f"{wh.blobs.location} is not a folder")  # absent: none stored yet
+        wh.blobs.ping()
         out["blobs"] = "ok"
     except Exception as exc:
         out["blobs"] = redact(f"{type(exc).__name__}: {exc}")
