@@ -8,10 +8,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -237,35 +236,38 @@ def test_copy_moves_every_pinned_snapshot_to_postgres_and_s3_and_resumes(
 def test_storage_down_mid_collect_keeps_no_half_rows_and_a_rerun_completes(
     s3, team, tmp_path, sites, chromium, caplog
 ):
-    """The S3 server stops as the first blobs of a collect's first batch land: the collect stops
-    saying the blob store failed; no trajectory of that batch has rows (blobs go first, rows
-    after); with the storage back, the same command runs what is missing and nothing twice."""
+    """The S3 server stops after the first blobs of a collect's first batch have landed: the
+    collect stops saying the blob store failed; no trajectory of that batch has rows (blobs go
+    first, rows after); with the storage back, the same command runs what is missing and
+    nothing twice. The outage comes at an exact place (after the 2nd PUT of a new blob), not
+    after a sleep: the store's own ``put`` is wrapped to stop the real server there."""
     from stages.collect import CollectConfig, run_collect
     from tests.flows.integrity import duplicate_and_mismatched
 
     cfg = WarehouseConfig.from_env(home=tmp_path / "a", warehouse="", blob_path=team["blobs"])
     config = CollectConfig(n_tasks=3, policy="expert", prompt_mode="a11y", run_name="outage")
     prefix = f"{team['prefix']}/blobs/"
-    stop = threading.Event()
-
-    def pull_the_plug() -> None:
-        while not stop.is_set() and not s3.keys(prefix):
-            time.sleep(0.02)
-        s3.stop()
 
     with Warehouse.open(cfg) as wh:
         put_tasks(wh, generate(12, 0))
-        watcher = threading.Thread(target=pull_the_plug, daemon=True)
-        watcher.start()
+        store, real_put, calls = wh.blobs, wh.blobs.put, []
+
+        def put_then_fail(data: bytes) -> Any:
+            if len(calls) == 2:  # two blobs are in: the third PUT meets the outage
+                s3.stop()
+            calls.append(data)
+            return real_put(data)
+
+        store.put = put_then_fail  # type: ignore[method-assign]
         try:
             with pytest.raises(Exception, match=f"blob store {team['blobs']}: ") as err:
                 chromium.run(run_collect(wh, config, server=sites, browser=chromium.browser))
             assert MARKER_SECRET not in str(err.value)
             assert wh.sql("SELECT count(*) FROM trajectories").item() == 0  # no half batch
         finally:
-            stop.set()
-            watcher.join()
+            store.put = real_put  # type: ignore[method-assign]
             s3.start()
+        assert len(s3.keys(prefix)) == 2  # the outage came mid-batch: two blobs, no rows
         res = chromium.run(run_collect(wh, config, server=sites, browser=chromium.browser))
         assert res.ran == 3 and res.by_status == {"success": 3}
         assert duplicate_and_mismatched(wh) == (0, 0)
@@ -293,3 +295,10 @@ def test_copy_into_a_new_sqlite_catalog_with_local_files(tmp_path):
         assert wh.sql("SELECT count(*) FROM tasks").item() == 6
         assert wh.blobs.get_text(h) == "a tree"
     assert Path(dst.data_path).is_dir() and Path(src.data_path).is_dir()  # both intact
+
+
+def test_storage_urls_of_other_schemes_are_refused_with_the_variable_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"WEBLOOP_DATA_PATH='gs://b/lake/': use a folder or"):
+        WarehouseConfig.from_env(home=tmp_path, warehouse="", data_path="gs://b/lake/")
+    with pytest.raises(ConfigError, match=r"WEBLOOP_BLOBS='http://h/b': use a folder or an s3"):
+        WarehouseConfig.from_env(home=tmp_path, warehouse="", blob_path="http://h/b")
