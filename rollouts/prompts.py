@@ -84,7 +84,7 @@ def action_ref(action_text: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # ~12 MB of trees at most, more than 8 episodes need
 def describe_target(action_text: str | None, a11y: str | None) -> str:
     """``role "name"`` of the element an action names by ref (``click(e12)``, ``type(f2e3, …)``)
     in the accessibility tree of the page it was taken on; ``""`` when it names none or the
