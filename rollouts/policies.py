@@ -1,7 +1,8 @@
 """Policies: ``act(context) → model output text + parsed action (+ logprob)``, by name.
 
 * ``expert``: the scripted expert from the task's reference solution; ``noise`` injects
-  realistic mistakes (a wrong element, a skipped step, an early answer) so failures exist.
+  realistic mistakes (a wrong element, a skipped step, an early answer) so failures exist, or,
+  with ``noise_kind="habit"``, one wrong habit per task template (:func:`habit`).
 * ``random``: random clicks, scrolls and occasional answers.
 * ``openai``: any OpenAI-compatible chat-completions endpoint (vLLM's server, a provider,
   ``webloop serve-model``), images as data URLs, timeouts and retries with backoff, logprobs kept
@@ -16,6 +17,7 @@ invalid step; the episode continues).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 import re
 import time
@@ -84,6 +86,48 @@ def _refs(turn: Turn) -> list[str]:
     return re.findall(r"\[ref=((?:f\d+)?e\d+)\]", turn.a11y or "")
 
 
+_NODE = re.compile(r"^\s*- (\w+)\b.*\[ref=((?:f\d+)?e\d+)\]", re.M)
+
+
+def sibling(a11y: str, ref: str) -> str | None:
+    """The ref of the element of the same role next to ``ref`` in the tree (the one after it,
+    else the one before): the neighbouring product, message or link. None if it has none."""
+    nodes = _NODE.findall(a11y or "")
+    roles = dict((r, role) for role, r in nodes)
+    if ref not in roles:
+        return None
+    same = [r for role, r in nodes if role == roles[ref]]
+    i = same.index(ref)
+    if i + 1 < len(same):
+        return same[i + 1]
+    return same[i - 1] if i > 0 else None
+
+
+NOISE_KINDS = ("random", "habit")
+#: Steps a habit never falls on: dismissing the bundled sites' cookie banner and modal (every
+#: template starts with them; a habit there would be the same trivial slip everywhere).
+_DISMISSALS = re.compile(r"accept-cookies|close-modal")
+
+
+def habit(task_id: str, reference: list[str]) -> tuple[str, int] | None:
+    """A task template's wrong habit, the same for every task of the template: ``(kind, step)``.
+
+    ``skip`` forgets the reference's step ``step`` (the next one is taken at its state);
+    ``sibling`` clicks the neighbouring element of the same role there (:func:`sibling`; a skip
+    where the element has none) and carries on as if it had clicked the right one. The step is
+    one of the first three of the task's own steps (not a dismissal of a banner or modal) and
+    never the last (the answer or submit that ends the task), so it falls on the same kind of
+    state in every task of a template; None where no step qualifies. Bundled task ids
+    (``bundled/<template>/<digest>``) name their template; another id is its own template."""
+    steps = [i for i, a in enumerate(reference[:-1]) if not _DISMISSALS.search(a)][:3]
+    if not steps:
+        return None
+    parts = task_id.split("/")
+    template = parts[1] if len(parts) >= 3 else task_id
+    h = int.from_bytes(hashlib.sha256(template.encode()).digest()[:8], "big")
+    return ("skip", "sibling")[h % 2], steps[(h >> 1) % len(steps)]
+
+
 # -- expert -------------------------------------------------------------------------------------
 
 
@@ -108,6 +152,12 @@ class ExpertPolicy:
     ``inject_answer`` appends :data:`ANSWER_INJECTION` to every answer: adversarial answers for
     measuring whether judges can be talked into a success verdict.
 
+    ``noise_kind``: ``random`` (the default: each step errs with probability ``noise``, the
+    mistake drawn at random) or ``habit``: each episode has, with probability ``noise``, its
+    template's wrong habit (:func:`habit`): the same mistake at the same state of every task of
+    a template — structured, state-dependent noise that a policy trained on it learns, unlike
+    random slips (curation benches).
+
     ``prompt``: when given, every output carries the messages a model would have seen at that
     step (the shared prompt builder), so the engine stores the prompt with the step and an
     expert trajectory is SFT data rendered exactly as a policy sees it."""
@@ -122,11 +172,15 @@ class ExpertPolicy:
         action_space: str = "ref",
         coords: str = "pixels",
         prompt: PromptConfig | None = None,
+        noise_kind: str = "random",
     ) -> None:
         from rollouts.grounding import SPACES
 
         if not 0.0 <= noise <= 1.0:
             raise ValueError("noise is a probability in [0, 1]")
+        if noise_kind not in NOISE_KINDS:
+            raise ValueError(f"noise_kind is one of {NOISE_KINDS}, not {noise_kind!r}")
+        self.noise_kind = noise_kind
         if action_space not in SPACES:
             raise ValueError(f"action_space is one of {SPACES}")
         self.noise, self.inject_answer = noise, inject_answer
@@ -153,6 +207,8 @@ class ExpertPolicy:
             text = 'Thought: the reference is exhausted.\nAction: answer("done")'
             return PolicyOutput(text, parse_action(text))
         planned = ref[cursor]
+        if self.noise_kind == "habit":
+            return await self._habitual(ctx, ref, cursor)
         if self.noise and ctx.rng.random() < self.noise:
             mistake = ctx.rng.choice(["wrong_element", "skip", "early_answer"])
             if mistake == "skip" and cursor + 1 < len(ref):
@@ -165,6 +221,34 @@ class ExpertPolicy:
                 wrong = await self._wrong_click(ctx, ctx.rng.choice(_refs(ctx.turns[-1])))
                 text = f"Thought: this looks right.\nAction: {wrong}"
                 return PolicyOutput(text, parse_action(text))
+        return await self._planned(ctx, planned)
+
+    async def _habitual(self, ctx: PolicyContext, ref: list[str], cursor: int) -> PolicyOutput:
+        """The plan, with the template's habit in the episodes that have it (drawn once)."""
+        if "habit" not in ctx.memory:
+            draw = self.noise > 0 and ctx.rng.random() < self.noise
+            ctx.memory["habit"] = habit(ctx.task_id, ref) if draw else None
+        h = ctx.memory["habit"]
+        if h is None or cursor != h[1] or ctx.memory.get("habit_done"):
+            return await self._planned(ctx, ref[cursor])
+        kind = h[0]
+        if kind == "sibling" and ctx.page is not None and self.action_space == "ref":
+            right = await self._grounded(ctx, ref[cursor])
+            if right is None:  # a preparatory scroll first; the habit at the next step
+                text = f"Thought: step {cursor + 1} is out of view.\nAction: {ctx.memory['prep']}"
+                return PolicyOutput(text, parse_action(text))
+            m = re.fullmatch(r"click\(((?:f\d+)?e\d+)\)", right)
+            other = sibling(ctx.turns[-1].a11y or "", m.group(1)) if m and ctx.turns else None
+            if other is not None:
+                ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 1
+                text = f"Thought: step {cursor + 1} of the plan.\nAction: click({other})"
+                return PolicyOutput(text, parse_action(text))
+        ctx.memory["habit_done"] = True  # skip (also a sibling habit with no sibling here)
+        ctx.memory["cursor"] = cursor + 1
+        return await self._planned(ctx, ref[cursor + 1])
+
+    async def _planned(self, ctx: PolicyContext, planned: str) -> PolicyOutput:
+        """``planned`` (the reference's step at the cursor) in the action space."""
         step = ctx.memory["cursor"] + 1
         action = await self._grounded(ctx, planned)
         if action is None:  # a preparatory scroll; the planned step comes next

@@ -91,6 +91,11 @@ class CollectConfig:
         "expert", help="expert, random, openai, hf or ranker (hf/ranker: --model CHECKPOINT)."
     )
     noise: float = setting(0.0, help="Expert mistake rate (0 = flawless).", min=0.0, max=1.0)
+    noise_kind: Literal["random", "habit"] = setting(
+        "random",
+        help="Expert mistakes: random (each step errs with probability --noise) or habit (that "
+        "share of episodes has its template's one wrong habit: structured noise).",
+    )
     base_url: str | None = setting(None, help="OpenAI-compatible endpoint (policy openai).")
     model: str | None = setting(None, help="Model name at the endpoint, or a checkpoint folder.")
     max_steps: int = setting(30, help="Step budget per trajectory.", min=1, max=1000)
@@ -166,7 +171,7 @@ class CollectConfig:
             d.pop("action_timeout_s")  # likewise
         if not d["task_ids"]:
             d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
-        for later in ("screenshots", "temperature"):  # added later, defaults keep old ids
+        for later in ("screenshots", "temperature", "noise_kind"):  # added later: old ids kept
             if d[later] == CollectConfig.__dataclass_fields__[later].default:
                 d.pop(later)
         if self.policy == "expert":
@@ -214,6 +219,7 @@ def make_policy_for(cfg: CollectConfig) -> Any:
         return make_policy(
             "expert",
             noise=cfg.noise,
+            noise_kind=cfg.noise_kind,
             inject_answer=cfg.inject_answer,
             action_space=expert_action_space(cfg.prompt_mode, cfg.set_of_marks),
             coords=cfg.coords,
