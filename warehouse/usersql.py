@@ -24,6 +24,7 @@ the data folder the only allowed directory, configuration locked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -387,10 +388,12 @@ def run_user_sql(
     raises :class:`SqlInterruptedError`. DuckDB's own permission errors (a file outside the
     warehouse) are raised as :class:`SqlRefusedError`.
     """
-    statements = check_user_sql(con, query, write=write, schema=schema)
-    cur = con.cursor()
+    with _ctrl_c_stops():  # checking the query runs DuckDB statements too
+        statements = check_user_sql(con, query, write=write, schema=schema)
+        cur = con.cursor()
     try:
-        cur.execute(f"USE {LAKE}")
+        with _ctrl_c_stops():
+            cur.execute(f"USE {LAKE}")
 
         def work() -> T | None:
             for stmt in statements:
@@ -441,11 +444,27 @@ def _interruptible(
             raise SqlTimeoutError(
                 f"the query ran past its time limit of {timeout_s:g} s and was stopped"
             ) from None
-        if isinstance(exc, KeyboardInterrupt | duckdb.InterruptException) or "interrupted" in str(
-            exc
-        ):
+        if _interrupted(exc):
             raise SqlInterruptedError("interrupted: the query was stopped") from None
         raise
     finally:
         if timer is not None:
             timer.cancel()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C: Python's, or DuckDB's interruption of the statement it was running."""
+    return isinstance(exc, KeyboardInterrupt | duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()
+    )
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops() -> Iterator[None]:
+    """A Ctrl-C before the query's own statements run is the same interruption as one during."""
+    try:
+        yield
+    except (duckdb.InterruptException, RuntimeError, KeyboardInterrupt) as exc:
+        if _interrupted(exc):
+            raise SqlInterruptedError("interrupted: the query was stopped") from None
+        raise

@@ -24,7 +24,13 @@ from warehouse import Warehouse, WarehouseConfig, sample
 from warehouse.connection import connect
 from warehouse.readonly import ReadOnlyQueryError, open_readonly, run_readonly
 from warehouse.rollback import rollback
-from warehouse.sandbox import SqlRefusedError, SqlTimeoutError, open_sandboxed, run_user_sql
+from warehouse.sandbox import (
+    SqlInterruptedError,
+    SqlRefusedError,
+    SqlTimeoutError,
+    open_sandboxed,
+    run_user_sql,
+)
 
 load()
 
@@ -356,6 +362,30 @@ def test_cli_sql_refuses_the_bypasses_and_rolls_back(tmp_path: Path, outside: Pa
     assert proc.returncode == 0 and "tasks  recreated: None -> 2 rows" in proc.stdout, proc.stdout
     proc = _webloop(home, "sql", "SELECT count(*) AS n FROM tasks", "--format", "json")
     assert proc.returncode == 0 and json.loads(proc.stdout) == [{"n": 2}]
+
+
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("Query interrupted"), duckdb.InterruptException("INTERRUPT Error")]
+)
+def test_a_ctrl_c_while_the_query_is_checked_is_an_interruption_too(lake, monkeypatch, exc):
+    """Ctrl-C can land before the query's own statements: while it is checked (DuckDB calls of
+    their own, slow on a loaded machine) DuckDB interrupts them with a RuntimeError (seen once
+    in the CLI test below: "webloop sql failed: RuntimeError: Query interrupted")."""
+    from warehouse import usersql
+
+    def interrupted(*_a, **_k):
+        raise exc
+
+    monkeypatch.setattr(usersql, "check_user_sql", interrupted)
+    with open_sandboxed(lake) as wh, pytest.raises(SqlInterruptedError, match="was stopped"):
+        run_user_sql(wh.con, "SELECT 1")
+    monkeypatch.setattr(
+        usersql,
+        "check_user_sql",
+        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("Catalog Error: no such table")),
+    )
+    with open_sandboxed(lake) as wh, pytest.raises(RuntimeError, match="no such table"):
+        run_user_sql(wh.con, "SELECT 1")  # other errors stay what they are
 
 
 @pytest.mark.slow  # a CLI subprocess and a signal
