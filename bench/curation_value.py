@@ -1,0 +1,289 @@
+"""Curation value benchmark: does filtering the data make a better policy, when the noise is
+structured? On 2 cores.
+
+Random slips of a scripted expert (the learning bench's ``--noise 0.1``) barely hurt a policy
+trained on them: each wrong action is rare at its state, so the argmax learns the right one and
+the curated and unfiltered SFT checkpoints come out level. Real demonstrations err in habits: the
+same wrong move at the same kind of state. This bench makes that noise and measures each arm:
+
+1. data: the scripted expert with ``--noise-kind habit`` on ``--collect`` ``train`` tasks: in a
+   ``--noise`` share of episodes the task template's one wrong habit (``rollouts.policies.habit``:
+   skip a given step, or click the neighbouring element of the same role there, then carry on),
+   graded by the programmatic judge;
+2. interventions (InT): for each failed trajectory, its first error found by page-state
+   replay, the expert teacher's correction there (the reference's next action from the aligned
+   position), verified by replaying prefix + correction + the expert's continuation
+   (``stages.intervene``; ``--interventions N`` caps how many trajectories, 0: none);
+3. arms, datasets of the SAME trajectories: ``unfiltered`` (every graded trajectory),
+   ``success`` (the filtered-BC recipe: judged successes, invalid steps and loops dropped,
+   deduplicated) and ``success+interventions`` (that, plus one example per verified
+   intervention: the failed prefix as the prompt, the correction as the target);
+4. training: the ranker by SFT on each arm for the SAME number of gradient steps (``--steps``
+   of ``--batch``: a smaller dataset gets more epochs), so an arm wins on its data, not on more
+   updates;
+5. evaluation: each checkpoint greedy on the same ``--eval-n`` ``test`` tasks (deterministic
+   sites, so paired); each arm against the one before it and ``success+interventions −
+   unfiltered``, overall (template-clustered bootstrap interval, exact McNemar) and per template,
+   beside each template's failed share of the training trajectories (the habits' footprint).
+
+Everything is the product's own code path (collect / judge / curate / train / evaluate), in one
+process with one sites server and one Chromium, into a fresh warehouse; a results file as the
+other benches write. The aim (issue 32): success-filtered beats unfiltered with the paired
+interval excluding 0, under 20 minutes.
+
+    python bench/curation_value.py [--quick] [--noise 0.4] [--collect 360] [--steps 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench import learning  # (after the path and offline settings)
+
+FULL = dict(
+    tasks=2400,
+    collect=360,
+    noise=0.4,
+    interventions=360,
+    steps=400,
+    batch=32,
+    eval_n=300,
+    eval_max_steps=30,
+)
+QUICK = dict(FULL, tasks=160, collect=12, interventions=2, steps=20, batch=8, eval_n=3)
+QUICK["eval_max_steps"] = 8
+
+WITH_INTERVENTIONS = learning.CURATED.replace("bench-curated", "value-success-interventions")
+WITH_INTERVENTIONS = WITH_INTERVENTIONS.replace(
+    "output:", "include: {{interventions: true}}\noutput:"
+).replace("(filtered BC)", "(filtered BC) and verified interventions on the failures")
+ARMS = {
+    "unfiltered": learning.UNFILTERED.replace("bench-unfiltered", "value-unfiltered"),
+    "success": learning.CURATED.replace("bench-curated", "value-success"),
+    "success+interventions": WITH_INTERVENTIONS,
+}
+#: The paired comparisons reported, (A, B): B − A.
+PAIRS = [
+    ("unfiltered", "success"),
+    ("success", "success+interventions"),
+    ("unfiltered", "success+interventions"),
+]
+
+say = learning.say
+
+
+async def collect(b: Any) -> str:
+    """The habit-noised expert on ``--collect`` train tasks, judged; its run id."""
+    from stages.collect import CollectConfig, run_collect
+    from stages.judge import JudgeConfig, run_judge
+
+    t0 = time.perf_counter()
+    cfg = CollectConfig(
+        split="train",
+        n_tasks=b.a.collect,
+        policy="expert",
+        noise=b.a.noise,
+        noise_kind="habit",
+        prompt_mode="a11y",
+        max_steps=26,
+        action_timeout_s=1.5,
+        concurrency=8,
+        run_name="value-habit-expert",
+    )
+    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
+    await asyncio.to_thread(run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id))
+    b.timed("collect", t0)
+    say(
+        f"habit expert (noise {b.a.noise}): {res.ran + res.skipped} trajectories, "
+        f"{res.steps} steps, outcomes {res.by_status}"
+    )
+    return res.run_id
+
+
+async def intervene(b: Any, run: str) -> None:
+    """Verified interventions of the expert teacher on the run's failed trajectories."""
+    from stages.intervene import InterveneConfig, run_intervene_async
+
+    if not b.a.interventions:
+        say("interventions: none asked for (--interventions 0)")
+        return
+    t0 = time.perf_counter()
+    cfg = InterveneConfig(
+        teacher="expert",
+        run=run,
+        max_trajectories=b.a.interventions,
+        concurrency=4,
+        action_timeout_s=1.5,
+    )
+    res = await run_intervene_async(b.wh, cfg, server=b.server, browser=b.browser)
+    b.timed("intervene", t0)
+    say(
+        f"interventions (expert teacher): {res.selected} failed trajectories, "
+        f"{res.intervened} intervened, {res.verified} verified, {res.not_verified} not, "
+        f"{res.no_error_found} without an error found, {res.errors} errors"
+    )
+
+
+def by_template(b: Any, run: str) -> dict[str, dict[str, int]]:
+    """Per template of the run's trajectories: how many, and how many succeeded (the failures
+    are mostly the habit's: the expert makes no other mistake)."""
+    df = b.wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [run])
+    out: dict[str, dict[str, int]] = {}
+    for task_id, status in df.iter_rows():
+        template = task_id.split("/")[1] if task_id.count("/") >= 2 else task_id
+        row = out.setdefault(template, {"n": 0, "success": 0})
+        row["n"] += 1
+        row["success"] += status == "success"
+    return out
+
+
+def sft(b: Any, ds: Any, label: str) -> Any:
+    """Ranker SFT on ``ds`` for exactly ``--steps`` steps of ``--batch`` (the learning bench's
+    learning rate); its loss curve's ends."""
+    from stages.train import SFTConfig, run_sft
+
+    t0 = time.perf_counter()
+    rows = max(1, ds.counts["sft"])
+    epochs = -(-b.a.steps * b.a.batch // rows)  # enough passes to reach --steps
+    cfg = SFTConfig(
+        dataset=ds.dataset_id,
+        model="ranker",
+        epochs=epochs,
+        max_steps=b.a.steps,
+        lr=2e-3,
+        batch_size=b.a.batch,
+        save_every=10_000,
+    )
+    res = run_sft(b.wh, cfg)
+    b.timed(f"sft {label}", t0)
+    losses = b.wh.sql(
+        "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
+        [res.training_run_id],
+    )["value"].to_list()
+    k = max(1, min(5, len(losses) // 4))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    say(
+        f"sft {label}: {rows} rows, {res.last_step} steps ({epochs} epoch(s) allowed), "
+        f"loss {first:.3f} -> {last:.3f}"
+    )
+    if res.last_step != b.a.steps:
+        raise SystemExit(f"sft {label}: {res.last_step} steps, not {b.a.steps}")
+    if not last < first:
+        raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
+    return res
+
+
+async def run_all(b: Any, home: Path) -> None:
+    learning.generate(b)
+    run = await collect(b)
+    train = by_template(b, run)
+    await intervene(b, run)
+    data = {
+        arm: learning.build(b, text.format(run=json.dumps(run)), home / "datasets")
+        for arm, text in ARMS.items()
+    }
+    checkpoints = {arm: sft(b, ds, arm).checkpoint for arm, ds in data.items()}
+    say(f"evaluation (ranker, greedy, {b.a.eval_n} test tasks, max {b.a.eval_max_steps} steps):")
+    for arm, checkpoint in checkpoints.items():
+        await learning.evaluate(b, arm, checkpoint, "test")
+    report(b, train)
+
+
+def report(b: Any, train: dict[str, dict[str, int]]) -> None:
+    """Each pair of :data:`PAIRS`, paired on the same tasks, overall and per template (with the
+    template's failed share of the training trajectories: the habits' footprint)."""
+    from training.evaluate import compare_evaluations
+
+    say(
+        "differences (B - A, paired on the same test tasks: 95% bootstrap interval resampling "
+        "templates, exact McNemar p):"
+    )
+    for a, c in PAIRS:
+        d = compare_evaluations(b.wh, b.evals[(a, "test")]["row"], b.evals[(c, "test")]["row"])
+        if d["method"] != "paired":
+            raise SystemExit(f"{c} vs {a}: not paired ({d.get('unpaired_because')})")
+        p = d["mcnemar_p"]
+        say(
+            f"  {c} - {a}: {d['diff']:+.1%} [{d['ci_low']:+.1%}, {d['ci_high']:+.1%}] paired on "
+            f"{d['n_pairs']} tasks ({d['clusters']} templates), only A {d['a_only']} / only B "
+            f"{d['b_only']}, McNemar p " + (f"{p:.3g}" if p is not None else "n/a")
+        )
+        if learning.RESULTS is not None:
+            keep = ("diff", "ci_low", "ci_high", "n_pairs", "a_only", "b_only", "mcnemar_p")
+            figures = learning.RESULTS.figures.setdefault("differences", {})
+            figures[f"{c} - {a}"] = {
+                **{k: d.get(k) for k in keep},
+                "by_template": {str(g["template"]): g for g in d["by_template"]},
+            }
+    per_template(b, train)
+
+
+def per_template(b: Any, train: dict[str, dict[str, int]]) -> None:
+    """Solved per template and arm on the same test tasks, beside the training failures."""
+    from training.evaluate import per_task, run_outcomes
+
+    solved: dict[str, dict[str, int]] = {}
+    n: dict[str, int] = {}
+    for arm in ARMS:
+        row = b.evals[(arm, "test")]["row"]
+        df = per_task(run_outcomes(b.wh, row["run_id"], row.get("judge")))
+        for template, success in df.select("template", "success").iter_rows():
+            solved.setdefault(template, {}).setdefault(arm, 0)
+            solved[template][arm] += int(success or 0)
+            if arm == next(iter(ARMS)):
+                n[template] = n.get(template, 0) + 1
+    say(f"per template (test solved: {' / '.join(ARMS)} of n; train: failed of trajectories):")
+    for template in sorted(solved):
+        h = train.get(template, {"n": 0, "success": 0})
+        counts = " / ".join(f"{solved[template].get(arm, 0):>3}" for arm in ARMS)
+        failed = h["n"] - h["success"]
+        say(f"  {template:<24} {counts} of {n.get(template, 0):<4} train {failed}/{h['n']} failed")
+    if learning.RESULTS is not None:
+        learning.RESULTS.figures["per_template"] = {
+            t: {"test_n": n.get(t, 0), "test_solved": solved[t], "train": train.get(t)}
+            for t in solved
+        }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
+    p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
+    p.add_argument("--results", type=Path, default=None, help="results file (bench/results/)")
+    for k, v in FULL.items():
+        p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
+    args = p.parse_args(argv)
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main() -> None:
+    from bench.results import Results
+
+    args = parse_args()
+    learning.RESULTS = Results("curation_value", args)
+    script = "bench/curation_value.py"
+    if args.home is not None:
+        asyncio.run(learning.main_async(args, args.home, run_all, script))
+    else:
+        with tempfile.TemporaryDirectory(prefix="webloop-curation-value-") as tmp:
+            asyncio.run(learning.main_async(args, Path(tmp) / "home", run_all, script))
+    learning.RESULTS.write(args.results, args.quick)
+
+
+if __name__ == "__main__":
+    main()
