@@ -75,6 +75,7 @@ bench: setup vllm
 	$(PY) bench/rollouts.py
 	$(PY) bench/judging.py
 	$(PY) bench/curation.py
+	$(PY) bench/curation_value.py
 	$(PY) bench/learning.py
 	$(PY) bench/ood.py
 	$(PY) bench/dashboard.py

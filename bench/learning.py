@@ -557,23 +557,31 @@ async def run_all(b: Bench, home: Path) -> None:
     differences(b)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def sized_args(
+    doc: str, full: dict[str, Any], quick: dict[str, Any], argv: list[str] | None = None
+) -> argparse.Namespace:
+    """A bench's arguments: ``--quick``, ``--home``, ``--results`` and a flag per setting of
+    ``full``; the settings not given take the ``quick`` or ``full`` size's value."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
     p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
     p.add_argument(
         "--results", type=Path, default=None, help="results file (default: bench/results/)"
     )
-    for k, v in FULL.items():
+    for k, v in full.items():
         if isinstance(v, bool):
             p.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction)
         else:
             p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
     args = p.parse_args(argv)
-    for k, v in (QUICK if args.quick else FULL).items():
+    for k, v in (quick if args.quick else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return sized_args(__doc__, FULL, QUICK, argv)
 
 
 def main() -> None:

@@ -192,16 +192,7 @@ def report(b: Any, shots: list[int], results: dict[int, dict[str, Any]]) -> None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a seconds-to-minutes smoke size")
-    p.add_argument("--home", type=Path, default=None, help="warehouse home (default: a temp dir)")
-    p.add_argument("--results", type=Path, default=None, help="results file (bench/results/)")
-    for k, v in FULL.items():
-        p.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
-    args = p.parse_args(argv)
-    for k, v in (QUICK if args.quick else FULL).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = learning.sized_args(__doc__, FULL, QUICK, argv)
     args.batch = 32 if not args.quick else 16  # the learning bench's SFT settings
     return args
 
