@@ -16,15 +16,18 @@ same wrong move at the same kind of state. This bench makes that noise and measu
    (``stages.intervene``; ``--interventions N`` caps how many trajectories, 0: none);
 3. arms, datasets of the SAME trajectories: ``unfiltered`` (every graded trajectory),
    ``success`` (the filtered-BC recipe: judged successes, invalid steps and loops dropped,
-   deduplicated) and ``success+interventions`` (that, plus one example per verified
-   intervention: the failed prefix as the prompt, the correction as the target);
+   deduplicated), ``success+interventions`` (that, plus one example per verified
+   intervention: the failed prefix as the prompt, the correction as the target) and
+   ``prefixes`` (a step-level filter: every success whole, and each failure's steps before the
+   first error the interventions located, ``before_first_error``; a failure without one is
+   dropped);
 4. training: the ranker by SFT on each arm for the SAME number of gradient steps (``--steps``
    of ``--batch``: a smaller dataset gets more epochs), so an arm wins on its data, not on more
    updates;
 5. evaluation: each checkpoint greedy on the same ``--eval-n`` ``test`` tasks (deterministic
-   sites, so paired); each arm against the one before it and ``success+interventions −
-   unfiltered``, overall (template-clustered bootstrap interval, exact McNemar) and per template,
-   beside each template's failed share of the training trajectories (the habits' footprint).
+   sites, so paired); the pairs of :data:`PAIRS`, overall (template-clustered bootstrap
+   interval, exact McNemar) and per template, beside each template's failed share of the
+   training trajectories (the habits' footprint).
 
 Everything is the product's own code path (collect / judge / curate / train / evaluate), in one
 process with one sites server and one Chromium, into a fresh warehouse; a results file as the
@@ -69,16 +72,30 @@ WITH_INTERVENTIONS = learning.CURATED.replace("bench-curated", "value-success-in
 WITH_INTERVENTIONS = WITH_INTERVENTIONS.replace(
     "output:", "include: {{interventions: true}}\noutput:"
 ).replace("(filtered BC)", "(filtered BC) and verified interventions on the failures")
+PREFIXES = """
+name: value-prefixes
+description: "Every success whole, every failure up to its first error (a step-level filter)."
+sources: {{splits: [train], runs: [{run}]}}
+filters:
+  - before_first_error: {{}}
+  - drop_invalid_steps: {{}}
+  - drop_loops: {{max_repeats: 2}}
+  - dedup_trajectories: {{}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
 ARMS = {
     "unfiltered": learning.UNFILTERED.replace("bench-unfiltered", "value-unfiltered"),
     "success": learning.CURATED.replace("bench-curated", "value-success"),
     "success+interventions": WITH_INTERVENTIONS,
+    "prefixes": PREFIXES,
 }
 #: The paired comparisons reported, (A, B): B − A.
 PAIRS = [
     ("unfiltered", "success"),
     ("success", "success+interventions"),
     ("unfiltered", "success+interventions"),
+    ("unfiltered", "prefixes"),
 ]
 
 say = learning.say

@@ -12,7 +12,8 @@ DuckDB SQL for auxiliary tables, read at the pinned snapshot through :class:`Lak
 selection runner (:mod:`curation.select`) counts what each one removed.
 
 Trajectory-level filters: ``verdict``, ``length``, ``dedup_trajectories``, ``dedup_tasks``.
-Step-level filters: ``prm_threshold``, ``drop_invalid_steps``, ``drop_loops``. Infra errors,
+Step-level filters: ``prm_threshold``, ``before_first_error``, ``drop_invalid_steps``,
+``drop_loops``. Infra errors,
 timeouts and running trajectories are removed by :func:`exclude_infra` before any of them,
 always (it is not registered: a recipe cannot leave it out).
 """
@@ -354,6 +355,50 @@ def prm_threshold(frames: Frames, p: PrmThresholdParams) -> Frames:
     score = joined.get_column("taken_score")
     drop = (score < p.min_score).fill_null(p.unscored == "drop")
     return frames.drop_steps(drop)
+
+
+class BeforeFirstErrorParams(FilterParams):
+    proposer: str | None = Field(
+        None, description="Only first errors this intervention proposer located (null: any)."
+    )
+    unlocated: Literal["drop", "keep"] = Field(
+        "drop",
+        description="A failed trajectory whose first error no intervention located: drop it "
+        "whole, or keep every step.",
+    )
+
+
+@register("before_first_error", BeforeFirstErrorParams)
+def before_first_error(frames: Frames, p: BeforeFirstErrorParams) -> Frames:
+    """Keep a failed trajectory's steps before its first error: the prefix that was still on
+    the task's reference path. Trajectories of another status are untouched.
+
+    The first error is the intervention stage's ``first_error_step`` (page-state replay against
+    the reference, :mod:`curation.interventions`): the step whose action left the path; it and
+    every later step are dropped (with several interventions, the earliest). ``webloop
+    intervene`` locates it, whatever its teacher then proposed or whether the correction was
+    verified. A failed trajectory no intervention located an error in is dropped whole
+    (``unlocated: drop``) or kept (``keep``)."""
+    located = frames.lake.with_ids(
+        "__cur_trajs",
+        frames.trajectories.get_column("traj_id"),
+        f"""
+        SELECT traj_id, min(first_error_step) AS first_error
+        FROM {Lake.table("interventions")}
+        WHERE traj_id IN (SELECT traj_id FROM __cur_trajs) AND first_error_step IS NOT NULL
+          AND ($proposer IS NULL OR proposer = $proposer)
+        GROUP BY traj_id
+        """,
+        {"proposer": p.proposer},
+    )
+    failed = frames.trajectories.filter(pl.col("status") == "failure").get_column("traj_id")
+    s = frames.steps.select("traj_id", "step_idx").join(
+        located, on="traj_id", how="left", maintain_order="left"
+    )
+    at_or_after = (s.get_column("step_idx") >= s.get_column("first_error")).fill_null(
+        p.unlocated == "drop"
+    )
+    return frames.drop_steps(s.get_column("traj_id").is_in(failed.implode()) & at_or_after)
 
 
 class DropInvalidStepsParams(FilterParams):

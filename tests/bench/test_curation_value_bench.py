@@ -31,17 +31,20 @@ def test_curation_value_bench_quick_compares_the_arms_paired():
     sizes = {k: int(v) for k, v in re.findall(r"dataset value-([\w-]+): \{'sft': (\d+)", out)}
     assert 0 < sizes["success"] < sizes["unfiltered"]  # failures filtered out
     assert sizes["success-interventions"] == sizes["success"] + int(iv[2])  # one row each
+    assert sizes["success"] <= sizes["prefixes"] <= sizes["unfiltered"]  # + the failed prefixes
     steps = re.findall(r"^sft ([\w+]+): (\d+) rows, (\d+) steps", out, re.M)
     assert [(arm, int(n)) for arm, _, n in steps] == [
         ("unfiltered", 20),
         ("success", 20),
         ("success+interventions", 20),
+        ("prefixes", 20),
     ]  # the same number of gradient steps for every arm
     evals = re.findall(r"^  ([\w+]+)\s+test\s+(\d+)/(\d+)", out, re.M)
     assert [(a, int(n)) for a, _, n in evals] == [
         ("unfiltered", 3),
         ("success", 3),
         ("success+interventions", 3),
+        ("prefixes", 3),
     ]
     solved = {a: int(k) for a, k, _ in evals}
     diffs = re.findall(
@@ -51,13 +54,14 @@ def test_curation_value_bench_quick_compares_the_arms_paired():
         ("success", "unfiltered"),
         ("success+interventions", "success"),
         ("success+interventions", "unfiltered"),
+        ("prefixes", "unfiltered"),
     ]
     for b, a, diff, n in diffs:
         assert int(n) == 3 and float(diff) == pytest.approx(
             100 * (solved[b] - solved[a]) / 3, abs=0.05
         )
     rows = re.findall(
-        r"^  (\w+)\s+(\d+) /\s+(\d+) /\s+(\d+) of (\d+)\s+train (\d+)/(\d+)", out, re.M
+        r"^  (\w+)\s+(\d+) /\s+(\d+) /\s+(\d+) /\s+(\d+) of (\d+)\s+train (\d+)/(\d+)", out, re.M
     )
-    assert rows and sum(int(r[4]) for r in rows) == 3  # every test task in one template's row
+    assert rows and sum(int(r[5]) for r in rows) == 3  # every test task in one template's row
     assert sum(int(r[1]) for r in rows) == solved["unfiltered"]

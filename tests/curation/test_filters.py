@@ -21,6 +21,7 @@ def ids(sel) -> set[str]:
 
 def test_registry_lists_every_filter() -> None:
     assert FILTERS.names() == [
+        "before_first_error",
         "dedup_tasks",
         "dedup_trajectories",
         "drop_invalid_steps",
@@ -107,6 +108,25 @@ def test_prm_threshold_pinned_scorer_version(shared_wh) -> None:
     # Version 1 scored only t03 step 3 (0.1) → that step goes; nothing else is scored by v1.
     assert report_of(sel)[1] == ("prm_threshold", 0, 1)
     assert kept_steps(sel)["t03"] == [0, 1, 2]
+
+
+def test_before_first_error_keeps_the_failed_prefixes(shared_wh) -> None:
+    sel = run(shared_wh, "filters: [{before_first_error: {}}]\n")
+    # Failures: t05 (first error at step 3: steps 0-2 stay), t12 and t13 (first error at step
+    # 0: nothing stays, so they go). 2 trajectories, 1 + 12 + 2 = 15 steps; successes untouched.
+    assert report_of(sel)[1] == ("before_first_error", 2, 15)
+    assert ids(sel) == ALL - {"t12", "t13"}
+    assert kept_steps(sel)["t05"] == [0, 1, 2] and kept_steps(sel)["t06"] == list(range(6))
+
+
+def test_before_first_error_of_another_proposer_or_unlocated(shared_wh) -> None:
+    sel = run(shared_wh, "filters: [{before_first_error: {proposer: teacher-b}}]\n")
+    # teacher-b located no error: every failed trajectory goes whole (4 + 12 + 2 steps)
+    assert report_of(sel)[1] == ("before_first_error", 3, 18)
+    sel = run(
+        shared_wh, "filters: [{before_first_error: {proposer: teacher-b, unlocated: keep}}]\n"
+    )
+    assert report_of(sel)[1] == ("before_first_error", 0, 0) and ids(sel) == ALL
 
 
 def test_drop_invalid_steps_with_and_without_noop(shared_wh) -> None:
