@@ -101,34 +101,6 @@ PAIRS = [
 say = learning.say
 
 
-async def collect(b: Any) -> str:
-    """The habit-noised expert on ``--collect`` train tasks, judged; its run id."""
-    from stages.collect import CollectConfig, run_collect
-    from stages.judge import JudgeConfig, run_judge
-
-    t0 = time.perf_counter()
-    cfg = CollectConfig(
-        split="train",
-        n_tasks=b.a.collect,
-        policy="expert",
-        noise=b.a.noise,
-        noise_kind="habit",
-        prompt_mode="a11y",
-        max_steps=26,
-        action_timeout_s=1.5,
-        concurrency=8,
-        run_name="value-habit-expert",
-    )
-    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
-    await asyncio.to_thread(run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id))
-    b.timed("collect", t0)
-    say(
-        f"habit expert (noise {b.a.noise}): {res.ran + res.skipped} trajectories, "
-        f"{res.steps} steps, outcomes {res.by_status}"
-    )
-    return res.run_id
-
-
 async def intervene(b: Any, run: str) -> None:
     """Verified interventions of the expert teacher on the run's failed trajectories."""
     from stages.intervene import InterveneConfig, run_intervene_async
@@ -166,52 +138,20 @@ def by_template(b: Any, run: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def sft(b: Any, ds: Any, label: str) -> Any:
-    """Ranker SFT on ``ds`` for exactly ``--steps`` steps of ``--batch`` (the learning bench's
-    learning rate); its loss curve's ends."""
-    from stages.train import SFTConfig, run_sft
-
-    t0 = time.perf_counter()
-    rows = max(1, ds.counts["sft"])
-    epochs = -(-b.a.steps * b.a.batch // rows)  # enough passes to reach --steps
-    cfg = SFTConfig(
-        dataset=ds.dataset_id,
-        model="ranker",
-        epochs=epochs,
-        max_steps=b.a.steps,
-        lr=2e-3,
-        batch_size=b.a.batch,
-        save_every=10_000,
-    )
-    res = run_sft(b.wh, cfg)
-    b.timed(f"sft {label}", t0)
-    losses = b.wh.sql(
-        "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
-        [res.training_run_id],
-    )["value"].to_list()
-    k = max(1, min(5, len(losses) // 4))
-    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    say(
-        f"sft {label}: {rows} rows, {res.last_step} steps ({epochs} epoch(s) allowed), "
-        f"loss {first:.3f} -> {last:.3f}"
-    )
-    if res.last_step != b.a.steps:
-        raise SystemExit(f"sft {label}: {res.last_step} steps, not {b.a.steps}")
-    if not last < first:
-        raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
-    return res
-
-
 async def run_all(b: Any, home: Path) -> None:
     learning.generate(b)
-    run = await collect(b)
+    run = await learning.expert_run(
+        b, "value-habit-expert", n=b.a.collect, noise=b.a.noise, noise_kind="habit"
+    )
     train = by_template(b, run)
     await intervene(b, run)
     data = {
         arm: learning.build(b, text.format(run=json.dumps(run)), home / "datasets")
         for arm, text in ARMS.items()
     }
-    checkpoints = {arm: sft(b, ds, arm).checkpoint for arm, ds in data.items()}
+    checkpoints = {
+        arm: learning.sft(b, ds, arm, max_steps=b.a.steps).checkpoint for arm, ds in data.items()
+    }
     say(f"evaluation (ranker, greedy, {b.a.eval_n} test tasks, max {b.a.eval_max_steps} steps):")
     for arm, checkpoint in checkpoints.items():
         await learning.evaluate(b, arm, checkpoint, "test")

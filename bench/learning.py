@@ -182,31 +182,45 @@ def generate(b: Bench) -> None:
     say(f"tasks: {len(tasks)} bundled ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))})")
 
 
-async def collect_expert(b: Bench) -> str:
+async def expert_run(
+    b: Bench,
+    name: str,
+    *,
+    split: str = "train",
+    n: int,
+    task_ids: tuple[str, ...] = (),
+    noise: float = 0.0,
+    noise_kind: str = "random",
+) -> str:
+    """The scripted expert on ``n`` tasks of ``split`` (or exactly ``task_ids``), with
+    ``noise`` of ``noise_kind`` (0: flawless), judged by the programmatic judge; its run id."""
     from stages.collect import CollectConfig, run_collect
     from stages.judge import JudgeConfig, run_judge
 
     t0 = time.perf_counter()
     cfg = CollectConfig(
-        split="train",
-        n_tasks=b.a.collect,
+        split=split,
+        n_tasks=n,
+        task_ids=task_ids,
         policy="expert",
-        noise=b.a.noise,
+        noise=noise,
+        noise_kind=noise_kind,
         prompt_mode="a11y",
         max_steps=26,  # the longest reference has 21 steps; a derailed expert stops sooner
         action_timeout_s=1.5,
         concurrency=8,
-        run_name="bench-noisy-expert",
+        run_name=name,
     )
     res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
     # (run_judge runs its own event loop: off this one)
     judged = await asyncio.to_thread(
         run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id)
     )
-    b.timed("collect expert", t0)
+    b.timed("collect", t0)
+    noisy = f", noise {noise} ({noise_kind})" if noise else ""
     say(
-        f"noisy expert (noise {b.a.noise}): {res.ran + res.skipped} trajectories, "
-        f"{res.steps} steps, outcomes {res.by_status}; judged {judged.judged}"
+        f"expert {name}{noisy}: {res.ran + res.skipped} trajectories, {res.steps} steps, "
+        f"outcomes {res.by_status}; judged {judged.judged}"
     )
     return res.run_id
 
@@ -237,14 +251,26 @@ def coverage(b: Bench, ds: Any) -> None:
     say(f"oracle coverage of the candidate generator: {oracle_coverage(rows):.1%} ({parts})")
 
 
-def sft(b: Bench, ds: Any, label: str, splits: tuple[str, ...] = ("train",)) -> Any:
+def sft(
+    b: Bench,
+    ds: Any,
+    label: str,
+    splits: tuple[str, ...] = ("train",),
+    max_steps: int | None = None,
+) -> Any:
+    """Ranker SFT on ``ds`` (``--epochs`` passes, or exactly ``max_steps`` steps of ``--batch``:
+    then as many passes as that takes, so arms of different sizes get the same number of
+    updates); says its loss curve's ends and fails if the loss did not fall."""
     from stages.train import SFTConfig, run_sft
 
     t0 = time.perf_counter()
+    rows = max(1, ds.counts["sft"])
+    epochs = -(-max_steps * b.a.batch // rows) if max_steps else b.a.epochs
     cfg = SFTConfig(
         dataset=ds.dataset_id,
         model="ranker",
-        epochs=b.a.epochs,
+        epochs=epochs,
+        max_steps=max_steps,
         lr=2e-3,
         batch_size=b.a.batch,
         save_every=10_000,
@@ -253,7 +279,6 @@ def sft(b: Bench, ds: Any, label: str, splits: tuple[str, ...] = ("train",)) -> 
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0
     b.timed(f"sft {label}", t0)
-    n = ds.counts["sft"] * b.a.epochs
     losses = b.wh.sql(
         "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
         [res.training_run_id],
@@ -261,9 +286,12 @@ def sft(b: Bench, ds: Any, label: str, splits: tuple[str, ...] = ("train",)) -> 
     k = max(1, min(5, len(losses) // 4))
     first, last = _mean(losses[:k]), _mean(losses[-k:])
     say(
-        f"sft {label}: {res.last_step} steps, loss {first:.3f} -> {last:.3f}, "
-        f"{n / secs:.0f} examples/s (ranker, incl. first-epoch encoding)"
+        f"sft {label}: {rows} rows, {res.last_step} steps ({epochs} epoch(s) allowed), "
+        f"loss {first:.3f} -> {last:.3f}, {res.last_step * b.a.batch / secs:.0f} examples/s "
+        "(ranker, incl. first-epoch encoding)"
     )
+    if max_steps and res.last_step != max_steps:
+        raise SystemExit(f"sft {label}: {res.last_step} steps, not {max_steps}")
     if not last < first:
         raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
     return res
@@ -530,7 +558,7 @@ async def main_async(
 
 async def run_all(b: Bench, home: Path) -> None:
     generate(b)
-    run = await collect_expert(b)
+    run = await expert_run(b, "bench-noisy-expert", n=b.a.collect, noise=b.a.noise)
     curated = build(b, CURATED.format(run=json.dumps(run)), home / "datasets")
     unfiltered = build(b, UNFILTERED.format(run=json.dumps(run)), home / "datasets")
     coverage(b, curated)

@@ -31,7 +31,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,30 +70,6 @@ def ood_order(tasks: list[Any], seed: int = 0) -> list[str]:
     ids = sorted(t.task_id for t in tasks if t.split == "ood")
     random.Random(seed).shuffle(ids)
     return ids
-
-
-async def expert_run(b: Any, name: str, *, split: str, n: int, task_ids: tuple = ()) -> str:
-    """The scripted expert (no mistakes) on ``n`` tasks of ``split`` (or ``task_ids``), judged."""
-    from stages.collect import CollectConfig, run_collect
-    from stages.judge import JudgeConfig, run_judge
-
-    t0 = time.perf_counter()
-    cfg = CollectConfig(
-        split=split,
-        n_tasks=n,
-        task_ids=task_ids,
-        policy="expert",
-        prompt_mode="a11y",
-        max_steps=26,
-        action_timeout_s=1.5,
-        concurrency=8,
-        run_name=name,
-    )
-    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
-    await asyncio.to_thread(run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id))
-    b.timed("collect", t0)
-    say(f"expert {name}: {res.ran + res.skipped} trajectories, outcomes {res.by_status}")
-    return res.run_id
 
 
 def accuracy(b: Any, checkpoint: str, ds: Any) -> tuple[int, int]:
@@ -142,8 +117,8 @@ async def run_all(b: Any, home: Path) -> None:
         f"tasks: {len(tasks)}; ood (travel) {len(order)}: demonstration pool {len(pool)}, "
         f"held out {len(held_out)}"
     )
-    train_run = await expert_run(b, "ood-train-demos", split="train", n=a.train)
-    heldout_run = await expert_run(
+    train_run = await learning.expert_run(b, "ood-train-demos", split="train", n=a.train)
+    heldout_run = await learning.expert_run(
         b, "ood-heldout-expert", split="ood", n=len(held_out), task_ids=tuple(held_out)
     )
     heldout = learning.build(b, HELDOUT.format(run=json.dumps(heldout_run)), home / "datasets")
@@ -152,7 +127,9 @@ async def run_all(b: Any, home: Path) -> None:
         runs = [train_run]
         if k:
             ids = tuple(pool[:k])
-            runs.append(await expert_run(b, f"ood-travel-{k}", split="ood", n=k, task_ids=ids))
+            runs.append(
+                await learning.expert_run(b, f"ood-travel-{k}", split="ood", n=k, task_ids=ids)
+            )
         ds = learning.build(b, DEMOS.format(k=k, runs=json.dumps(runs)), home / "datasets")
         res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"))
         hits, n = accuracy(b, res.checkpoint, heldout)

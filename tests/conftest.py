@@ -241,6 +241,10 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     files are one unit (they share the session's one vLLM server)."""
     from xdist.scheduler import LoadScopeScheduling
 
+    # pytest-xdist reorders the units by their number of tests unless told not to, which put
+    # the few-test, minutes-long benchmark files last: keep the weights' order instead
+    config.option.loadscopereorder = False
+
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)

@@ -20,7 +20,11 @@ def test_curation_value_bench_quick_compares_the_arms_paired():
     proc = quick("curation_value.py", timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    m = re.search(r"habit expert \(noise 0.4\): (\d+) trajectories, \d+ steps, outcomes (.*)", out)
+    m = re.search(
+        r"expert value-habit-expert, noise 0.4 \(habit\): (\d+) trajectories, \d+ steps, "
+        r"outcomes (\{.*\})",
+        out,
+    )
     assert m and int(m[1]) == 12 and "'failure'" in m[2]  # the habits broke some tasks
     iv = re.search(
         r"interventions \(expert teacher\): (\d+) failed trajectories, \d+ intervened, "

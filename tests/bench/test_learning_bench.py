@@ -22,13 +22,13 @@ def test_learning_bench_quick_runs_the_whole_loop():
     proc = quick("learning.py", timeout=1200)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    expert = re.search(r"noisy expert .*: (\d+) trajectories, (\d+) steps", out)
+    expert = re.search(r"expert bench-noisy-expert, noise .*: (\d+) trajectories, (\d+) steps", out)
     assert expert and int(expert.group(1)) == 24 and int(expert.group(2)) > 24
     sizes = dict(re.findall(r"dataset bench-(\w+): \{'sft': (\d+)", out))
     assert 0 < int(sizes["curated"]) < int(sizes["unfiltered"])  # failures filtered out
     cov = float(re.search(r"oracle coverage of the candidate generator: ([\d.]+)%", out)[1])
     assert 80.0 <= cov <= 100.0
-    m = re.search(r"sft curated: \d+ steps, loss ([\d.]+) -> ([\d.]+)", out)
+    m = re.search(r"sft curated: \d+ rows, \d+ steps .*, loss ([\d.]+) -> ([\d.]+)", out)
     assert m and float(m[2]) < float(m[1])
     assert "sft unfiltered" not in out  # (the same code path: the full size runs it)
     assert re.search(r"sft tiny VLM: \d+ examples in [\d.]+ s", out)
