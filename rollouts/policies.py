@@ -224,28 +224,60 @@ class ExpertPolicy:
         return await self._planned(ctx, planned)
 
     async def _habitual(self, ctx: PolicyContext, ref: list[str], cursor: int) -> PolicyOutput:
-        """The plan, with the template's habit in the episodes that have it (drawn once)."""
+        """The plan, with the template's habit in the episodes that have it (drawn once).
+
+        A habit is a move a policy could make at that state: on a live page in the ``ref``
+        space, a skip whose next step's element is not on this page (a link to the next page,
+        say: emitted, it would be the plan's own CSS action, which no policy proposes) becomes
+        a click on the sibling of the skipped step's element; only where that has none either
+        is the step skipped regardless."""
         if "habit" not in ctx.memory:
             draw = self.noise > 0 and ctx.rng.random() < self.noise
             ctx.memory["habit"] = habit(ctx.task_id, ref) if draw else None
         h = ctx.memory["habit"]
         if h is None or cursor != h[1] or ctx.memory.get("habit_done"):
             return await self._planned(ctx, ref[cursor])
-        kind = h[0]
-        if kind == "sibling" and ctx.page is not None and self.action_space == "ref":
-            right = await self._grounded(ctx, ref[cursor])
-            if right is None:  # a preparatory scroll first; the habit at the next step
-                text = f"Thought: step {cursor + 1} is out of view.\nAction: {ctx.memory['prep']}"
-                return PolicyOutput(text, parse_action(text))
-            m = re.fullmatch(r"click\(((?:f\d+)?e\d+)\)", right)
-            other = sibling(ctx.turns[-1].a11y or "", m.group(1)) if m and ctx.turns else None
-            if other is not None:
-                ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 1
-                text = f"Thought: step {cursor + 1} of the plan.\nAction: click({other})"
-                return PolicyOutput(text, parse_action(text))
-        ctx.memory["habit_done"] = True  # skip (also a sibling habit with no sibling here)
+        if ctx.page is not None and self.action_space == "ref":
+            out = await self._skip_here(ctx, ref, cursor) if h[0] == "skip" else None
+            out = out or await self._sibling(ctx, ref, cursor)
+            if out is not None:
+                return out
+        ctx.memory["habit_done"] = True  # skip (the step has no sibling either)
         ctx.memory["cursor"] = cursor + 1
         return await self._planned(ctx, ref[cursor + 1])
+
+    async def _skip_here(
+        self, ctx: PolicyContext, ref: list[str], cursor: int
+    ) -> PolicyOutput | None:
+        """The skip habit: the next step's action, if its element is on this page (else None)."""
+        ctx.memory.pop("grounding_error", None)
+        action = await self._grounded(ctx, ref[cursor + 1])
+        if action is None:  # on the page, out of view: a preparatory scroll, the habit next
+            text = f"Thought: step {cursor + 2} is out of view.\nAction: {ctx.memory['prep']}"
+            return PolicyOutput(text, parse_action(text))
+        if ctx.memory.pop("grounding_error", None) is not None:
+            return None  # not on this page
+        ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 2
+        text = f"Thought: step {cursor + 2} of the plan.\nAction: {action}"
+        return PolicyOutput(text, parse_action(text))
+
+    async def _sibling(
+        self, ctx: PolicyContext, ref: list[str], cursor: int
+    ) -> PolicyOutput | None:
+        """The sibling habit: the step's click, typing or choice on the neighbour of its element
+        (the next product, the other field: None where it has none), then the plan carries on as
+        if the right one had been used."""
+        right = await self._grounded(ctx, ref[cursor])
+        if right is None:  # a preparatory scroll first; the habit at the next step
+            text = f"Thought: step {cursor + 1} is out of view.\nAction: {ctx.memory['prep']}"
+            return PolicyOutput(text, parse_action(text))
+        m = re.fullmatch(r"(click|type|select)\(((?:f\d+)?e\d+)(.*)\)", right, re.S)
+        other = sibling(ctx.turns[-1].a11y or "", m.group(2)) if m and ctx.turns else None
+        if other is None:
+            return None
+        ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 1
+        text = f"Thought: step {cursor + 1} of the plan.\nAction: {m[1]}({other}{m[3]})"
+        return PolicyOutput(text, parse_action(text))
 
     async def _planned(self, ctx: PolicyContext, planned: str) -> PolicyOutput:
         """``planned`` (the reference's step at the cursor) in the action space."""

@@ -177,6 +177,10 @@ def test_sibling_is_the_neighbouring_element_of_the_same_role():
     assert sibling(tree, "e9") is None
 
 
+def _unframed(text: str) -> str:
+    return re.sub(r"\bf\d+(e\d+)\b", r"\1", text or "")
+
+
 @pytest.mark.browser
 def test_habit_noise_makes_each_template_s_mistake_at_its_step(chromium, server, ref_runs):
     tasks, done = ref_runs
@@ -191,7 +195,7 @@ def test_habit_noise_makes_each_template_s_mistake_at_its_step(chromium, server,
         concurrency=3,
         max_steps=25,
     )
-    failed = habits = 0
+    failed = habits = plan_css = 0
     for f in noisy:
         tid = f.trajectory.task_id
         h = habit(tid, next(t for t in tasks if t.task_id == tid).reference)
@@ -200,16 +204,22 @@ def test_habit_noise_makes_each_template_s_mistake_at_its_step(chromium, server,
             continue
         kind, k = h
         habits += 1
-        acts = [s.action_text for s in f.steps]
-        right = [s.action_text for s in clean[tid].steps]
+        # (refs without their frame prefix: f2e8 is e8 after a second page load, and when a
+        # page load a click starts is counted differs between two runs under load)
+        acts = [_unframed(s.action_text) for s in f.steps]
+        right = [_unframed(s.action_text) for s in clean[tid].steps]
         assert acts[:k] == right[:k], (tid, kind, k, acts, right)  # the plan up to the habit
         assert acts[k] != right[k], (tid, kind, k, acts, right)  # then its one mistake
-        clicked = re.fullmatch(r"click\(((?:f\d+)?e\d+)\)", right[k])
-        if kind == "sibling" and clicked:
-            tree = clean[tid].blobs[clean[tid].steps[k].a11y_hash].decode()
-            other = sibling(tree, clicked[1])  # none: the habit skips the step instead
-            assert other is None or acts[k] == f"click({other})", (tid, acts[k], other)
+        used = re.fullmatch(r"(click|type|select)\(((?:f\d+)?e\d+)(.*)\)", right[k], re.S)
+        tree = _unframed(clean[tid].blobs[clean[tid].steps[k].a11y_hash].decode())
+        other = sibling(tree, used[2]) if used else None  # none: the habit skips
+        if kind == "sibling" and used:
+            assert other is None or acts[k] == f"{used[1]}({other}{used[3]})", (tid, acts[k])
+        if "css=" in acts[k]:  # a skip to an element not on this page: the plan's CSS action,
+            assert other is None, (tid, kind, acts[k], other)  # only where no sibling exists
+            plan_css += 1
         failed += f.trajectory.status != "success"
     # many habits break the task; a wrong click before an answer the scripted expert knows
     # anyway does not (a success with a wrong step in it: what step-level filters are for)
     assert habits >= len(noisy) - 2 and failed >= habits // 2, (habits, failed)
+    assert plan_css <= habits // 4, (plan_css, habits)  # habits are mostly moves a policy can make
