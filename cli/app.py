@@ -412,6 +412,15 @@ def sites_serve(
         server.stop()
 
 
+def _generated(n: int, seed: int, **kw: Any) -> list[Any]:
+    """Bundled tasks (``sites.tasks.generate``); an unknown suite version is a ConfigError."""
+    from sites.tasks import SUITE_VERSIONS, generate
+
+    if kw.get("version") not in SUITE_VERSIONS:
+        raise ConfigError(f"--suite-version must be one of {list(SUITE_VERSIONS)}")
+    return generate(n, seed, **kw)
+
+
 @sites_app.command("check")
 def sites_check(
     n: Annotated[
@@ -419,15 +428,17 @@ def sites_check(
     ] = 40,
     seed: Annotated[int, typer.Option(help="Task seed.", min=0, max=2**32 - 1)] = 0,
     concurrency: Annotated[int, typer.Option(help="Browser contexts at once.", min=1, max=256)] = 4,
+    suite_version: Annotated[
+        str, typer.Option(help="Bundled suite version (3: with the four headroom templates).")
+    ] = "2",
 ) -> None:
     """Run the scripted expert on generated tasks in real Chromium; report the success rate."""
     import asyncio
 
     from sites.server import SiteServer
-    from sites.tasks import generate
     from stages.bundled import run_expert
 
-    tasks = generate(n, seed)
+    tasks = _generated(n, seed, version=suite_version)
     done = []
 
     def progress(res: Any) -> None:
@@ -462,17 +473,20 @@ def tasks_generate(
         bool,
         typer.Option(help="Also write prompt-injection variants (suite bundled-adversarial)."),
     ] = False,
+    suite_version: Annotated[
+        str, typer.Option(help="Bundled suite version (3: with the four headroom templates).")
+    ] = "2",
 ) -> None:
     """Generate bundled tasks (rubric, checker, reference solution) into the warehouse."""
     from sites.server import SITES
-    from sites.tasks import adversarial_variants, generate
+    from sites.tasks import adversarial_variants
     from warehouse.tasks import put_tasks
 
     if suite != "bundled":
         raise ConfigError(f"only the 'bundled' suite is generated; import others (got {suite!r})")
     if ood_site not in SITES:
         raise ConfigError(f"--ood-site must be one of {sorted(SITES)}")
-    tasks = generate(n, seed, site_seed=site_seed, ood_site=ood_site)
+    tasks = _generated(n, seed, site_seed=site_seed, ood_site=ood_site, version=suite_version)
     if adversarial:
         tasks += adversarial_variants(tasks)
     with _open() as wh:

@@ -113,8 +113,10 @@ def habit(task_id: str, reference: list[str]) -> tuple[str, int] | None:
     """A task template's wrong habit, the same for every task of the template: ``(kind, step)``.
 
     ``skip`` forgets the reference's step ``step`` (the next one is taken at its state);
-    ``sibling`` clicks the neighbouring element of the same role there (:func:`sibling`; a skip
-    where the element has none) and carries on as if it had clicked the right one. The step is
+    ``sibling`` clicks, types or chooses in the neighbouring element of the same role there
+    (:func:`sibling`) and carries on as if it had used the right one. On a live page a skip
+    whose next element is not on the page yet is a sibling habit instead, and a sibling habit
+    whose element has no neighbour a skip (:meth:`ExpertPolicy._habitual`). The step is
     one of the first three of the task's own steps (not a dismissal of a banner or modal) and
     never the last (the answer or submit that ends the task), so it falls on the same kind of
     state in every task of a template; None where no step qualifies. Bundled task ids

@@ -76,6 +76,11 @@ def _answer(spec: dict, state: dict, answer: str | None) -> list[Criterion]:
         out.append(
             Criterion("correct value", ok, "" if ok else f"expected {options[0]!r} in the answer")
         )
+        wrong = spec.get("wrong") or []  # a comparison's other options
+        if wrong:
+            named = [w for w in wrong if _norm(str(w)) in _norm(answer)]
+            detail = f"the answer also names {named[0]!r}" if named else ""
+            out.append(Criterion("no other option named", not named, detail))
     return out
 
 

@@ -428,3 +428,53 @@ def shop_product_fact(c: Content, rng: random.Random) -> TaskSpec:
         [answer(shown)],
         {"pid": p.pid, "field": field_},
     )
+
+
+# -- suite version 3: templates with headroom (long, or a comparison of two pages) ------------
+
+
+@template("shop_cart_three", since=3)
+def shop_cart_three(c: Content, rng: random.Random) -> TaskSpec:
+    """Three different products in the cart: the three-item sibling of shop_add_to_cart."""
+    items = [_pick_variant(p, rng) for p in rng.sample(c.products, 3)]
+    steps = [ACCEPT_COOKIES, click("#close-modal")]
+    for item in items:
+        steps += _add_item_steps(item)
+    described = ", ".join(_describe(i) for i in items[:-1]) + f" and {_describe(items[-1])}"
+    return TaskSpec(
+        "shop_cart_three",
+        "shop",
+        f"Add {described} to your shopping cart.",
+        "/",
+        [*(_item_rubric(i) for i in items), "Nothing else needs to be bought"],
+        {"kind": "shop.cart", "items": items},
+        steps,
+        {"items": items},
+    )
+
+
+@template("shop_compare_price", since=3)
+def shop_compare_price(c: Content, rng: random.Random) -> TaskSpec | None:
+    """Which of two named products is cheaper: two searches, then the name (not the price)."""
+    a, b = rng.sample(c.products, 2)
+    if abs(a.price - b.price) < 1.0 or a.name == b.name:
+        return None
+    cheap, dear = (a, b) if a.price < b.price else (b, a)
+    return TaskSpec(
+        "shop_compare_price",
+        "shop",
+        f"Which is cheaper on Shoply, the {a.name} or the {b.name}? Answer with its name.",
+        "/",
+        ["Both prices were looked up", f"The answer is the {cheap.name}"],
+        {"kind": "answer", "type": "text", "expected": cheap.name, "wrong": [dear.name]},
+        [
+            ACCEPT_COOKIES,
+            click("#close-modal"),
+            type_("#search-input", a.name),
+            click("#search-button"),
+            type_("#search-input", b.name),
+            click("#search-button"),
+            answer(cheap.name),
+        ],
+        {"pids": [a.pid, b.pid]},
+    )

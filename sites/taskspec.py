@@ -58,13 +58,18 @@ def answer(text: str) -> str:
 
 ACCEPT_COOKIES = click("#accept-cookies")
 TEMPLATES: dict[str, Callable[[Content, random.Random], TaskSpec | None]] = {}
+#: The bundled suite version each template joined in (``sites.tasks.generate`` draws a suite
+#: version's templates only, so an earlier version's tasks stay what they were).
+SINCE: dict[str, int] = {}
 
 
-def template(name: str):
-    """Register a template ``(content, rng) → TaskSpec | None`` under ``name``."""
+def template(name: str, since: int = 2):
+    """Register a template ``(content, rng) → TaskSpec | None`` under ``name``, part of the
+    bundled suite from version ``since`` on."""
 
     def deco(fn):
         TEMPLATES[name] = fn
+        SINCE[name] = since
         return fn
 
     return deco

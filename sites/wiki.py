@@ -168,3 +168,68 @@ def wiki_twin_city(c: Content, rng: random.Random) -> TaskSpec:
         ],
         {"slug": a.slug, "field": field_},
     )
+
+
+# -- suite version 3: templates with headroom --------------------------------------------------
+
+
+@template("wiki_twin_of_twin", since=3)
+def wiki_twin_of_twin(c: Content, rng: random.Random) -> TaskSpec | None:
+    """Three hops: the city, its twin, the twin's twin (twinning is not symmetric here)."""
+    a = rng.choice(c.articles)
+    twin = c.article_by_slug[a.twin]
+    far = c.article_by_slug[twin.twin]
+    if far.slug == a.slug:
+        return None
+    field_, kind = rng.choice(_WIKI_FIELDS[:3])
+    value = _wiki_value(far, field_)
+    return TaskSpec(
+        "wiki_twin_of_twin",
+        "wiki",
+        f"On Openpedia, find the twin city of the twin city of {a.title}. What is that "
+        f"city's {field_}?",
+        "/",
+        [
+            f"The twin city of {a.title} is {twin.title}",
+            f"The twin city of {twin.title} is {far.title}",
+            f"The answer is {_shown(value)}",
+        ],
+        {"kind": "answer", "type": kind, "expected": value},
+        [
+            type_("#search-input", a.title),
+            click("#search-button"),
+            click("#twin-link"),
+            click("#twin-link"),
+            answer(_shown(value)),
+        ],
+        {"slug": a.slug, "field": field_},
+    )
+
+
+@template("wiki_compare", since=3)
+def wiki_compare(c: Content, rng: random.Random) -> TaskSpec | None:
+    """A comparison across two articles: which city has the larger population (its name)."""
+    a, b = rng.sample(c.articles, 2)
+    if a.population == b.population or a.title == b.title:
+        return None
+    big, small = (a, b) if a.population > b.population else (b, a)
+    return TaskSpec(
+        "wiki_compare",
+        "wiki",
+        f"According to Openpedia, which city has the larger population, {a.title} or "
+        f"{b.title}? Answer with the city's name.",
+        "/",
+        [
+            f"The populations of {a.title} and {b.title} were looked up",
+            f"The answer is {big.title}",
+        ],
+        {"kind": "answer", "type": "text", "expected": big.title, "wrong": [small.title]},
+        [
+            type_("#search-input", a.title),
+            click("#search-button"),
+            type_("#search-input", b.title),
+            click("#search-button"),
+            answer(big.title),
+        ],
+        {"slugs": [a.slug, b.slug]},
+    )

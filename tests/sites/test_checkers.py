@@ -114,3 +114,14 @@ def test_number_extraction():
     text = {"kind": "answer", "type": "text", "expected": "Ada Lovelace"}
     assert check(text, {}, "The mayor is ADA  lovelace.").success
     assert not check(text, {}, "Ada").success
+
+
+def test_a_comparison_passes_only_the_answer_that_chooses():
+    spec = {"kind": "answer", "type": "text", "expected": "Markaton", "wrong": ["Oelton"]}
+    assert check(spec, {}, "Markaton has more people.").success
+    both = check(spec, {}, "Markaton or Oelton")  # naming both options chooses neither
+    assert not both.success and both.reasons == [
+        "no other option named: the answer also names 'Oelton'"
+    ]
+    assert not check(spec, {}, "Oelton").success
+    assert check({**spec, "wrong": []}, {}, "Markaton or Oelton").success  # no options: as before

@@ -26,7 +26,7 @@ from sites import shop as shop_site
 from sites.client import fetch_state, session_of
 from sites.content import generate as content
 from sites.server import SITES, SiteServer
-from sites.tasks import TEMPLATES, generate, task_from_spec
+from sites.tasks import SUITE_VERSIONS, TEMPLATES, generate, task_from_spec
 from sites.taskspec import click, select
 from stages.bundled import run_expert
 
@@ -64,11 +64,12 @@ def test_every_template_conforms(server: SiteServer, chromium):
 
 def test_generated_tasks_are_solvable(server: SiteServer, chromium):
     """A sample of generated tasks (not the hand-picked ones above): the first of every template
-    in ``generate(40, seed=123)``, so every site, template and split, with parameters other than
+    in ``generate(60, seed=123)`` of the newest suite version, so every site, template and split,
+    with parameters other than
     test_every_template_conforms's (tests/rollouts/test_expert_actions.py solves one more task
     of every template, with seed 3)."""
     tasks, per_template = [], {}
-    for t in generate(40, seed=123):
+    for t in generate(60, seed=123, version=SUITE_VERSIONS[-1]):
         if per_template.setdefault(t.meta["template"], 0) < 1:
             per_template[t.meta["template"]] += 1
             tasks.append(t)
