@@ -56,6 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bench import learning  # (after the path and offline settings)
 
 FULL = dict(
+    suite_version="2",
     tasks=2400,
     collect=360,
     noise=0.4,
@@ -189,18 +190,12 @@ def report(b: Any, train: dict[str, dict[str, int]]) -> None:
 
 def per_template(b: Any, train: dict[str, dict[str, int]]) -> None:
     """Solved per template and arm on the same test tasks, beside the training failures."""
-    from training.evaluate import per_task, run_outcomes
-
     solved: dict[str, dict[str, int]] = {}
     n: dict[str, int] = {}
     for arm in ARMS:
-        row = b.evals[(arm, "test")]["row"]
-        df = per_task(run_outcomes(b.wh, row["run_id"], row.get("judge")))
-        for template, success in df.select("template", "success").iter_rows():
-            solved.setdefault(template, {}).setdefault(arm, 0)
-            solved[template][arm] += int(success or 0)
-            if arm == next(iter(ARMS)):
-                n[template] = n.get(template, 0) + 1
+        for template, (k, m) in learning.solved_by_template(b, arm, "test").items():
+            solved.setdefault(template, {})[arm] = k
+            n[template] = m
     say(f"per template (test solved: {' / '.join(ARMS)} of n; train: failed of trajectories):")
     for template in sorted(solved):
         h = train.get(template, {"n": 0, "success": 0})

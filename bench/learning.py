@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FULL = dict(
+    suite_version="2",  # 3: with the four headroom templates (sites.tasks.SUITE_VERSIONS)
     tasks=2400,
     collect=360,
     noise=0.1,
@@ -75,6 +76,7 @@ FULL = dict(
     sft_unfiltered=True,
     eval_untrained=True,
     eval_ood=True,
+    rl=True,  # --no-rl: stop after the SFT evaluations (e.g. to size a suite's headroom)
 )
 # The quick size checks that every stage runs and feeds the next, not what the figures are: one
 # ranker SFT (the unfiltered dataset is still built, but a second SFT on it is the same code
@@ -174,12 +176,13 @@ def generate(b: Bench) -> None:
     from sites.tasks import generate as gen
     from warehouse.tasks import put_tasks
 
-    tasks = gen(b.a.tasks, seed=0)
+    tasks = gen(b.a.tasks, seed=0, version=b.a.suite_version)
     put_tasks(b.wh, tasks)
     by: dict[str, int] = {}
     for t in tasks:
         by[t.split] = by.get(t.split, 0) + 1
-    say(f"tasks: {len(tasks)} bundled ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))})")
+    splits = ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
+    say(f"tasks: {len(tasks)} bundled, suite version {b.a.suite_version} ({splits})")
 
 
 async def expert_run(
@@ -577,12 +580,41 @@ async def run_all(b: Bench, home: Path) -> None:
     await evaluate(b, "sft curated", sft_c.checkpoint, "test")
     if b.a.eval_ood:
         await evaluate(b, "sft curated", sft_c.checkpoint, "ood")
+    by_template(b, "sft curated", "test")
+    if not b.a.rl:
+        say("rl: not run (--no-rl)")
+        differences(b)
+        return
     best, rl_res = await rl_variants(b, sft_c.checkpoint, curated.dataset_id)
     say(f"rl = rl {best} (chosen on val), on the held-out splits:")
     await evaluate(b, "rl", rl_res.checkpoint, "test")
     if b.a.eval_ood:
         await evaluate(b, "rl", rl_res.checkpoint, "ood")
     differences(b)
+
+
+def solved_by_template(b: Bench, label: str, split: str) -> dict[str, tuple[int, int]]:
+    """(tasks solved, tasks) per template of an evaluation the bench ran."""
+    from training.evaluate import per_task, run_outcomes
+
+    row = b.evals[(label, split)]["row"]
+    out: dict[str, tuple[int, int]] = {}
+    df = per_task(run_outcomes(b.wh, row["run_id"], row.get("judge")))
+    for template, success in df.select("template", "success").iter_rows():
+        solved, n = out.get(template, (0, 0))
+        out[template] = (solved + int(success or 0), n + 1)
+    return out
+
+
+def by_template(b: Bench, label: str, split: str) -> None:
+    """Says (and records) an evaluation's solved share per template: where the headroom is."""
+    table = solved_by_template(b, label, split)
+    say(f"{label} on {split}, per template (solved of n):")
+    for template, (solved, n) in sorted(table.items()):
+        say(f"  {template:<24} {solved:>4} of {n:<4} {solved / n:6.1%}")
+    if RESULTS is not None:
+        figures = RESULTS.figures.setdefault("by_template", {})
+        figures[f"{label}/{split}"] = {t: {"solved": k, "n": n} for t, (k, n) in table.items()}
 
 
 def sized_args(

@@ -46,6 +46,11 @@ def test_learning_bench_quick_runs_the_whole_loop():
         ("rl", "ood"),
     ]
     assert all(0 <= int(k) <= int(n) and 0 < int(n) <= 3 for *_, k, n in evals)
+    table = out.split("sft curated on test, per template (solved of n):\n")[1]
+    rows = re.findall(r"^  ([a-z_]+)\s+(\d+) of (\d+)", table.split("\nrl ")[0], re.M)
+    solved = {(a, b): int(k) for a, b, k, _ in evals}
+    assert sum(int(n) for *_, n in rows) == 3  # the test tasks, by template
+    assert sum(int(k) for _, k, _ in rows) == solved[("sft curated", "test")]
     rl = r"rl (sampled|greedy\+expert) iteration 0 \(step_grpo\): mean reward of the samples"
     assert len(set(re.findall(rl, out))) == 2, out
     tried = re.findall(r"^  (sampled|greedy\+expert)\s+val (\d+)/\d+ .*?( <- chosen)?$", out, re.M)
