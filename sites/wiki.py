@@ -186,8 +186,8 @@ def wiki_twin_of_twin(c: Content, rng: random.Random) -> TaskSpec | None:
     return TaskSpec(
         "wiki_twin_of_twin",
         "wiki",
-        f"On Openpedia, find the twin city of the twin city of {a.title}. What is that "
-        f"city's {field_}?",
+        f"On Openpedia, {a.title} is twinned with a city, and that city is twinned with a "
+        f"third one. What is the {field_} of the third city?",
         "/",
         [
             f"The twin city of {a.title} is {twin.title}",
