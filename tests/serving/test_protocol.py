@@ -85,7 +85,10 @@ def test_streaming_sends_the_reply_in_chunks(engine, server_of):
     chunks = list(stream)
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     finish = [c.choices[0].finish_reason for c in chunks if c.choices]
-    assert len([d for d in deltas if d]) >= 2  # more than one chunk carries text
+    texts = [d for d in deltas if d]
+    # serve-model sends a chunk per token; vLLM merges the deltas its engine produced while the
+    # HTTP side lagged (RequestOutputCollector: under load one chunk can carry all 8 tokens)
+    assert len(texts) >= (2 if engine == "hf" else 1)
     assert "".join(deltas) == whole.choices[0].message.content
     assert finish[-1] == "length" and set(finish[:-1]) == {None}
     assert chunks[-1].usage.completion_tokens == 8
