@@ -581,15 +581,14 @@ async def run_all(b: Bench, home: Path) -> None:
     if b.a.eval_ood:
         await evaluate(b, "sft curated", sft_c.checkpoint, "ood")
     by_template(b, "sft curated", "test")
-    if not b.a.rl:
+    if b.a.rl:
+        best, rl_res = await rl_variants(b, sft_c.checkpoint, curated.dataset_id)
+        say(f"rl = rl {best} (chosen on val), on the held-out splits:")
+        await evaluate(b, "rl", rl_res.checkpoint, "test")
+        if b.a.eval_ood:
+            await evaluate(b, "rl", rl_res.checkpoint, "ood")
+    else:
         say("rl: not run (--no-rl)")
-        differences(b)
-        return
-    best, rl_res = await rl_variants(b, sft_c.checkpoint, curated.dataset_id)
-    say(f"rl = rl {best} (chosen on val), on the held-out splits:")
-    await evaluate(b, "rl", rl_res.checkpoint, "test")
-    if b.a.eval_ood:
-        await evaluate(b, "rl", rl_res.checkpoint, "ood")
     differences(b)
 
 
