@@ -455,25 +455,29 @@ def shop_cart_three(c: Content, rng: random.Random) -> TaskSpec:
 
 @template("shop_compare_price", since=3)
 def shop_compare_price(c: Content, rng: random.Random) -> TaskSpec | None:
-    """Which of two named products is cheaper: two searches, then the name (not the price)."""
-    a, b = rng.sample(c.products, 2)
+    """Which of two products of one brand and category is cheaper: filter to that brand and
+    category (one results page lists both, with their prices), then the name (not the price)."""
+    a = rng.choice(c.products)
+    kin = [p for p in c.products if (p.category, p.brand) == (a.category, a.brand) and p != a]
+    if not kin:
+        return None
+    b = rng.choice(kin)
     if abs(a.price - b.price) < 1.0 or a.name == b.name:
         return None
     cheap, dear = (a, b) if a.price < b.price else (b, a)
     return TaskSpec(
         "shop_compare_price",
         "shop",
-        f"Which is cheaper on Shoply, the {a.name} or the {b.name}? Answer with its name.",
-        "/",
-        ["Both prices were looked up", f"The answer is the {cheap.name}"],
+        f"Which is cheaper on Shoply, the {a.name} or the {b.name}? Both are {a.brand} "
+        f"{a.category} products. Answer with its name.",
+        "/search",
+        ["Both prices were compared", f"The answer is the {cheap.name}"],
         {"kind": "answer", "type": "text", "expected": cheap.name, "wrong": [dear.name]},
         [
             ACCEPT_COOKIES,
-            click("#close-modal"),
-            type_("#search-input", a.name),
-            click("#search-button"),
-            type_("#search-input", b.name),
-            click("#search-button"),
+            select("#filter-category", a.category),
+            select("#filter-brand", a.brand),
+            click("#apply-filters"),
             answer(cheap.name),
         ],
         {"pids": [a.pid, b.pid]},
