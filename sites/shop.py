@@ -63,13 +63,31 @@ def _num(v: str | None) -> float | None:
         return None
 
 
+#: The named background colours of product photos: only the pixels show a product's (no page
+#: text names it, and none is a variant colour), for the pixels-only template.
+PHOTO_COLOURS = {
+    "Brown": (120, 72, 30),
+    "Navy": (20, 30, 110),
+    "Orange": (235, 120, 20),
+    "Pink": (240, 130, 180),
+    "Purple": (120, 50, 160),
+    "Teal": (0, 128, 128),
+}
+
+
+def photo_colour(seed: int, pid: str) -> str:
+    """The name of product ``pid``'s photo background colour (a function of the site seed)."""
+    names = sorted(PHOTO_COLOURS)
+    return names[int(stable_hash(seed, pid, "photo"), 16) % len(names)]
+
+
 @lru_cache(maxsize=4096)
 def product_png(seed: int, pid: str, name: str) -> bytes:
-    h = stable_hash(seed, pid)
-    color = tuple(int(h[i : i + 2], 16) // 2 + 64 for i in (0, 2, 4))
+    """A product's photo: its named background colour, a lighter disc, its name in white."""
+    color = PHOTO_COLOURS[photo_colour(seed, pid)]
     img = Image.new("RGB", (240, 180), color)
     d = ImageDraw.Draw(img)
-    d.ellipse([70, 40, 170, 140], fill=tuple(255 - c // 2 for c in color))
+    d.ellipse([70, 40, 170, 140], fill=tuple((c + 255) // 2 for c in color))
     d.text((10, 160), name[:34], fill=(255, 255, 255))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
@@ -481,4 +499,31 @@ def shop_compare_price(c: Content, rng: random.Random) -> TaskSpec | None:
             answer(cheap.name),
         ],
         {"pids": [a.pid, b.pid]},
+    )
+
+
+# -- suite version 4: a pixels-only template ----------------------------------------------------
+
+
+@template("shop_photo_colour", since=4)
+def shop_photo_colour(c: Content, rng: random.Random) -> TaskSpec:
+    """The background colour of a product's photo: shown only in the rendered image (the page's
+    text and accessibility tree never name it), so only a policy that reads screenshots can
+    answer better than by chance."""
+    p = rng.choice(c.products)
+    colour = photo_colour(c.seed, p.pid)
+    return TaskSpec(
+        "shop_photo_colour",
+        "shop",
+        "What is the background colour of this product's photo? Answer with the colour's name.",
+        f"/product/{p.pid}",
+        [f"The answer names the photo's background colour: {colour}"],
+        {
+            "kind": "answer",
+            "type": "text",
+            "expected": colour,
+            "wrong": [n for n in sorted(PHOTO_COLOURS) if n != colour],
+        },
+        [answer(colour)],
+        {"pid": p.pid, "pixels_only": True},
     )

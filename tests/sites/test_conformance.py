@@ -235,3 +235,39 @@ def test_a_killed_parent_takes_its_server_process_with_it():
         time.sleep(0.1)
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/")
+
+
+def test_the_photo_colour_is_in_the_pixels_only(server: SiteServer, chromium):
+    """shop_photo_colour's answer is in no page text (HTML, accessibility snapshot) but is the
+    colour of the photo's pixels, in the rendered page as in the image file."""
+    c = content(0)
+    spec = shop_site.shop_photo_colour(c, random.Random(5))
+    pid, colour = spec.params["pid"], spec.checker["expected"]
+    base = server.url("shop")
+    html = httpx.get(f"{base}/product/{pid}").text
+    names = list(shop_site.PHOTO_COLOURS)
+    assert not [n for n in names if n.lower() in html.lower()]
+    assert not [n for n in names for p in c.products if n.lower() in str(p).lower()]
+
+    async def look():
+        page = await chromium.browser.new_page(viewport={"width": 1280, "height": 800})
+        try:
+            await page.goto(f"{base}/product/{pid}")
+            tree = await page.locator("body").aria_snapshot()
+            box = await page.locator("img").first.bounding_box()
+            shot = await page.screenshot(clip={**box, "width": 8, "height": 8})
+            return tree, shot
+        finally:
+            await page.close()
+
+    tree, shot = chromium.run(look())
+    assert not [n for n in names if n.lower() in tree.lower()]
+    from io import BytesIO
+
+    from PIL import Image
+
+    pixel = Image.open(BytesIO(shot)).convert("RGB").getpixel((2, 2))
+    want = shop_site.PHOTO_COLOURS[colour]
+    assert max(abs(a - b) for a, b in zip(pixel, want, strict=True)) <= 8, (pixel, colour)
+    others = [v for n, v in shop_site.PHOTO_COLOURS.items() if n != colour]
+    assert all(max(abs(a - b) for a, b in zip(pixel, v, strict=True)) > 40 for v in others)

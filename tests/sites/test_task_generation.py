@@ -42,3 +42,11 @@ def test_suite_version_3_adds_the_headroom_templates_and_leaves_version_2_as_it_
     assert twice and all(t.reference.count('click(css="#twin-link")') == 2 for t in twice)
     with pytest.raises(ValueError, match="unknown suite version '9'"):
         generate(10, 0, version="9")
+
+
+def test_suite_version_4_adds_the_pixels_only_template():
+    assert set(suite_templates("4")) - set(suite_templates("3")) == {"shop_photo_colour"}
+    v4 = [t for t in generate(180, 0, version="4") if "/shop_photo_colour/" in t.task_id]
+    answers = {t.reference[0] for t in v4}
+    assert len(v4) >= 8 and len(answers) >= 3  # products of several photo colours
+    assert all(t.start_url.startswith("bundled://shop/product/p") for t in v4)
