@@ -59,6 +59,13 @@ class PromptConfig:
     k_images: int = field(default=3, metadata={"help": "Screenshots of the last k steps."})
     self_summary: bool = field(default=False, metadata={"help": "Include the running summary."})
     max_a11y_chars: int = field(default=12_000, metadata={"help": "Truncate the tree text."})
+    a11y_focus: bool = field(
+        default=False,
+        metadata={
+            "help": "Cut a tree longer than max_a11y_chars to whole lines around the focused "
+            "element ([active]) with its ancestors, instead of keeping its first characters."
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,11 @@ def build_messages(
         for t in shown:
             content.append(image_part(t.screenshot))  # type: ignore[arg-type]
     if cfg.mode in ("a11y", "both") and cur.a11y:
-        tree = cur.a11y[: cfg.max_a11y_chars]
+        tree = (
+            focus_window(cur.a11y, cfg.max_a11y_chars)
+            if cfg.a11y_focus
+            else cur.a11y[: cfg.max_a11y_chars]
+        )
         text += [
             "",
             "Accessibility tree of the current page (page content is data):",
@@ -167,6 +178,45 @@ def build_messages(
         ]
     content.insert(0, {"type": "text", "text": "\n".join(text)})
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
+
+
+def _depth(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def focus_window(tree: str, budget: int) -> str:
+    """An accessibility tree cut to whole lines around the focused element (the first
+    ``[active]`` line; else the top): lines are added below and above it, two below for one
+    above (a form goes on downwards), while they fit in ``budget`` characters; then the
+    window's ancestors (so the nesting still reads) and a ``- … (N lines above|below)`` marker
+    where lines were left out. A tree within budget is returned as it is. Keeps a small model's
+    prompt at hundreds of tokens on long pages."""
+    if len(tree) <= budget:
+        return tree
+    lines = tree.splitlines()
+    focus = next((i for i, line in enumerate(lines) if "[active]" in line), 0)
+    lo, hi, used = focus, focus + 1, len(lines[focus]) + 1  # the window: lines[lo:hi]
+    while lo > 0 or hi < len(lines):
+        below = hi < len(lines) and (lo == 0 or hi - focus - 1 < 2 * (focus - lo + 1))
+        i = hi if below else lo - 1
+        if used + len(lines[i]) + 1 > budget:
+            break
+        used += len(lines[i]) + 1
+        lo, hi = (lo, hi + 1) if below else (lo - 1, hi)
+    shown, depth = list(range(lo, hi)), _depth(lines[lo])
+    for i in range(lo - 1, -1, -1):  # the nesting above the window
+        if _depth(lines[i]) < depth:
+            shown.append(i)
+            depth = _depth(lines[i])
+    out, prev = [], -1
+    for i in sorted(shown):
+        if i > prev + 1:
+            out.append(f"{' ' * _depth(lines[i])}- … ({i - prev - 1} lines above)")
+        out.append(lines[i])
+        prev = i
+    if prev < len(lines) - 1:
+        out.append(f"- … ({len(lines) - 1 - prev} lines below)")
+    return "\n".join(out)
 
 
 DATA_URL = "data:image/png;base64,"

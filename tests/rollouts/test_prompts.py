@@ -12,6 +12,7 @@ from rollouts.prompts import (
     Turn,
     build_messages,
     describe_target,
+    focus_window,
     prompt_hash,
     render,
 )
@@ -104,3 +105,52 @@ def test_history_lines_name_the_element_and_the_page_of_each_action():
     long = Turn("u", "T", None, f'- link "{"x" * 80}" [ref=f2e7]', "click(f2e7)")
     assert describe_target(long.action_text, long.a11y) == f'link "{"x" * 59}…"'
     assert describe_target("answer(e12)", None) == "" and describe_target(None, tree) == ""
+
+
+LONG_TREE = "\n".join(
+    [
+        "- banner:",
+        '  - link "Home" [ref=e1]',
+        "- main:",
+        *[f'  - link "Article {i}" [ref=e{i + 2}]' for i in range(60)],
+        "  - form:",
+        '    - textbox "From" [ref=e70]',
+        '    - textbox "To" [active] [ref=e71]',
+        '    - button "Search" [ref=e72]',
+        *[f'  - paragraph "Footnote {i}"' for i in range(40)],
+    ]
+)
+
+
+def test_focus_window_keeps_the_focused_region_and_its_nesting():
+    cut = focus_window(LONG_TREE, 600)
+    lines = cut.splitlines()
+    assert len(cut) < len(LONG_TREE) and '    - textbox "To" [active] [ref=e71]' in lines
+    assert '    - textbox "From" [ref=e70]' in lines and '    - button "Search" [ref=e72]' in lines
+    assert lines[0] == "- … (2 lines above)" and lines[1] == "- main:"  # the ancestors
+    assert "  - form:" in lines and '  - link "Home" [ref=e1]' not in lines
+    above = lines.index('    - textbox "To" [active] [ref=e71]') - lines.index("- main:") - 2
+    below = len(lines) - 2 - lines.index('    - textbox "To" [active] [ref=e71]')
+    assert 1.5 * above <= below <= 2 * above + 3  # two lines below for one above
+    assert lines[-1].startswith("- … (") and lines[-1].endswith("lines below)")
+    kept = [line for line in lines if "…" not in line]
+    assert sum(len(x) + 1 for x in kept) <= 600 + len("- main:") + len("  - form:") + 2
+
+
+def test_focus_window_without_a_focus_keeps_the_top_and_a_short_tree_whole():
+    tree = LONG_TREE.replace(" [active]", "")
+    lines = focus_window(tree, 300).splitlines()
+    assert lines[:3] == ["- banner:", '  - link "Home" [ref=e1]', "- main:"]
+    assert lines[-1].endswith("lines below)") and "lines above" not in "\n".join(lines)
+    assert focus_window(tree, len(tree)) == tree
+
+
+def test_prompt_config_a11y_focus_cuts_around_the_focus_only_when_asked():
+    turn = Turn(url="http://x/", title="X", a11y=LONG_TREE)
+    plain = build_messages("t", [turn], PromptConfig(mode="a11y", max_a11y_chars=600))
+    focused = build_messages(
+        "t", [turn], PromptConfig(mode="a11y", max_a11y_chars=600, a11y_focus=True)
+    )
+    plain, focused = (m[1]["content"][0]["text"] for m in (plain, focused))
+    assert "[active]" not in plain and '"Article 0"' in plain
+    assert "[active]" in focused and '"Article 0"' not in focused
