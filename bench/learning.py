@@ -194,9 +194,11 @@ async def expert_run(
     task_ids: tuple[str, ...] = (),
     noise: float = 0.0,
     noise_kind: str = "random",
+    collect: dict[str, Any] | None = None,
 ) -> str:
     """The scripted expert on ``n`` tasks of ``split`` (or exactly ``task_ids``), with
-    ``noise`` of ``noise_kind`` (0: flawless), judged by the programmatic judge; its run id."""
+    ``noise`` of ``noise_kind`` (0: flawless), judged by the programmatic judge; its run id.
+    ``collect``: other collect settings (default: accessibility-tree prompts, no screenshots)."""
     from stages.collect import CollectConfig, run_collect
     from stages.judge import JudgeConfig, run_judge
 
@@ -214,6 +216,7 @@ async def expert_run(
         concurrency=8,
         run_name=name,
     )
+    cfg = dataclasses.replace(cfg, **(collect or {}))
     res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
     # (run_judge runs its own event loop: off this one)
     judged = await asyncio.to_thread(
@@ -340,17 +343,29 @@ def untrained(b: Bench) -> str:
 
 
 async def evaluate(
-    b: Bench, label: str, checkpoint: str, split: str, task_ids: tuple[str, ...] = ()
+    b: Bench,
+    label: str,
+    checkpoint: str,
+    split: str,
+    task_ids: tuple[str, ...] = (),
+    rollout: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``checkpoint`` greedy on ``--eval-n`` tasks of ``split`` (or on exactly ``task_ids``)."""
+    """``checkpoint`` greedy on ``--eval-n`` tasks of ``split`` (or on exactly ``task_ids``);
+    ``rollout``: other rollout settings (the ranker's by default)."""
     from stages.config import config_from_mapping
     from stages.evaluate import EvalConfig, run_evaluation
 
     t0 = time.perf_counter()
-    rollout = {"split": split, "n_tasks": b.a.eval_n, "max_steps": b.a.eval_max_steps}
+    rollout = {
+        "split": split,
+        "n_tasks": b.a.eval_n,
+        "max_steps": b.a.eval_max_steps,
+        **(rollout or {}),
+    }
     if task_ids:
         rollout.update(n_tasks=len(task_ids), task_ids=list(task_ids))
-    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout})
+    top = {"prompt_mode": rollout["prompt_mode"]} if "prompt_mode" in rollout else {}
+    cfg = config_from_mapping(EvalConfig, {"checkpoint": checkpoint, "rollout": rollout, **top})
     res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
     b.timed("evaluate", t0)
     s = dataclasses.asdict(res.summary)
@@ -476,13 +491,19 @@ async def rl_variants(b: Bench, start: str, anchor: str) -> tuple[str, Any]:
     return best, tried[best]
 
 
-def differences(b: Bench) -> None:
+def differences(
+    b: Bench,
+    pairs: list[tuple[str, str]] | None = None,
+    force: frozenset[tuple[str, str]] = frozenset(),
+) -> None:
     """B − A for the checkpoints evaluated on the same tasks: paired (every checkpoint is
     evaluated greedily on the same seeded tasks of deterministic sites): the template-clustered
-    bootstrap interval and the exact McNemar test, Newcombe's unpaired interval beside them."""
+    bootstrap interval and the exact McNemar test, Newcombe's unpaired interval beside them.
+    ``pairs`` (A, B): default the learning bench's; ``force``: pairs compared although their
+    evaluation protocols differ (on purpose, e.g. prompt modes), which the line then says."""
     from training.evaluate import ProtocolMismatch, compare_evaluations
 
-    pairs = [
+    pairs = pairs or [
         ("untrained", "sft curated"),
         ("sft unfiltered", "sft curated"),
         *(("sft curated", f"rl {name}") for name in b.variants),
@@ -498,7 +519,7 @@ def differences(b: Bench) -> None:
             if ea is None or ec is None:
                 continue
             try:
-                r = compare_evaluations(b.wh, ea["row"], ec["row"])
+                r = compare_evaluations(b.wh, ea["row"], ec["row"], force=(a, c) in force)
             except ProtocolMismatch as exc:
                 say(f"  {split:<5} {c} - {a}: not compared ({exc})")
                 continue
@@ -526,6 +547,11 @@ def differences(b: Bench) -> None:
                 f"templates), only A {r['a_only']} / only B {r['b_only']}, McNemar p "
                 + (f"{p:.3g}" if p is not None else "n/a")
                 + f"; {newcombe}"
+                + (
+                    f"; protocols differ in {', '.join(r['protocol_differs'])}"
+                    if r.get("protocol_differs")
+                    else ""
+                )
             )
 
 

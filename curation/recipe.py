@@ -144,7 +144,9 @@ class Output(_Frozen):
     sft: StrictBool = True
     rl_groups: StrictBool = False
     preferences: StrictBool = False
-    k_images: StrictInt = Field(3, ge=1, description="The prompt builder's last-k images.")
+    k_images: StrictInt = Field(
+        3, ge=0, description="The prompt builder's last-k images (0: text-only prompts)."
+    )
 
 
 class Gates(_Frozen):

@@ -58,7 +58,13 @@ def prompt_config(run_config: dict[str, Any] | None, k_images: int) -> PromptCon
     """The prompt config a run's policy used (``CollectConfig`` fields), with ``k_images``."""
     c = run_config or {}
     mode = c.get("prompt_mode") or "both"
-    return PromptConfig(mode=mode, k_images=k_images, self_summary=bool(c.get("self_summary")))
+    return PromptConfig(
+        mode=mode,
+        k_images=k_images,
+        self_summary=bool(c.get("self_summary")),
+        max_a11y_chars=int(c.get("a11y_chars") or 12_000),
+        a11y_focus=bool(c.get("a11y_focus")),
+    )
 
 
 _SUMMARY = re.compile(r"^\s*summary\s*:\s*(.+)$", re.I | re.M)  # rollouts.policies

@@ -122,6 +122,12 @@ class CollectConfig:
     )
     k_images: int = setting(3, help="Screenshots of the last k steps.", min=0, max=32)
     self_summary: bool = setting(False, help="Keep the model's own notes.")
+    a11y_chars: int = setting(
+        12_000, help="Cut the accessibility tree to this many characters.", min=100
+    )
+    a11y_focus: bool = setting(
+        False, help="Cut it to whole lines around the focused element, not to its first ones."
+    )
     inject_answer: bool = setting(
         False, help="Expert: append a prompt injection to every answer (judge robustness)."
     )
@@ -171,7 +177,8 @@ class CollectConfig:
             d.pop("action_timeout_s")  # likewise
         if not d["task_ids"]:
             d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
-        for later in ("screenshots", "temperature", "noise_kind"):  # added later: old ids kept
+        later_fields = ("screenshots", "temperature", "noise_kind", "a11y_chars", "a11y_focus")
+        for later in later_fields:  # added later: at their defaults, earlier runs' ids are kept
             if d[later] == CollectConfig.__dataclass_fields__[later].default:
                 d.pop(later)
         if self.policy == "expert":
@@ -211,7 +218,13 @@ def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
 def prompt_config(cfg: CollectConfig) -> PromptConfig:
     if cfg.prompt_mode not in ("screenshot", "a11y", "both"):
         raise WarehouseError("--prompt-mode is screenshot, a11y or both")
-    return PromptConfig(mode=cfg.prompt_mode, k_images=cfg.k_images, self_summary=cfg.self_summary)
+    return PromptConfig(
+        mode=cfg.prompt_mode,
+        k_images=cfg.k_images,
+        self_summary=cfg.self_summary,
+        max_a11y_chars=cfg.a11y_chars,
+        a11y_focus=cfg.a11y_focus,
+    )
 
 
 def make_policy_for(cfg: CollectConfig) -> Any:

@@ -199,8 +199,14 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
         if "rubric_vlm" in (jres.judge, *map(str, settings.get("members") or ())):
             judge["judge_prompts"] = TEMPLATE_HASH
     system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
+    tree = {  # how the accessibility tree was cut, where not the default (older protocols lack it)
+        k: getattr(coll, k)
+        for k in ("a11y_chars", "a11y_focus")
+        if getattr(coll, k) != CollectConfig.__dataclass_fields__[k].default
+    }
     return {
         **judge,
+        **tree,
         "policy_prompt_format": PROMPT_FORMAT_VERSION,
         "policy_system_prompt": system,
         "prompt_mode": coll.prompt_mode,

@@ -205,7 +205,12 @@ def plan_items(
             action_timeout_s=float(run.get("action_timeout_s") or action_timeout_s),
             screenshots=mode != "a11y" or marks,  # the replay's prompts show what the run's did
         )
-        prompt = PromptConfig(mode=mode, k_images=int(run.get("k_images") or 3))
+        prompt = PromptConfig(
+            mode=mode,
+            k_images=int(run.get("k_images") or 3),
+            max_a11y_chars=int(run.get("a11y_chars") or 12_000),
+            a11y_focus=bool(run.get("a11y_focus")),
+        )
         items.append(Item(v, ref, env, expert_action_space(mode, marks), prompt))
     return items, skipped
 

@@ -16,6 +16,8 @@ Both write a folder that ``rollouts.hf.load_model`` loads like any checkpoint.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollouts.hf import image_only_processor_class
@@ -144,12 +146,39 @@ def build_tiny_idefics(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny random Idefics3 checkpoint (model + PIL image processor + processor) to
     ``out_dir``. Images are resized to at most 2x2 tiles of 32 px plus a global tile (20 image
     tokens at most); text and vision heads are 32 wide (vLLM-CPU's attention needs that)."""
+    return build_idefics(out_dir, seed)
+
+
+@dataclass(frozen=True)
+class IdeficsSize:
+    """The size of an Idefics3 built from scratch (:func:`build_idefics`); the defaults are the
+    tiny test model. Heads are 32 wide (vLLM-CPU's attention needs that): ``hidden // 32``
+    query heads, half as many key/value heads."""
+
+    hidden: int = 64
+    layers: int = 2
+    vocab_size: int = 1024
+    vision_hidden: int = 64
+    vision_layers: int = 2
+    max_positions: int = 16384  # whole accessibility trees fit
+
+
+def build_idefics(
+    out_dir: str | Path,
+    seed: int = 0,
+    size: IdeficsSize | None = None,
+    corpus: Sequence[str] = (),
+) -> Path:
+    """Write a random Idefics3 checkpoint of ``size`` to ``out_dir``, with a byte-level BPE
+    tokenizer trained on webloop's grammar and ``corpus`` (e.g. real SFT prompts and replies:
+    at a vocabulary of a few thousand, a prompt is hundreds of tokens, not thousands)."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
 
+    sz = size or IdeficsSize()
     out = Path(out_dir)
-    tok = build_tokenizer(special=IDEFICS_SPECIAL_TOKENS)
+    tok = build_tokenizer(sz.vocab_size, special=IDEFICS_SPECIAL_TOKENS, corpus=list(corpus))
     tok.eos_token, tok.pad_token = "<end_of_utterance>", "<|endoftext|>"
     image_proc = Idefics3ImageProcessorPil(
         do_resize=True,
@@ -164,27 +193,28 @@ def build_tiny_idefics(out_dir: str | Path, seed: int = 0) -> Path:
         chat_template=IDEFICS_CHAT_TEMPLATE,
     )
     ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS_SPECIAL_TOKENS}
+    heads = sz.hidden // 32
     cfg = Idefics3Config(
         text_config={
             "model_type": "llama",
             "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
+            "hidden_size": sz.hidden,
+            "intermediate_size": 2 * sz.hidden,
+            "num_hidden_layers": sz.layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 2),
             "head_dim": 32,
-            "max_position_embeddings": 16384,  # whole accessibility trees fit
+            "max_position_embeddings": sz.max_positions,
             "bos_token_id": None,
             "eos_token_id": ids["<end_of_utterance>"],
             "pad_token_id": ids["<|endoftext|>"],
             "tie_word_embeddings": False,
         },
         vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
+            "hidden_size": sz.vision_hidden,
+            "intermediate_size": 2 * sz.vision_hidden,
+            "num_hidden_layers": sz.vision_layers,
+            "num_attention_heads": sz.vision_hidden // 32,
             "image_size": TILE,
             "patch_size": 8,
             "num_channels": 3,

@@ -211,6 +211,14 @@ def test_recipe_k_images_changes_the_rendering(engine_wh: Warehouse, tmp_path):
     assert {len(r["images"]) for r in rows} == {1}
     later = [r for r in rows if r["step_idx"] > 0]
     assert later and all(r["prompt"].encode() != wh.blobs.get(r["prompt_hash"]) for r in later)
+    r0 = recipe(k=0)  # text-only prompts: no image part, no images, the same text otherwise
+    blind = read_spool(render_examples(wh, sel, r0, wh.blobs, tmp_path / "t").spool["sft"])
+    assert {len(r["images"]) for r in blind} == {0}
+    assert all('"image_url"' not in r["prompt"] for r in blind)
+    seen = {(r["traj_id"], r["step_idx"]): r for r in rows}
+    for r in blind:
+        text = json.loads(seen[(r["traj_id"], r["step_idx"])]["prompt"])[1]["content"][0]["text"]
+        assert json.loads(r["prompt"])[1]["content"][0]["text"] == text
 
 
 def test_rl_groups_carry_group_relative_advantages(engine_wh: Warehouse, tmp_path):

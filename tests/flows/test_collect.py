@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -157,6 +158,14 @@ def test_collect_options_reach_the_environment_and_prompts():
         True,
     )
     assert "concurrency" not in cfg.identity()  # resuming with other concurrency: same run
+    cut = dataclasses.replace(cfg, a11y_chars=900, a11y_focus=True)
+    assert (make_policy_for(cut).prompt.max_a11y_chars, prompt_config(cut).a11y_focus) == (
+        900,
+        True,
+    )
+    # the tree settings join a run's identity only off their defaults: earlier runs keep ids
+    assert not {"a11y_chars", "a11y_focus"} & set(cfg.identity())
+    assert (cut.identity()["a11y_chars"], cut.identity()["a11y_focus"]) == (900, True)
     for bad in (CollectConfig(coords="inches"), CollectConfig(prompt_mode="audio")):
         with pytest.raises(WarehouseError):
             env_config(bad)

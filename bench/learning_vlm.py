@@ -1,0 +1,309 @@
+"""VLM learning benchmark: does a generative vision-language policy, built and trained from
+scratch on 2 cores, learn to act? Prints, in one run:
+
+1. data: the scripted expert (no mistakes) on ``--train`` ``train`` tasks and ``--heldout``
+   ``test`` tasks of short templates (:data:`TEMPLATES`: one to three steps, among them the
+   pixels-only ``shop_photo_colour``), with a screenshot and the accessibility tree cut to
+   ``--a11y-chars`` around the focused element in every prompt; judged; an SFT dataset of
+   each (the ``test`` one is never trained on: held-out NLL and next-action accuracy);
+2. the model: a byte-level BPE tokenizer trained on the training prompts and replies
+   (``--vocab``) and an Idefics3 of ``--hidden`` × ``--layers`` (32-wide heads, a small SigLIP
+   tower: the architecture vLLM serves here), random weights; the mean prompt length in tokens;
+3. SFT from scratch (``--epochs``, ``--lr``, ``--batch``) through the product's trainer, twice on
+   the same turns: with the screenshot (``screenshot+a11y``) and without it (``a11y only``,
+   the same prompts less their image);
+4. for the untrained model and each SFT model: held-out NLL per reply token, next-action
+   accuracy (greedy reply's action against the expert's, at the expert's states), and
+   closed-loop success on ``--eval-n`` held-out ``test`` tasks in Chromium (greedy, the
+   product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
+   accessibility-only paired on the same tasks, overall and on the pixels-only template.
+
+Not yet here: RL on token log-probs after SFT, and serving the checkpoint by vLLM (issue 33).
+Everything runs the product's own code path in one process with one sites server and one
+Chromium, into a fresh warehouse; the bench writes a results file like the others.
+
+    python bench/learning_vlm.py [--quick] [--train 900] [--epochs 3] [--home DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench import learning  # (after the path and offline settings)
+
+#: Short templates (1-3 reference steps), the pixels-only one among them.
+TEMPLATES = ["mail_archive", "shop_photo_colour", "shop_product_fact", "wiki_fact", "wiki_on_page"]
+PIXELS = "shop_photo_colour"
+
+FULL = dict(
+    tasks=1600,
+    train=900,
+    heldout=150,
+    eval_n=100,
+    eval_max_steps=5,
+    a11y_chars=1200,
+    vocab=4096,
+    hidden=128,
+    layers=4,
+    epochs=3,
+    batch=8,
+    lr=2e-3,
+    max_new_tokens=40,
+)
+QUICK = dict(
+    FULL,
+    tasks=200,
+    train=12,
+    heldout=4,
+    eval_n=2,
+    eval_max_steps=2,
+    vocab=1024,
+    hidden=64,
+    layers=2,
+    epochs=1,
+    batch=4,
+)
+
+DATA = """
+name: vlm-{name}
+description: "The expert's {split} turns on short templates, {k} screenshot(s) per prompt."
+sources: {{splits: [{split}], runs: [{run}]}}
+filters:
+  - verdict: {{judges: [programmatic], verdict: success, min_agreement: 1.0}}
+output: {{sft: true, rl_groups: false, preferences: false, k_images: {k}}}
+gates: {{success_rate: [0.0, 1.0]}}
+"""
+
+say = learning.say
+
+
+def collect_settings(a: argparse.Namespace, screenshots: bool = True) -> dict[str, Any]:
+    """The prompt every turn of the bench is rendered with (expert data and evaluation)."""
+    return {
+        "prompt_mode": "both" if screenshots else "a11y",
+        "screenshots": screenshots,
+        "k_images": 1,
+        "a11y_chars": a.a11y_chars,
+        "a11y_focus": True,
+    }
+
+
+def prompt_texts(turns: list[Any]) -> list[str]:
+    """The text parts of the turns' prompts and their replies: the tokenizer's corpus."""
+    out = []
+    for t in turns:
+        for m in json.loads(t.prompt):
+            content = m.get("content")
+            parts = content if isinstance(content, list) else [{"text": content}]
+            out += [str(p.get("text")) for p in parts if p.get("text")]
+        out.append(t.completion)
+    return out
+
+
+def heldout_metrics(path: Path, turns: list[Any], a: argparse.Namespace) -> dict[str, float]:
+    """NLL per reply token (the trainer's own log-probs) and next-action accuracy (greedy reply
+    parsed, against the expert's action) of the model at ``path`` on held-out ``turns``."""
+    import torch
+
+    from rollouts.actions import ParseError, format_action, parse_action
+    from rollouts.hf import HFGenerator
+    from training.vlm import VLMTrainable, turn_messages
+
+    model = VLMTrainable.load(str(path))
+    model.train(False)
+    nll, n_tok = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(turns), 8):
+            lp = model.logprobs(turns[i : i + 8])
+            nll -= float(lp.logprob.sum())
+            n_tok += float(lp.n_tokens.sum())
+    gen = HFGenerator(model.module, model.processor)
+    hits = 0
+    for i in range(0, len(turns), 8):
+        batch = turns[i : i + 8]
+        outs = gen.run_batch([turn_messages(t) for t in batch], a.max_new_tokens)
+        for t, out in zip(batch, outs, strict=True):
+            want, got = parse_action(t.completion), parse_action(out.text)
+            ok = not isinstance(got, ParseError) and not isinstance(want, ParseError)
+            hits += ok and format_action(got) == format_action(want)
+    return {"nll": nll / max(n_tok, 1.0), "accuracy": hits / max(len(turns), 1), "n": len(turns)}
+
+
+def parameters(path: Path) -> int:
+    from rollouts.hf import load_model
+
+    return sum(p.numel() for p in load_model(path)[0].parameters())
+
+
+def mean_prompt_tokens(path: Path, turns: list[Any]) -> float:
+    """Mean prompt length in tokens (images' tokens included) under the model's processor."""
+    from rollouts.hf import load_model, prompt_text, split_messages
+    from training.vlm import turn_messages
+
+    _, proc = load_model(path)
+    lengths = []
+    for t in turns[:200]:
+        msgs, images = split_messages(turn_messages(t))
+        enc = proc(text=[prompt_text(proc, msgs)], images=[images] if images else None)
+        lengths.append(len(enc["input_ids"][0]))
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def sft_vlm(b: Any, ds: Any, start: Path, label: str, text_only: bool = False) -> Any:
+    """SFT of the model at ``start`` on ``ds`` (the product's trainer); says the loss curve's
+    ends and fails if the loss did not fall."""
+    from stages.train import SFTConfig, run_sft
+
+    a, t0 = b.a, time.perf_counter()
+    cfg = SFTConfig(
+        dataset=ds.dataset_id,
+        model=str(start),
+        epochs=a.epochs,
+        lr=a.lr,
+        batch_size=a.batch,
+        save_every=1_000_000,
+        text_only=text_only,
+    )
+    res = run_sft(b.wh, cfg)
+    secs = time.perf_counter() - t0
+    b.timed(f"sft {label}", t0)
+    losses = b.wh.sql(
+        "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
+        [res.training_run_id],
+    )["value"].to_list()
+    k = max(1, min(10, len(losses) // 5))
+    first, last = learning._mean(losses[:k]), learning._mean(losses[-k:])
+    say(
+        f"sft {label}: {ds.counts['sft']} turns, {res.last_step} steps, loss {first:.3f} -> "
+        f"{last:.3f}, {secs:.0f} s ({res.last_step * a.batch / secs:.1f} turns/s)"
+    )
+    if not last < first:
+        raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
+    return res
+
+
+def metrics_line(b: Any, label: str, path: Path, turns: list[Any]) -> dict[str, float]:
+    t0 = time.perf_counter()
+    m = heldout_metrics(path, turns, b.a)
+    b.timed("held-out metrics", t0)
+    say(
+        f"  {label:<24} held-out NLL {m['nll']:.3f}/token, next-action accuracy "
+        f"{m['accuracy']:.1%} of {m['n']} turns"
+    )
+    if learning.RESULTS is not None:
+        learning.RESULTS.figures.setdefault("heldout", {})[label] = m
+    return m
+
+
+async def run_all(b: Any, home: Path) -> None:
+    from sites.tasks import generate
+    from training.data import find_dataset, sft_turns
+    from training.models import IdeficsSize, build_idefics
+    from warehouse.tasks import put_tasks
+
+    a = b.a
+    tasks = generate(a.tasks, seed=0, version="4", templates=TEMPLATES)
+    put_tasks(b.wh, tasks)
+    say(f"tasks: {len(tasks)} of {', '.join(TEMPLATES)} (suite version 4)")
+    seen = collect_settings(a)
+    train_run = await learning.expert_run(b, "vlm-train", n=a.train, collect=seen)
+    held_run = await learning.expert_run(b, "vlm-heldout", split="test", n=a.heldout, collect=seen)
+    sets = {  # name: (split, run, screenshots per prompt)
+        "train": ("train", train_run, 1),
+        "train-a11y": ("train", train_run, 0),
+        "heldout": ("test", held_run, 1),
+        "heldout-a11y": ("test", held_run, 0),
+    }
+    ds = {
+        name: learning.build(
+            b, DATA.format(name=name, split=sp, run=json.dumps(run), k=k), home / "datasets"
+        )
+        for name, (sp, run, k) in sets.items()
+    }
+    turns = {
+        name: sft_turns(find_dataset(b.wh, ds[name].dataset_id).export_path, (sets[name][0],))
+        for name in ("train", "heldout", "heldout-a11y")
+    }
+
+    t0 = time.perf_counter()
+    size = IdeficsSize(hidden=a.hidden, layers=a.layers, vocab_size=a.vocab)
+    start = build_idefics(
+        home / "models" / "vlm-untrained", seed=0, size=size, corpus=prompt_texts(turns["train"])
+    )
+    b.timed("build", t0)
+    n_params, tokens = parameters(start), mean_prompt_tokens(start, turns["heldout"])
+    say(
+        f"model: Idefics3 {a.hidden} wide x {a.layers} layers, {n_params / 1e6:.2f} M "
+        f"parameters, vocabulary {a.vocab}; mean prompt {tokens:.0f} tokens"
+    )
+    if learning.RESULTS is not None:
+        learning.RESULTS.figures["model"] = {"parameters": n_params, "mean_prompt_tokens": tokens}
+
+    seeing = sft_vlm(b, ds["train"], start, "screenshot+a11y")
+    blind_res = sft_vlm(b, ds["train-a11y"], start, "a11y only", text_only=True)
+
+    say("held-out expert turns (test split, never trained on):")
+    metrics_line(b, "untrained", start, turns["heldout"])
+    metrics_line(b, "sft screenshot+a11y", Path(seeing.checkpoint), turns["heldout"])
+    metrics_line(b, "sft a11y only", Path(blind_res.checkpoint), turns["heldout-a11y"])
+
+    ids = sorted(t.task_id for t in tasks if t.split == "test")
+    random.Random(0).shuffle(ids)  # (sorted ids are grouped by template)
+    ids = tuple(sorted(ids[: a.eval_n]))
+    say(f"closed loop (greedy, {len(ids)} test tasks, max {a.eval_max_steps} steps):")
+    roll = {"policy": "hf", **collect_settings(a)}
+    blind_roll = {"policy": "hf", **collect_settings(a, screenshots=False)}
+    await learning.evaluate(b, "untrained", str(start), "test", ids, roll)
+    await learning.evaluate(b, "sft screenshot+a11y", seeing.checkpoint, "test", ids, roll)
+    await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", ids, blind_roll)
+    for label in ("sft screenshot+a11y", "sft a11y only"):
+        learning.by_template(b, label, "test")
+    report(b)
+
+
+def report(b: Any) -> None:
+    """SFT vs untrained and screenshot vs accessibility-only, paired, with the pixels-only
+    template's own line."""
+    pairs = [("untrained", "sft screenshot+a11y"), ("sft a11y only", "sft screenshot+a11y")]
+    learning.differences(b, pairs, force=frozenset({pairs[1]}))
+    tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
+    blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])
+    say(
+        f"pixels only ({PIXELS}): screenshot+a11y {seeing[0]} of {seeing[1]}, "
+        f"a11y only {blind[0]} of {blind[1]} (chance: 1 in 6 colours)"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return learning.sized_args(__doc__, FULL, QUICK, argv)
+
+
+def main() -> None:
+    from bench.results import Results
+
+    args = parse_args()
+    learning.RESULTS = Results("learning_vlm", args)
+    script = "bench/learning_vlm.py"
+    if args.home is not None:
+        asyncio.run(learning.main_async(args, args.home, run_all, script))
+    else:
+        with tempfile.TemporaryDirectory(prefix="webloop-learning-vlm-") as tmp:
+            asyncio.run(learning.main_async(args, Path(tmp) / "home", run_all, script))
+    learning.RESULTS.write(args.results, args.quick)
+
+
+if __name__ == "__main__":
+    main()
