@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -111,6 +112,17 @@ def prompt_texts(turns: list[Any]) -> list[str]:
             out += [str(p.get("text")) for p in parts if p.get("text")]
         out.append(t.completion)
     return out
+
+
+def without_images(turn: Any) -> Any:
+    """A turn's prompt less its screenshots (what a ``k_images: 0`` export renders)."""
+    from rollouts.prompts import render
+
+    messages = json.loads(turn.prompt)
+    for m in messages:
+        if isinstance(m.get("content"), list):
+            m["content"] = [p for p in m["content"] if p.get("type") != "image_url"]
+    return dataclasses.replace(turn, prompt=render(messages), images=())
 
 
 def heldout_metrics(path: Path, turns: list[Any], a: argparse.Namespace) -> dict[str, float]:
@@ -225,7 +237,6 @@ async def run_all(b: Any, home: Path) -> None:
         "train": ("train", train_run, 1),
         "train-a11y": ("train", train_run, 0),
         "heldout": ("test", held_run, 1),
-        "heldout-a11y": ("test", held_run, 0),
     }
     ds = {
         name: learning.build(
@@ -235,8 +246,9 @@ async def run_all(b: Any, home: Path) -> None:
     }
     turns = {
         name: sft_turns(find_dataset(b.wh, ds[name].dataset_id).export_path, (sets[name][0],))
-        for name in ("train", "heldout", "heldout-a11y")
+        for name in ("train", "heldout")
     }
+    turns["heldout-a11y"] = [without_images(t) for t in turns["heldout"]]
 
     t0 = time.perf_counter()
     size = IdeficsSize(hidden=a.hidden, layers=a.layers, vocab_size=a.vocab)

@@ -63,7 +63,8 @@ class PromptConfig:
         default=False,
         metadata={
             "help": "Cut a tree longer than max_a11y_chars to whole lines around the focused "
-            "element ([active]) with its ancestors, instead of keeping its first characters."
+            "element ([active]; else the lines the instruction names) with its ancestors, "
+            "instead of keeping its first characters."
         },
     )
 
@@ -165,7 +166,7 @@ def build_messages(
             content.append(image_part(t.screenshot))  # type: ignore[arg-type]
     if cfg.mode in ("a11y", "both") and cur.a11y:
         tree = (
-            focus_window(cur.a11y, cfg.max_a11y_chars)
+            focus_window(cur.a11y, cfg.max_a11y_chars, instruction)
             if cfg.a11y_focus
             else cur.a11y[: cfg.max_a11y_chars]
         )
@@ -184,17 +185,71 @@ def _depth(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-def focus_window(tree: str, budget: int) -> str:
-    """An accessibility tree cut to whole lines around the focused element (the first
-    ``[active]`` line; else the top): lines are added below and above it, two below for one
-    above (a form goes on downwards), while they fit in ``budget`` characters; then the
-    window's ancestors (so the nesting still reads) and a ``- … (N lines above|below)`` marker
-    where lines were left out. A tree within budget is returned as it is. Keeps a small model's
-    prompt at hundreds of tokens on long pages."""
+_STOP = frozenset(
+    {
+        "the",
+        "and",
+        "for",
+        "with",
+        "from",
+        "what",
+        "which",
+        "this",
+        "that",
+        "page",
+        "are",
+        "was",
+        "into",
+        "your",
+        "you",
+        "its",
+        "has",
+        "have",
+        "of",
+        "to",
+        "in",
+        "on",
+        "is",
+        "a",
+        "an",
+        "by",
+        "at",
+        "as",
+        "or",
+        "it",
+        "be",
+    }
+)
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9#$.]+", text.lower()) if len(w) > 1} - _STOP
+
+
+def focus_line(lines: list[str], query: str | None = None) -> int:
+    """The line a cut tree centres on: the focused element (the first ``[active]`` line that
+    is not the page's root, which is "active" whenever nothing else is); else the line sharing
+    the most words with ``query`` (the task's instruction: the region it is about); else 0."""
+    for i, line in enumerate(lines):
+        if "[active]" in line and (i > 0 or _depth(line) > 0):
+            return i
+    want = _words(query or "")
+    scores = [len(want & _words(line)) for line in lines] if want else []
+    best = max(scores, default=0)
+    return scores.index(best) if best else 0
+
+
+def focus_window(tree: str, budget: int, query: str | None = None) -> str:
+    """An accessibility tree cut to whole lines around :func:`focus_line` (the focused
+    element, else the region the ``query`` names, else the top): lines are added below and
+    above it, two below for one above (a form goes on downwards), while they fit in ``budget``
+    characters; then the window's ancestors (so the nesting still reads) and a ``- … (N lines
+    above|below)`` marker where lines were left out. A tree within budget is returned as it
+    is. Keeps a small model's prompt at hundreds of tokens on long pages."""
     if len(tree) <= budget:
         return tree
     lines = tree.splitlines()
-    focus = next((i for i, line in enumerate(lines) if "[active]" in line), 0)
+    focus = focus_line(lines, query)
     lo, hi, used = focus, focus + 1, len(lines[focus]) + 1  # the window: lines[lo:hi]
     while lo > 0 or hi < len(lines):
         below = hi < len(lines) and (lo == 0 or hi - focus - 1 < 2 * (focus - lo + 1))

@@ -45,6 +45,7 @@ from training.interface import DataMismatch, Turn, TurnLogprobs
 DEFAULT_LORA_TARGETS = (
     r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 )
+ENCODE_CACHE_BYTES = 512 * 2**20  # encoded turns kept (a small model's: ~100 KB with its image)
 _ACTION_LINE = re.compile(r"^[ \t]*Action:", re.MULTILINE)
 
 
@@ -143,6 +144,8 @@ class VLMTrainable:
         self.lora = dict(lora) if lora is not None else None
         self.module = _with_lora(model, self.lora) if self.lora is not None else model
         self.end_id = end_of_turn_id(processor)
+        self._encoded: dict[str, _Encoded] = {}  # encode()'s cache: epochs re-read the turns
+        self._encoded_bytes = 0
 
     @classmethod
     def load(
@@ -300,7 +303,21 @@ class VLMTrainable:
         return ids, weights, unk is None or unk not in ids
 
     def encode(self, turn: Turn) -> _Encoded:
-        """Prompt ids (as at rollout) + reply ids (completion + end-of-turn) and weights."""
+        """Prompt ids (as at rollout) + reply ids (completion + end-of-turn) and weights; cached
+        by prompt and completion (a rendered prompt names its images by hash), the latest
+        :data:`ENCODE_CACHE_BYTES` of them: the processor's image splitting and tokenising cost
+        an SFT epoch of a small model more than its forward and backward passes."""
+        key = hashlib.sha256(f"{turn.prompt}\0{turn.completion}".encode()).hexdigest()
+        hit = self._encoded.pop(key, None)
+        if hit is None:
+            hit = self._encode(turn)
+            self._encoded_bytes += _nbytes(hit)
+        self._encoded[key] = hit  # (now the latest)
+        while self._encoded_bytes > ENCODE_CACHE_BYTES and len(self._encoded) > 1:
+            self._encoded_bytes -= _nbytes(self._encoded.pop(next(iter(self._encoded))))
+        return hit
+
+    def _encode(self, turn: Turn) -> _Encoded:
         inputs = self.prompt_inputs(turn)
         ids, weights, covered = self._reply(turn)
         prompt_ids = inputs.pop("input_ids")
@@ -354,6 +371,12 @@ class VLMTrainable:
 # Processor outputs laid out per prompt: [1, images, ...] (Idefics3 / SmolVLM: pixel_values
 # [1, n, 3, H, W] and pixel_attention_mask [1, n, H, W]); Qwen-VL's are flat (patches, dim).
 _ROW_MEDIA_DIMS = {"pixel_values": 5, "pixel_attention_mask": 4}
+
+
+def _nbytes(e: _Encoded) -> int:
+    """About what an encoded turn holds in memory (its tensors and its token lists)."""
+    tensors = sum(v.numel() * v.element_size() for v in e.media.values() if hasattr(v, "numel"))
+    return tensors + 8 * (len(e.prompt_ids) + len(e.reply_ids))
 
 
 def _row_media(key: str, enc: list[_Encoded]) -> bool:

@@ -154,3 +154,16 @@ def test_prompt_config_a11y_focus_cuts_around_the_focus_only_when_asked():
     plain, focused = (m[1]["content"][0]["text"] for m in (plain, focused))
     assert "[active]" not in plain and '"Article 0"' in plain
     assert "[active]" in focused and '"Article 0"' not in focused
+
+
+def test_focus_window_centres_on_what_the_instruction_names_when_nothing_is_focused():
+    rows = [f'    - row "Message {i} from Ada" [ref=e{i + 5}]' for i in range(80)]
+    tree = "\n".join(
+        ["- generic [active] [ref=e1]:", "  - banner [ref=e2]", "  - table [ref=e3]:", *rows]
+    )
+    cut = focus_window(tree, 400, 'Archive the email "Message 57 from Ada".')
+    lines = cut.splitlines()
+    assert '    - row "Message 57 from Ada" [ref=e62]' in lines  # not the top: the root is "active"
+    assert lines[:2] == ["- generic [active] [ref=e1]:", "  - … (1 lines above)"]
+    assert '    - row "Message 0 from Ada" [ref=e5]' not in lines
+    assert focus_window(tree, 400).splitlines()[1] == "  - banner [ref=e2]"  # no query: the top

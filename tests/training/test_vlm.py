@@ -324,3 +324,25 @@ def test_idefics_sft_lowers_the_loss_and_its_checkpoint_serves_with_rollout_toke
     assert inputs["input_ids"][0].tolist()[-len(enc.prompt_ids) :] == enc.prompt_ids
     [out] = gen.run_batch([msgs], 12)
     assert out.token_logprobs and out.completion_tokens > 0
+
+
+def test_encodings_are_cached_by_prompt_and_completion_within_a_memory_bound(turns, tiny):
+    import dataclasses
+
+    import training.vlm as vlm
+
+    pol = fresh(tiny)
+    first = pol.encode(turns[0])
+    assert pol.encode(turns[0]) is first  # an epoch's second pass: no processor work
+    other = pol.encode(dataclasses.replace(turns[0], completion="Action: scroll(down)"))
+    assert other is not first and other.reply_ids != first.reply_ids
+    assert pol.encode(dataclasses.replace(turns[0], key="elsewhere")) is first  # same content
+    bound = vlm.ENCODE_CACHE_BYTES
+    try:
+        vlm.ENCODE_CACHE_BYTES = 1  # over the bound: only the latest stays
+        pol.encode(turns[1])
+        assert len(pol._encoded) == 1 and pol.encode(turns[1]) is not first
+        assert pol.encode(turns[0]) is not first  # evicted: encoded again, equal
+        assert pol.encode(turns[0]).prompt_ids == first.prompt_ids
+    finally:
+        vlm.ENCODE_CACHE_BYTES = bound
