@@ -40,11 +40,9 @@ interval excluding 0, under 20 minutes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -214,17 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    from bench.results import Results
-
-    args = parse_args()
-    learning.RESULTS = Results("curation_value", args)
-    script = "bench/curation_value.py"
-    if args.home is not None:
-        asyncio.run(learning.main_async(args, args.home, run_all, script))
-    else:
-        with tempfile.TemporaryDirectory(prefix="webloop-curation-value-") as tmp:
-            asyncio.run(learning.main_async(args, Path(tmp) / "home", run_all, script))
-    learning.RESULTS.write(args.results, args.quick)
+    learning.run_bench("curation_value", parse_args(), run_all)
 
 
 if __name__ == "__main__":

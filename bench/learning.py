@@ -285,12 +285,7 @@ def sft(
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0
     b.timed(f"sft {label}", t0)
-    losses = b.wh.sql(
-        "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
-        [res.training_run_id],
-    )["value"].to_list()
-    k = max(1, min(5, len(losses) // 4))
-    first, last = _mean(losses[:k]), _mean(losses[-k:])
+    first, last = loss_ends(b, res.training_run_id)
     say(
         f"sft {label}: {rows} rows, {res.last_step} steps ({epochs} epoch(s) allowed), "
         f"loss {first:.3f} -> {last:.3f}, {res.last_step * b.a.batch / secs:.0f} examples/s "
@@ -301,6 +296,17 @@ def sft(
     if not last < first:
         raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
     return res
+
+
+def loss_ends(b: Bench, training_run_id: str, most: int = 5) -> tuple[float, float]:
+    """The mean loss of a training run's first and last few steps (a quarter of them, at most
+    ``most``), from the metrics it logged."""
+    losses = b.wh.sql(
+        "SELECT step, value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
+        [training_run_id],
+    )["value"].to_list()
+    k = max(1, min(most, len(losses) // 4))
+    return _mean(losses[:k]), _mean(losses[-k:])
 
 
 def _mean(xs: list[float]) -> float:
@@ -669,18 +675,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return sized_args(__doc__, FULL, QUICK, argv)
 
 
-def main() -> None:
+def run_bench(name: str, args: argparse.Namespace, run: Any = None) -> None:
+    """Run a bench of this family: ``run`` (default: this bench's :func:`run_all`) in
+    :func:`main_async`, at ``--home`` or in a temporary home; its results file written."""
     global RESULTS
     from bench.results import Results
 
-    args = parse_args()
-    RESULTS = Results("learning", args)
+    RESULTS = Results(name, args)
+    script = f"bench/{name}.py"
     if args.home is not None:
-        asyncio.run(main_async(args, args.home))
+        asyncio.run(main_async(args, args.home, run, script))
     else:
-        with tempfile.TemporaryDirectory(prefix="webloop-learning-") as tmp:
-            asyncio.run(main_async(args, Path(tmp) / "home"))
+        prefix = f"webloop-{name.replace('_', '-')}-"
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            asyncio.run(main_async(args, Path(tmp) / "home", run, script))
     RESULTS.write(args.results, args.quick)
+
+
+def main() -> None:
+    run_bench("learning", parse_args())
 
 
 if __name__ == "__main__":

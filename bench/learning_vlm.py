@@ -18,7 +18,11 @@ scratch on 2 cores, learn to act? Prints, in one run:
    product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
    accessibility-only paired on the same tasks, overall and on the pixels-only template.
 
-Not yet here: RL on token log-probs after SFT, and serving the checkpoint by vLLM (issue 33).
+5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, rolled
+   out by the served model (``--rl-serve hf``: serve-model, weights synced after each update),
+   then the same held-out metrics and closed-loop evaluation, paired with SFT.
+
+Not yet here: serving the checkpoint by vLLM (the ``vllm`` tier serves the tiny Idefics3).
 Everything runs the product's own code path in one process with one sites server and one
 Chromium, into a fresh warehouse; the bench writes a results file like the others.
 
@@ -28,13 +32,11 @@ Chromium, into a fresh warehouse; the bench writes a results file like the other
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,13 @@ FULL = dict(
     batch=8,
     lr=2e-3,
     max_new_tokens=40,
+    rl=True,
+    rl_iterations=2,
+    rl_tasks=24,
+    group=4,
+    rl_lr=3e-4,
+    reasoning_weight=0.5,
+    rl_serve="hf",
 )
 QUICK = dict(
     FULL,
@@ -76,6 +85,9 @@ QUICK = dict(
     layers=2,
     epochs=1,
     batch=4,
+    rl_iterations=1,
+    rl_tasks=2,
+    group=2,
 )
 
 DATA = """
@@ -112,6 +124,16 @@ def prompt_texts(turns: list[Any]) -> list[str]:
             out += [str(p.get("text")) for p in parts if p.get("text")]
         out.append(t.completion)
     return out
+
+
+def target_visible(turns: list[Any]) -> float:
+    """The share of turns whose action names a ref that the prompt's (cut) tree shows, among
+    the turns whose action names a ref: what a text reader can ground at all."""
+    from rollouts.prompts import action_ref
+
+    named = [(t, action_ref(t.completion.rsplit("Action:", 1)[-1].strip())) for t in turns]
+    named = [(t, ref) for t, ref in named if ref]
+    return sum(f"[ref={ref}]" in t.prompt for t, ref in named) / max(len(named), 1)
 
 
 def without_images(turn: Any) -> Any:
@@ -192,18 +214,58 @@ def sft_vlm(b: Any, ds: Any, start: Path, label: str, text_only: bool = False) -
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0
     b.timed(f"sft {label}", t0)
-    losses = b.wh.sql(
-        "SELECT value FROM metrics WHERE training_run_id = ? AND name = 'loss' ORDER BY step",
-        [res.training_run_id],
-    )["value"].to_list()
-    k = max(1, min(10, len(losses) // 5))
-    first, last = learning._mean(losses[:k]), learning._mean(losses[-k:])
+    first, last = learning.loss_ends(b, res.training_run_id, most=10)
     say(
         f"sft {label}: {ds.counts['sft']} turns, {res.last_step} steps, loss {first:.3f} -> "
         f"{last:.3f}, {secs:.0f} s ({res.last_step * a.batch / secs:.1f} turns/s)"
     )
     if not last < first:
         raise SystemExit(f"sft {label}: the loss did not fall ({first} -> {last})")
+    return res
+
+
+async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
+    """GRPO on token log-probs from the SFT checkpoint ``start``: ``--group`` samples (T 1) of
+    ``--rl-tasks`` ``train`` tasks per iteration, rolled out by the model served by
+    ``--rl-serve`` (``hf``: serve-model, weights synced after every update) with the bench's
+    prompt, rewarded by the tasks' checkers, normalised per task; PPO-clip; thought tokens
+    weighted ``--reasoning-weight`` (RL4VLM); the SFT loss on ``anchor`` beside every update."""
+    from stages.config import config_from_mapping
+    from stages.train import RLConfig, run_rl
+
+    a, t0 = b.a, time.perf_counter()
+    rollout = {
+        "policy": "hf",
+        "samples": a.group,
+        "n_tasks": a.rl_tasks,
+        "max_steps": a.eval_max_steps,
+        "temperature": 1.0,
+        **collect_settings(a),
+    }
+    cfg = config_from_mapping(
+        RLConfig,
+        {
+            "policy": start,
+            "estimator": "grpo",
+            "iterations": a.rl_iterations,
+            "lr": a.rl_lr,
+            "batch_size": a.batch,
+            "ppo_epochs": 1,
+            "reasoning_weight": a.reasoning_weight,
+            "anchor_dataset": anchor,
+            "anchor_coef": 1.0,
+            "rollout": rollout,
+            "serve": a.rl_serve,
+        },
+    )
+    res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
+    b.timed("rl", t0)
+    for r in res.iterations:
+        say(
+            f"rl iteration {r.iteration} (grpo, served: {a.rl_serve}): mean reward "
+            f"{r.mean_reward:.3f} over {r.trajectories} samples, {r.nonzero_advantage}/{r.turns} "
+            f"turns with a learning signal, {r.steps_run} update(s)"
+        )
     return res
 
 
@@ -257,19 +319,29 @@ async def run_all(b: Any, home: Path) -> None:
     )
     b.timed("build", t0)
     n_params, tokens = parameters(start), mean_prompt_tokens(start, turns["heldout"])
+    visible = target_visible(turns["train"])
     say(
         f"model: Idefics3 {a.hidden} wide x {a.layers} layers, {n_params / 1e6:.2f} M "
-        f"parameters, vocabulary {a.vocab}; mean prompt {tokens:.0f} tokens"
+        f"parameters, vocabulary {a.vocab}; mean prompt {tokens:.0f} tokens; the expert's "
+        f"target is in the cut tree in {visible:.0%} of its ref actions"
     )
     if learning.RESULTS is not None:
-        learning.RESULTS.figures["model"] = {"parameters": n_params, "mean_prompt_tokens": tokens}
+        learning.RESULTS.figures["model"] = {
+            "parameters": n_params,
+            "mean_prompt_tokens": tokens,
+            "target_visible": visible,
+        }
 
     seeing = sft_vlm(b, ds["train"], start, "screenshot+a11y")
     blind_res = sft_vlm(b, ds["train-a11y"], start, "a11y only", text_only=True)
 
+    rl_res = await rl_vlm(b, seeing.checkpoint, ds["train"].dataset_id) if a.rl else None
+
     say("held-out expert turns (test split, never trained on):")
     metrics_line(b, "untrained", start, turns["heldout"])
     metrics_line(b, "sft screenshot+a11y", Path(seeing.checkpoint), turns["heldout"])
+    if rl_res is not None:
+        metrics_line(b, "rl", Path(rl_res.checkpoint), turns["heldout"])
     metrics_line(b, "sft a11y only", Path(blind_res.checkpoint), turns["heldout-a11y"])
 
     ids = sorted(t.task_id for t in tasks if t.split == "test")
@@ -280,6 +352,8 @@ async def run_all(b: Any, home: Path) -> None:
     blind_roll = {"policy": "hf", **collect_settings(a, screenshots=False)}
     await learning.evaluate(b, "untrained", str(start), "test", ids, roll)
     await learning.evaluate(b, "sft screenshot+a11y", seeing.checkpoint, "test", ids, roll)
+    if rl_res is not None:
+        await learning.evaluate(b, "rl", rl_res.checkpoint, "test", ids, roll)
     await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", ids, blind_roll)
     for label in ("sft screenshot+a11y", "sft a11y only"):
         learning.by_template(b, label, "test")
@@ -290,7 +364,7 @@ def report(b: Any) -> None:
     """SFT vs untrained and screenshot vs accessibility-only, paired, with the pixels-only
     template's own line."""
     pairs = [("untrained", "sft screenshot+a11y"), ("sft a11y only", "sft screenshot+a11y")]
-    learning.differences(b, pairs, force=frozenset({pairs[1]}))
+    learning.differences(b, [*pairs, ("sft screenshot+a11y", "rl")], force=frozenset({pairs[1]}))
     tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
     blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])
     say(
@@ -304,17 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    from bench.results import Results
-
-    args = parse_args()
-    learning.RESULTS = Results("learning_vlm", args)
-    script = "bench/learning_vlm.py"
-    if args.home is not None:
-        asyncio.run(learning.main_async(args, args.home, run_all, script))
-    else:
-        with tempfile.TemporaryDirectory(prefix="webloop-learning-vlm-") as tmp:
-            asyncio.run(learning.main_async(args, Path(tmp) / "home", run_all, script))
-    learning.RESULTS.write(args.results, args.quick)
+    learning.run_bench("learning_vlm", parse_args(), run_all)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,10 @@ Chromium, into a fresh warehouse; a results file as the other benches write.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -175,17 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    from bench.results import Results
-
-    args = parse_args()
-    learning.RESULTS = Results("ood", args)
-    if args.home is not None:
-        asyncio.run(learning.main_async(args, args.home, run_all, "bench/ood.py"))
-    else:
-        with tempfile.TemporaryDirectory(prefix="webloop-ood-") as tmp:
-            home = Path(tmp) / "home"
-            asyncio.run(learning.main_async(args, home, run_all, "bench/ood.py"))
-    learning.RESULTS.write(args.results, args.quick)
+    learning.run_bench("ood", parse_args(), run_all)
 
 
 if __name__ == "__main__":

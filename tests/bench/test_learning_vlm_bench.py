@@ -1,0 +1,40 @@
+"""``bench/learning_vlm.py --quick`` runs in the suite: expert turns of the short templates (a
+screenshot and a focused tree in every prompt) → three datasets → a tokenizer trained on them
+and an Idefics3 built from scratch → SFT with and without the screenshot (each loss must fall,
+or the bench exits non-zero) → held-out NLL and next-action accuracy → closed-loop evaluations
+in Chromium, paired. No assertion on success: the quick size is far too small to learn."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.bench.early import quick
+
+
+@pytest.mark.bench("learning_vlm.py")
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
+    proc = quick("learning_vlm.py", timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    sizes = dict(re.findall(r"dataset vlm-([\w-]+): \{'sft': (\d+)", out))
+    assert set(sizes) == {"train", "train-a11y", "heldout"}
+    assert int(sizes["train"]) == int(sizes["train-a11y"]) > 0  # the same turns, less the image
+    model = re.search(r"model: Idefics3 64 wide x 2 layers, ([\d.]+) M .*prompt (\d+) tok", out)
+    assert model and 0.1 < float(model[1]) < 5 and 100 < int(model[2]) < 2000
+    losses = re.findall(r"sft (screenshot\+a11y|a11y only): .* loss ([\d.]+) -> ([\d.]+)", out)
+    assert [m[0] for m in losses] == ["screenshot+a11y", "a11y only"]
+    assert all(float(b) < float(a) for _, a, b in losses)
+    held = dict(re.findall(r"^  ([\w +]+?) +held-out NLL ([\d.]+)/token", out, re.M))
+    assert set(held) == {"untrained", "sft screenshot+a11y", "sft a11y only"}
+    assert float(held["sft screenshot+a11y"]) < float(held["untrained"])  # it learned something
+    evals = re.findall(r"^  (untrained|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M)
+    assert [e[0] for e in evals] == ["untrained", "sft screenshot+a11y", "sft a11y only"]
+    assert {int(e[2]) for e in evals} == {2}  # the same 2 held-out tasks for each
+    assert re.search(r"sft screenshot\+a11y - sft a11y only: .* paired on 2 tasks", out)
+    assert "protocols differ in prompt_mode" in out  # compared on purpose, and said
+    assert re.search(r"pixels only \(shop_photo_colour\): screenshot\+a11y \d+ of \d+", out)
