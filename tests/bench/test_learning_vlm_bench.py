@@ -1,8 +1,9 @@
 """``bench/learning_vlm.py --quick`` runs in the suite: expert turns of the short templates (a
 screenshot and a focused tree in every prompt) → three datasets → a tokenizer trained on them
 and an Idefics3 built from scratch → SFT with and without the screenshot (each loss must fall,
-or the bench exits non-zero) → held-out NLL and next-action accuracy → closed-loop evaluations
-in Chromium, paired. No assertion on success: the quick size is far too small to learn."""
+or the bench exits non-zero) → GRPO from the SFT checkpoint, served by serve-model → held-out
+NLL and next-action accuracy → closed-loop evaluations in Chromium, paired. No assertion on
+success: the quick size is far too small to learn."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     losses = re.findall(r"sft (screenshot\+a11y|a11y only): .* loss ([\d.]+) -> ([\d.]+)", out)
     assert [m[0] for m in losses] == ["screenshot+a11y", "a11y only"]
     assert all(float(b) < float(a) for _, a, b in losses)
+    rl = r"rl iteration \d \(grpo, served: hf\): mean reward [\d.]+ over 4 samples"
+    assert re.search(rl, out)
     held = dict(re.findall(r"^  ([\w +]+?) +held-out NLL ([\d.]+)/token", out, re.M))
-    assert set(held) == {"untrained", "sft screenshot+a11y", "sft a11y only"}
+    assert set(held) == {"untrained", "sft screenshot+a11y", "rl", "sft a11y only"}
     assert float(held["sft screenshot+a11y"]) < float(held["untrained"])  # it learned something
-    evals = re.findall(r"^  (untrained|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M)
-    assert [e[0] for e in evals] == ["untrained", "sft screenshot+a11y", "sft a11y only"]
+    evals = re.findall(r"^  (untrained|rl|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M)
+    assert [e[0] for e in evals] == ["untrained", "sft screenshot+a11y", "rl", "sft a11y only"]
     assert {int(e[2]) for e in evals} == {2}  # the same 2 held-out tasks for each
     assert re.search(r"sft screenshot\+a11y - sft a11y only: .* paired on 2 tasks", out)
+    assert re.search(r"rl - sft screenshot\+a11y: .* paired on 2 tasks", out)
     assert "protocols differ in prompt_mode" in out  # compared on purpose, and said
     assert re.search(r"pixels only \(shop_photo_colour\): screenshot\+a11y \d+ of \d+", out)
