@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FULL = dict(
-    suite_version="2",  # 3: with the four headroom templates (sites.tasks.SUITE_VERSIONS)
+    suite_version="3",  # with the four headroom templates (sites.tasks.SUITE_VERSIONS; 2: without)
     tasks=2400,
     collect=360,
     noise=0.1,
