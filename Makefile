@@ -77,6 +77,7 @@ bench: setup vllm
 	$(PY) bench/curation.py
 	$(PY) bench/curation_value.py
 	$(PY) bench/learning.py
+	$(PY) bench/learning_vlm.py
 	$(PY) bench/ood.py
 	$(PY) bench/dashboard.py
 	$(PY) bench/serving.py

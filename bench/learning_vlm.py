@@ -26,7 +26,7 @@ Not yet here: serving the checkpoint by vLLM (the ``vllm`` tier serves the tiny 
 Everything runs the product's own code path in one process with one sites server and one
 Chromium, into a fresh warehouse; the bench writes a results file like the others.
 
-    python bench/learning_vlm.py [--quick] [--train 900] [--epochs 3] [--home DIR]
+    python bench/learning_vlm.py [--quick] [--train 500] [--epochs 3] [--home DIR]
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ PIXELS = "shop_photo_colour"
 
 FULL = dict(
     tasks=1600,
-    train=900,
-    heldout=150,
-    eval_n=100,
+    train=500,
+    heldout=100,
+    eval_n=60,
     eval_max_steps=5,
     a11y_chars=1200,
     vocab=4096,
@@ -67,7 +67,7 @@ FULL = dict(
     max_new_tokens=40,
     rl=True,
     rl_iterations=2,
-    rl_tasks=24,
+    rl_tasks=16,
     group=4,
     rl_lr=3e-4,
     reasoning_weight=0.5,
