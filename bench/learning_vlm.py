@@ -16,8 +16,7 @@ scratch on 2 cores, learn to act? Prints, in one run:
    accuracy (greedy reply's action against the expert's, at the expert's states), and
    closed-loop success on ``--eval-n`` held-out ``test`` tasks in Chromium (greedy, the
    product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
-   accessibility-only paired on the same tasks, overall and on the pixels-only template.
-
+   accessibility-only paired on the same tasks, overall and on the pixels-only template;
 5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, rolled
    out by the served model (``--rl-serve hf``: serve-model, weights synced after each update),
    then the same held-out metrics and closed-loop evaluation, paired with SFT.
