@@ -8,7 +8,7 @@ STAMP := $(VENV)/.webloop-installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.webloop-vllm-installed
 
-.PHONY: setup system demo test test-fast lint format bench clean vllm
+.PHONY: setup system demo test test-fast lint format bench clean vllm docs docs-build
 
 setup: $(STAMP) system
 
@@ -83,5 +83,14 @@ bench: setup vllm
 	$(PY) bench/serving.py
 	$(PY) bench/training.py --gpu
 
+# The documentation site (docs/, mkdocs.yml): served with live reload on http://127.0.0.1:8000;
+# `docs-build` writes it to site/ with --strict (broken links and missing pages fail), as the
+# test suite does (tests/docs/test_docs_build.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .webloop .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .webloop .pytest_cache .ruff_cache *.egg-info site

@@ -353,6 +353,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2_000)
     ap.add_argument("--screens", type=int, default=300, help="distinct screenshots (and trees)")
     ap.add_argument("--per-task", type=int, default=8, help="the recipe's cap (0: none)")
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="2k trajectories, 200 tasks, 40 screens")
     ap.add_argument("--profile", type=Path, help="cProfile the build into this file")
     ap.add_argument("--keep", type=Path, help="work here and keep it; reuse a filled warehouse")
@@ -392,4 +393,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("curation", main, children=("--stage",))

@@ -197,6 +197,7 @@ def measure(home: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=100_000)
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="2k trajectories, 50 tasks, 20 screens")
     ap.add_argument("--keep", type=Path, help="work here and keep it; reuse a filled warehouse")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
@@ -230,4 +231,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("dashboard", main, children=("--measure",))

@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="8 x 6 steps, 20 ms (the CI size)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child: serve on port
     args = ap.parse_args()
@@ -195,4 +196,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("judging", main, children=("--serve",))

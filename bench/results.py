@@ -6,18 +6,27 @@ the code version, as JSON, so a figure quoted in the docs can be traced to a run
     rec.figures["evaluations"] = {...}
     rec.write()                          # bench/results/learning-<code>-<UTC time>.json
 
+A bench that only prints wraps its main in :func:`capture`: every line it prints is recorded.
+
+    with capture("warehouse", args):     # tees stdout; writes the file at the end
+        ...
+
 ``--quick`` runs (the test suite's) write nothing unless ``--results PATH`` is given.
+``bench/render.py`` renders the docs' benchmark page from these files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,6 +39,7 @@ class Results:
         self.lines: list[str] = []
         self.figures: dict[str, Any] = {}
         self.started = dt.datetime.now(dt.UTC)
+        self.load_start = _load()
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -59,6 +69,8 @@ class Results:
             "started": self.started.isoformat(),
             "finished": dt.datetime.now(dt.UTC).isoformat(),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "load": {"start": self.load_start, "end": _load()},
+            "versions": versions(),
             "args": self.args,
             "figures": self.figures,
             "lines": self.lines,
@@ -66,3 +78,71 @@ class Results:
         path.write_text(json.dumps(record, indent=2, default=str))
         print(f"results: {path}", flush=True)
         return path
+
+
+#: The packages whose versions a results file records.
+PACKAGES = ("torch", "transformers", "duckdb", "polars", "playwright", "prefect", "datasets")
+
+
+def versions() -> dict[str, str]:
+    """Python's and the main packages' versions (those installed)."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[name] = importlib.metadata.version(name)
+    return out
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class _Tee:
+    """A stdout that also records each whole line it is given into ``results``."""
+
+    def __init__(self, stream: TextIO, results: Results) -> None:
+        self.stream, self.results, self.partial = stream, results, ""
+
+    def write(self, text: str) -> int:
+        self.partial += text
+        *whole, self.partial = self.partial.split("\n")
+        self.results.lines.extend(whole)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def capture(name: str, args: Any) -> Iterator[Results]:
+    """Record every line printed inside the block, then write the results file (``args.quick``
+    and ``args.results`` decide whether and where, as :meth:`Results.write`). A bench that
+    fails writes nothing."""
+    rec = Results(name, args)
+    tee = _Tee(sys.stdout, rec)
+    with contextlib.redirect_stdout(tee):
+        yield rec
+    if tee.partial:
+        rec.lines.append(tee.partial)
+    rec.write(getattr(args, "results", None), bool(getattr(args, "quick", False)))
+
+
+def run_main(name: str, main: Any, children: tuple[str, ...] = ()) -> Any:
+    """Run a bench's ``main()`` under :func:`capture`, its settings read from ``sys.argv``
+    (``--quick``, ``--results PATH``); a child process of the bench (a flag in ``children`` is
+    given) runs without."""
+    argv = sys.argv[1:]
+    if any(flag in argv for flag in children):
+        return main()
+    given = argv[argv.index("--results") + 1] if "--results" in argv[:-1] else None
+    args = _Argv(argv=argv, quick="--quick" in argv, results=Path(given) if given else None)
+    with capture(name, args):
+        return main()
+
+
+class _Argv:
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)

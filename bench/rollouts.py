@@ -561,6 +561,7 @@ async def main_async(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: seconds, every arm runs")
     ap.add_argument("--sections", default="browser,model,sim")
     ap.add_argument("--tasks", type=int, default=32, help="browser-bound section")
@@ -598,4 +599,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("rollouts", main)

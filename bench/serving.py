@@ -87,6 +87,7 @@ async def run_arm(
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="2 tasks x 3 steps, concurrency 2")
     ap.add_argument("--model", default=None, help="checkpoint folder (default: tiny Idefics3)")
     ap.add_argument("--tasks", type=int, default=8)
@@ -165,4 +166,6 @@ def run_one(
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("serving", main)

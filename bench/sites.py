@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument("--quick", action="store_true", help="8 tasks, 4 contexts (the CI size)")
     args = ap.parse_args()
     if args.quick:
@@ -102,4 +103,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("sites", main)

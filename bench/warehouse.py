@@ -164,6 +164,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1_000)
     ap.add_argument("--big-batch", type=int, default=5_000)
     ap.add_argument("--big-steps", type=int, default=200_000)
+    ap.add_argument("--results", type=Path, help="results file (default: bench/results/)")
     ap.add_argument(
         "--quick", action="store_true", help="20k steps, 10k for big batches: a few seconds"
     )
@@ -206,4 +207,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.results import run_main
+
+    run_main("warehouse", main)

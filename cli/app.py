@@ -24,6 +24,7 @@ from cli.common import (
     fit_consoles,
     print_frame,
 )
+from cli.help import polish
 from cli.options import config_command
 from stages.maintain import MaintainConfig
 from warehouse import WarehouseConfig
@@ -244,7 +245,13 @@ def warehouse_maintain(cfg: MaintainConfig) -> None:
     )
 
 
-config_command(warehouse_app, "maintain", MaintainConfig, warehouse_maintain)
+config_command(
+    warehouse_app,
+    "maintain",
+    MaintainConfig,
+    warehouse_maintain,
+    help=warehouse_maintain.__doc__,
+)
 
 
 @warehouse_app.command("copy")
@@ -508,11 +515,20 @@ def _tasks_import() -> None:
     """Import tasks: om2w, webvoyager or rubric files."""
 
 
-def _import_tasks(fmt: str, file: Path) -> None:
+AllowPrivate = Annotated[
+    bool,
+    typer.Option(
+        help="Admit start URLs on loopback and private hosts (your own intranet or local sites); "
+        "link-local and cloud-metadata hosts stay refused.",
+    ),
+]
+
+
+def _import_tasks(fmt: str, file: Path, allow_private: bool = False) -> None:
     from warehouse.interop.task_formats import parse_task_file
     from warehouse.tasks import put_tasks
 
-    parsed = parse_task_file(fmt, file)
+    parsed = parse_task_file(fmt, file, allow_private=allow_private)
     for n, reason in parsed.errors:
         at = f"{file}:{n}" if parsed.unit == "line" else f"{file} entry {n}"
         err.print(f"[yellow]skipped[/yellow] {escape(f'{at}: {reason}')}")
@@ -530,25 +546,28 @@ def _import_tasks(fmt: str, file: Path) -> None:
 @tasks_import_app.command("om2w")
 def tasks_import_om2w(
     file: Annotated[Path, typer.Argument(help="Online-Mind2Web tasks JSON.")],
+    allow_private: AllowPrivate = False,
 ) -> None:
     """Online-Mind2Web tasks (task_id, confirmed_task, website, reference_length, level)."""
-    _import_tasks("om2w", file)
+    _import_tasks("om2w", file, allow_private)
 
 
 @tasks_import_app.command("webvoyager")
 def tasks_import_webvoyager(
     file: Annotated[Path, typer.Argument(help="WebVoyager JSONL.")],
+    allow_private: AllowPrivate = False,
 ) -> None:
     """WebVoyager tasks (JSONL: web_name, id, ques, web)."""
-    _import_tasks("webvoyager", file)
+    _import_tasks("webvoyager", file, allow_private)
 
 
 @tasks_import_app.command("rubric")
 def tasks_import_rubric(
     file: Annotated[Path, typer.Argument(help="Rubric tasks JSON/JSONL.")],
+    allow_private: AllowPrivate = False,
 ) -> None:
     """Rubric tasks (instruction, start_url, rubric list, optional reference)."""
-    _import_tasks("rubric", file)
+    _import_tasks("rubric", file, allow_private)
 
 
 @tasks_app.command("list")
@@ -761,6 +780,7 @@ judge.register(judge_app)
 score_steps.register(score_app)
 for _group in (collect, curation, interventions, training, serving, deploy, flywheel, dashboard):
     _group.register(app)
+polish(app)  # plain help, one-line summaries, examples (cli/help.py)
 
 
 def main() -> None:

@@ -70,5 +70,20 @@ def rationales(cfg: RationalesConfig) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the intervention and rationale commands to the ``webloop`` app."""
-    config_command(app, "intervene", InterveneConfig, intervene, callbacks={"run": existing_run})
-    config_command(app, "rationales", RationalesConfig, rationales, callbacks={"run": existing_run})
+    config_command(
+        app,
+        "intervene",
+        InterveneConfig,
+        intervene,
+        callbacks={"run": existing_run},
+        help="Corrective interventions for failed trajectories. A teacher finds the first error "
+        "and proposes the correction; a replay in Chromium verifies it (the intervene flow).",
+    )
+    config_command(
+        app,
+        "rationales",
+        RationalesConfig,
+        rationales,
+        callbacks={"run": existing_run},
+        help="Teacher rationales (thoughts) for the expert's steps, stored with the run (ERA).",
+    )

@@ -25,3 +25,55 @@ def test_the_results_file_records_what_the_bench_printed(tmp_path: Path, capsys)
     assert "sft curated: 12/20" in capsys.readouterr().out
     default = rec.path(None, quick=False)
     assert default.parent.name == "results" and default.name.startswith("demo-")
+
+
+def test_capture_records_every_printed_line_with_load_and_versions(tmp_path: Path):
+    from bench.results import capture
+
+    args = argparse.Namespace(quick=False, results=tmp_path / "w.json")
+    with capture("warehouse", args):
+        print("ingest: 21,094 steps/s")
+        print("ratio DuckLake / plain DuckDB (wall): 0.69", end="")
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["lines"] == ["ingest: 21,094 steps/s", "ratio DuckLake / plain DuckDB (wall): 0.69"]
+    assert len(data["load"]["start"]) == 3 and data["versions"]["duckdb"]
+    with capture("warehouse", argparse.Namespace(quick=True, results=None)):
+        print("quick")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.json"]  # a quick run writes nothing
+
+
+def test_a_bench_that_fails_writes_no_results_file(tmp_path: Path):
+    import pytest
+
+    from bench.results import capture
+
+    with (
+        pytest.raises(RuntimeError),
+        capture("x", argparse.Namespace(quick=False, results=tmp_path / "x.json")),
+    ):
+        print("half a figure")
+        raise RuntimeError("browser crashed")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_benchmark_page_renders_every_results_file_newest_first(tmp_path: Path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "render", Path(__file__).parents[2] / "bench" / "render.py"
+    )
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    for stamp, figure in (("20261201T100000Z", "old: 1.0"), ("20261203T100000Z", "new: 2.0")):
+        rec = Results("warehouse", argparse.Namespace(quick=False, steps=10))
+        rec.say(figure)
+        rec.started = rec.started.replace(day=int(stamp[6:8]))
+        rec.write(tmp_path / f"warehouse-abc-{stamp}.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    page = render.render_page(tmp_path)
+    assert "skipping" in capsys.readouterr().err  # the broken file is named, the rest renders
+    section = page.split("## `bench/warehouse.py`")[1].split("## ")[0]
+    assert "new: 2.0" in section and "old: 1.0" not in section.split("| run (UTC)")[0]
+    assert section.index("20261203T100000Z") < section.rindex("20261201T100000Z")  # newest first
+    assert "Settings: quick=False, steps=10." in section
+    assert "No results file yet: run `python bench/serving.py`." in page

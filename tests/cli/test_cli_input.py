@@ -4,6 +4,7 @@ exit, and no secret reaches the output, the log file or the warehouse."""
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
@@ -141,3 +142,30 @@ def test_terminal_safe_keeps_text_and_escapes_controls() -> None:
     assert terminal_safe("naïve — ok\tTab\nline") == "naïve — ok\tTab\nline"
     assert terminal_safe("a\x1b[2Jb\x9bc\x00") == "a\\x1b[2Jb\\x9bc\\x00"
     assert cell("[bold]x") == "\\[bold]x" and cell(None) == ""
+
+
+def test_local_start_urls_need_allow_private_and_metadata_hosts_never_pass(tmp_path: Path):
+    """Imported task files are third parties': a start URL on a loopback or private host is
+    refused unless ``--allow-private`` says the file is one's own (local sites); link-local and
+    cloud-metadata hosts stay refused even then."""
+    home = tmp_path / "home"
+    urls = {
+        "local": "http://127.0.0.1:8711/",
+        "intranet": "http://10.0.0.7/wiki",
+        "meta": "http://169.254.169.254/latest/",
+    }
+    rows = [
+        json.dumps({"task_id": k, "instruction": f"Do {k}.", "start_url": u, "rubric": ["done"]})
+        for k, u in urls.items()
+    ]
+    f = tmp_path / "mine.jsonl"
+    f.write_text("\n".join(rows) + "\n")
+    res = webloop(home, "tasks", "import", "rubric", str(f), ok=False)
+    assert res.returncode == 2 and "no rubric task could be read" in res.stderr
+    assert res.stderr.count("loopback, private or reserved") >= 2
+    res = webloop(home, "tasks", "import", "rubric", str(f), "--allow-private")
+    assert "2 tasks read: 2 new" in res.stdout
+    assert "mine.jsonl:3" in res.stderr  # the metadata host, skipped with its line
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        ids = set(wh.sql("SELECT task_id FROM tasks").get_column("task_id").to_list())
+    assert ids == {"local", "intranet"}
