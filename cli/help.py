@@ -16,6 +16,7 @@ from typer.models import ParameterInfo
 _ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc|obj):`~?([^`]+)`")
 _LITERAL = re.compile(r"``(.+?)``", re.S)
 _SENTENCE_END = re.compile(r"(?<=\.)\s")
+_LITERAL_MARK = re.compile(r"(?<=\w)::(?=\s|$)")  # "Example::" introducing a literal block
 
 
 def plain(text: str | None) -> str:
@@ -44,7 +45,7 @@ def plain(text: str | None) -> str:
             paragraphs.append(para)
         else:
             paragraphs.append(_join(ln.strip() for ln in lines))
-    return "\n\n".join(p for p in paragraphs if p).replace("::", ":")
+    return _LITERAL_MARK.sub(":", "\n\n".join(p for p in paragraphs if p))
 
 
 def _join(lines: typing.Iterable[str]) -> str:

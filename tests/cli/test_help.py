@@ -68,6 +68,9 @@ def test_plain_unwraps_paragraphs_and_drops_markup():
         "Run webloop sql against the warehouse; see Warehouse and run_collect().\n\n"
         "A template-clustered bootstrap."
     )
+    assert (
+        plain("Bind to [::1]. Example::\n\n    webloop x") == "Bind to [::1]. Example:\n\nwebloop x"
+    )
     assert summary("The main job. More text.") == "The main job"
     long = (
         "Serve a model over an OpenAI-compatible HTTP API (/v1) until Ctrl-C or SIGTERM "
