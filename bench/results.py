@@ -26,6 +26,7 @@ import platform
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,11 +139,8 @@ def run_main(name: str, main: Any, children: tuple[str, ...] = ()) -> Any:
     if any(flag in argv for flag in children):
         return main()
     given = argv[argv.index("--results") + 1] if "--results" in argv[:-1] else None
-    args = _Argv(argv=argv, quick="--quick" in argv, results=Path(given) if given else None)
+    args = SimpleNamespace(
+        argv=argv, quick="--quick" in argv, results=Path(given) if given else None
+    )
     with capture(name, args):
         return main()
-
-
-class _Argv:
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)

@@ -89,10 +89,8 @@ def config_table(dotted: str) -> str:
     ]
     for r in config_rows(cls):
         flag = f"`{r['flag']}`" if r["flag"] else "file only"
-        cells = [f"`{r['key']}`", flag, r["type"], r["default"], r["help"]]
-        lines.append(
-            "| " + " | ".join(c.replace("|", "\\|") if c is r["help"] else c for c in cells) + " |"
-        )
+        text = r["help"].replace("|", "\\|")  # a pipe in help text would end the cell
+        lines.append(f"| `{r['key']}` | {flag} | {r['type']} | {r['default']} | {text} |")
     return "\n".join(lines)
 
 

@@ -6,8 +6,7 @@ A page says what it wants with a marker on a line of its own:
   YAML key, command-line flag, type, default and help), from the ``setting(...)`` metadata the
   CLI and the YAML loader read too;
 * ``<!-- bench-results -->`` — the benchmark page, rendered from ``bench/results/*.json`` by
-  ``bench/render.py``;
-* ``<!-- cli-help: train rl -->`` — a command's ``--help`` as the terminal shows it.
+  ``bench/render.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MARKER = re.compile(r"^<!-- (config|bench-results|cli-help)(?::\s*(.*?))? -->$", re.M)
+MARKER = re.compile(r"^<!-- (config|bench-results)(?::\s*(.*?))? -->$", re.M)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -34,10 +33,6 @@ def _render(kind: str, arg: str) -> str:
         from cli.reference import config_table
 
         return config_table(arg)
-    if kind == "cli-help":
-        from cli.reference import help_text
-
-        return "```text\n" + help_text(arg.split()) + "\n```"
     # bench/ is a folder of scripts, not a package: load the renderer from its file
     spec = importlib.util.spec_from_file_location("bench_render", ROOT / "bench" / "render.py")
     assert spec is not None and spec.loader is not None
