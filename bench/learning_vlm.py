@@ -19,9 +19,13 @@ scratch on 2 cores, learn to act? Prints, in one run:
    accessibility-only paired on the same tasks, overall and on the pixels-only template;
 5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, rolled
    out by the served model (``--rl-serve hf``: serve-model, weights synced after each update),
-   then the same held-out metrics and closed-loop evaluation, paired with SFT.
-
-Not yet here: serving the checkpoint by vLLM (the ``vllm`` tier serves the tiny Idefics3).
+   then the same held-out metrics and closed-loop evaluation, paired with SFT;
+6. the ``candidates`` choice (:class:`rollouts.hf.HFPolicy`): the final checkpoint keeps its
+   generated thought and acts by the highest log-prob over the ranker's candidate actions at the
+   page (a constrained decode), evaluated on the same tasks, paired with its free generation;
+7. serving: the final checkpoint served by ``--serve-check`` (``auto``: vLLM where ``make vllm``
+   built it, else serve-model; ``none``: skip), its greedy replies to ``--serve-check-n``
+   held-out prompts against the in-process model's.
 Everything runs the product's own code path in one process with one sites server and one
 Chromium, into a fresh warehouse; the bench writes a results file like the others.
 
@@ -71,6 +75,8 @@ FULL = dict(
     rl_lr=3e-4,
     reasoning_weight=0.5,
     rl_serve="hf",
+    serve_check="auto",
+    serve_check_n=16,
 )
 QUICK = dict(
     FULL,
@@ -87,6 +93,8 @@ QUICK = dict(
     rl_iterations=1,
     rl_tasks=2,
     group=2,
+    serve_check="hf",
+    serve_check_n=2,
 )
 
 DATA = """
@@ -354,16 +362,70 @@ async def run_all(b: Any, home: Path) -> None:
     if rl_res is not None:
         await learning.evaluate(b, "rl", rl_res.checkpoint, "test", ids, roll)
     await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", ids, blind_roll)
-    for label in ("sft screenshot+a11y", "sft a11y only"):
+    final = rl_res.checkpoint if rl_res is not None else seeing.checkpoint
+    final_label = "rl" if rl_res is not None else "sft screenshot+a11y"
+    choosing = {**roll, "choose": "candidates"}
+    await learning.evaluate(b, f"{final_label} candidates", final, "test", ids, choosing)
+    for label in ("sft screenshot+a11y", "sft a11y only", f"{final_label} candidates"):
         learning.by_template(b, label, "test")
-    report(b)
+    report(b, final_label)
+    if a.serve_check != "none":
+        served_greedy(b, final, turns["heldout"][: a.serve_check_n])
 
 
-def report(b: Any) -> None:
-    """SFT vs untrained and screenshot vs accessibility-only, paired, with the pixels-only
-    template's own line."""
+def served_greedy(b: Any, checkpoint: str, turns: list[Any]) -> None:
+    """The checkpoint served by ``--serve-check`` (vLLM or serve-model): its greedy replies to
+    held-out prompts against the in-process model's, reply by reply."""
+    import httpx
+
+    from rollouts.hf import HFGenerator, load_model
+    from stages.served import ServedCheckpoints
+    from training.vlm import turn_messages
+
+    a, t0 = b.a, time.perf_counter()
+    prompts = [turn_messages(t) for t in turns]
+    model, proc = load_model(checkpoint)
+    local = [g.text for g in HFGenerator(model, proc).run_batch(prompts, a.max_new_tokens)]
+    served = ServedCheckpoints(engine=a.serve_check, max_model_len=4096)
+    try:
+        url, name = served.endpoint(checkpoint)
+        remote = []
+        for messages in prompts:
+            body = {"model": name, "messages": messages, "temperature": 0}
+            body["max_tokens"] = a.max_new_tokens
+            r = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
+            r.raise_for_status()
+            remote.append(r.json()["choices"][0]["message"]["content"])
+    finally:
+        served.stop()
+    b.timed("serve check", t0)
+    same = sum(x == y for x, y in zip(local, remote, strict=True))
+    say(
+        f"served by {served.engine_name}: greedy replies equal the in-process model's on "
+        f"{same} of {len(prompts)} held-out prompts ({time.perf_counter() - t0:.0f} s, start "
+        "included)"
+    )
+    for x, y in zip(local, remote, strict=True):
+        if x != y:
+            say(f"  differs: in-process {x!r}, served {y!r}")
+    if learning.RESULTS is not None:
+        learning.RESULTS.figures["served"] = {
+            "engine": served.engine_name,
+            "equal": same,
+            "n": len(prompts),
+        }
+
+
+def report(b: Any, final: str) -> None:
+    """SFT vs untrained, screenshot vs accessibility-only, RL vs SFT and the candidates choice
+    vs free generation, paired, with the pixels-only template's own line."""
     pairs = [("untrained", "sft screenshot+a11y"), ("sft a11y only", "sft screenshot+a11y")]
-    learning.differences(b, [*pairs, ("sft screenshot+a11y", "rl")], force=frozenset({pairs[1]}))
+    choice = (final, f"{final} candidates")
+    learning.differences(
+        b,
+        [*pairs, ("sft screenshot+a11y", "rl"), choice],
+        force=frozenset({pairs[1], choice}),
+    )
     tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
     blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])
     say(

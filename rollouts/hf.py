@@ -13,8 +13,10 @@ torchvision, unavailable beside the CPU torch here); tiny offline models use it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +27,9 @@ from rollouts.actions import parse_action
 from rollouts.batching import BatchWorker
 from rollouts.policies import PolicyContext, PolicyOutput, register
 from rollouts.prompts import PromptConfig, build_messages
+
+#: How :class:`HFPolicy` acts: on its generated reply, or on the best of the candidate actions.
+CHOICES = ("generate", "candidates")
 
 
 def _processor_classes() -> dict[str, Any]:
@@ -160,6 +165,26 @@ def model_inputs(processor: Any, batch: list[Prompt]) -> Any:
         texts.append(prompt_text(processor, tmpl))
         images.extend(imgs)
     return processor(text=texts, images=images or None, return_tensors="pt", padding=True)
+
+
+def end_of_turn_token(processor: Any) -> int | None:
+    """The token that ends an assistant turn in the processor's chat template (the first token
+    the template writes after the reply), else the tokenizer's eos (None without one). Training
+    ends every reply with it; :meth:`HFGenerator.score_replies` scores it."""
+    tok = getattr(processor, "tokenizer", processor)
+    mark = "\x00REPLY\x00"
+    try:
+        text = processor.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}],
+            tokenize=False,
+        )
+        after = text.split(mark, 1)[1]
+        first = tok(after, add_special_tokens=False)["input_ids"][:1] if after else []
+        if first and first[0] in set(tok.all_special_ids):
+            return int(first[0])
+    except Exception:  # a template that cannot render string content: fall back to eos
+        pass
+    return None if tok.eos_token_id is None else int(tok.eos_token_id)
 
 
 class _RowSampler:
@@ -314,6 +339,69 @@ class HFGenerator:
             )
         return results
 
+    def score_replies(self, messages: Prompt, replies: list[str], chunk: int = 8) -> list[float]:
+        """The log-prob of each of ``replies`` after the chat ``messages`` (its tokens and the
+        end-of-turn token, as training writes a reply), without gradients, ``chunk`` replies per
+        forward pass: :class:`HFPolicy`'s ``candidates`` choice ranks actions by it."""
+        with self._lock:
+            return [
+                lp
+                for i in range(0, len(replies), chunk)
+                for lp in self._score(messages, replies[i : i + chunk])
+            ]
+
+    def _score(self, messages: Prompt, replies: list[str]) -> list[float]:
+        import torch
+
+        proc = self.processor
+        tok = getattr(proc, "tokenizer", proc)
+        end = end_of_turn_token(proc)
+        inputs = model_inputs(proc, [messages])
+        prompt = inputs["input_ids"][0].tolist()
+        n, tail = len(prompt), [] if end is None else [end]
+        rows = [tok(r, add_special_tokens=False)["input_ids"] + tail for r in replies]
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else rows[0][-1]
+        batch = {  # right-padded: the prompt's positions are those it has at generation
+            "input_ids": torch.tensor([prompt + r + [pad] * (width - len(r)) for r in rows]),
+            "attention_mask": torch.tensor(
+                [[1] * (n + len(r)) + [0] * (width - len(r)) for r in rows]
+            ),
+            **_repeated_media(inputs, n, len(rows), width),
+        }
+        device = getattr(self.model, "device", "cpu")
+        with torch.no_grad():
+            out = self.model(
+                **{k: v.to(device) for k, v in batch.items()},
+                use_cache=False,
+                logits_to_keep=width + 1,
+            )
+        logp = torch.log_softmax(out.logits[:, :-1].float(), -1)  # [:, j] predicts reply token j
+        return [
+            float(logp[i, : len(r)].gather(-1, torch.tensor(r, device=logp.device)[:, None]).sum())
+            for i, r in enumerate(rows)
+        ]
+
+
+def _repeated_media(inputs: Any, n: int, b: int, width: int) -> dict[str, Any]:
+    """A one-prompt processor output's other tensors for ``b`` rows of that prompt followed by
+    ``width`` reply positions (per-token extras padded with zeros; Qwen2-VL's flat patches
+    concatenated)."""
+    import torch
+
+    flat = "image_grid_thw" in inputs
+    out = {}
+    for k, v in inputs.items():
+        if k in ("input_ids", "attention_mask") or not isinstance(v, torch.Tensor):
+            continue
+        if v.dim() == 2 and tuple(v.shape) == (1, n):
+            out[k] = torch.cat([v, v.new_zeros(1, width)], 1).repeat(b, 1)
+        elif flat and k in ("pixel_values", "image_grid_thw"):
+            out[k] = torch.cat([v] * b)
+        else:
+            out[k] = v.repeat(b, *([1] * (v.dim() - 1)))
+    return out
+
 
 def _pieces(tok: Any, ids: list[int]) -> tuple[str, list[str]]:
     """The decoded text of ``ids`` and the text each token adds to it (a token that ends
@@ -347,7 +435,15 @@ class HFPolicy:
     ``temperature`` 0 (default): greedy. Above 0: sampled (``top_p`` nucleus), each call seeded
     from the episode's ``ctx.rng``, so a run is reproducible while the samples of a group (other
     sample indices, other rng streams) differ. ``logprob``: the sum over the reply's tokens under
-    the untempered model (end-of-turn token not included)."""
+    the untempered model (end-of-turn token not included).
+
+    ``choose``: ``generate`` (default) acts on the generated reply; ``candidates`` keeps the
+    generated thought, then scores every candidate action the ranker's generator proposes at the
+    page (:func:`rollouts.ranker.candidate.candidates`) as the reply's ending and takes the most
+    likely (sampled from their softmax at ``temperature`` above 0): a constrained decode that
+    never writes a malformed action or a ref the page lacks. ``logprob`` is then the chosen
+    reply's, end-of-turn token included. Without a parseable webloop prompt it acts as
+    ``generate`` does."""
 
     name = "hf"
 
@@ -359,8 +455,11 @@ class HFPolicy:
         prompt: PromptConfig | None = None,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        choose: str = "generate",
     ) -> None:
         Sampling(temperature, top_p)  # validates
+        if choose not in CHOICES:
+            raise ValueError(f"choose is one of {', '.join(CHOICES)}, not {choose!r}")
         if generator is None:
             if model_path is None:
                 raise ValueError("the hf policy needs model_path or a generator")
@@ -368,7 +467,7 @@ class HFPolicy:
             generator = HFGenerator(model, proc)
         self.generator, self.max_new_tokens = generator, max_new_tokens
         self.prompt = prompt or PromptConfig()
-        self.temperature, self.top_p = temperature, top_p
+        self.temperature, self.top_p, self.choose = temperature, top_p, choose
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         messages = build_messages(ctx.instruction, ctx.turns, self.prompt)
@@ -381,13 +480,41 @@ class HFPolicy:
             top_p=self.top_p,
             seed=seed,
         )
+        text = gen.text
+        logprob = sum(lp for _, lp in gen.token_logprobs) if gen.token_logprobs else None
+        if self.choose == "candidates":
+            best = await asyncio.to_thread(self._best_candidate, messages, text, ctx.rng)
+            if best is not None:
+                text, logprob = best
         return PolicyOutput(
-            gen.text,
-            parse_action(gen.text),
-            sum(lp for _, lp in gen.token_logprobs) if gen.token_logprobs else None,
-            time.perf_counter() - start,
-            messages,
+            text, parse_action(text), logprob, time.perf_counter() - start, messages
         )
+
+    def _best_candidate(
+        self, messages: list[dict[str, Any]], generated: str, rng: Any
+    ) -> tuple[str, float] | None:
+        """The generated thought ended by the candidate action the model finds most likely (or
+        sampled at ``temperature``), and that reply's log-prob; None without candidates."""
+        from rollouts.ranker.candidate import candidates
+        from rollouts.ranker.prompt import NotAWebloopPrompt, parse_prompt
+
+        try:
+            cands = candidates(parse_prompt(messages))
+        except NotAWebloopPrompt:
+            return None
+        if not cands:
+            return None
+        head, mark, _ = generated.partition("Action:")
+        prefix = head + mark if mark else "Action:"
+        replies = [f"{prefix} {c.text}" for c in cands]
+        scores = self.generator.score_replies(messages, replies)
+        if self.temperature == 0:
+            i = max(range(len(scores)), key=scores.__getitem__)
+        else:
+            top = max(scores)
+            weights = [math.exp((s - top) / self.temperature) for s in scores]
+            i = rng.choices(range(len(scores)), weights=weights)[0]
+        return replies[i], scores[i]
 
 
 def completion_body(model_name: str, gen: Generation, logprobs: bool) -> dict[str, Any]:

@@ -137,6 +137,11 @@ class CollectConfig:
     temperature: float = setting(
         0.0, help="Model policies: sampling temperature (0 = greedy).", min=0.0, max=5.0
     )
+    choose: Literal["generate", "candidates"] = setting(
+        "generate",
+        help="hf policy: act on the generated reply, or end its thought with the candidate "
+        "action (the ranker's generator) the model finds most likely.",
+    )
     concurrency: int = setting(
         8, help="Trajectories in flight (per Dask worker when sharded).", min=1, max=256
     )
@@ -177,7 +182,14 @@ class CollectConfig:
             d.pop("action_timeout_s")  # likewise
         if not d["task_ids"]:
             d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
-        later_fields = ("screenshots", "temperature", "noise_kind", "a11y_chars", "a11y_focus")
+        later_fields = (
+            "screenshots",
+            "temperature",
+            "noise_kind",
+            "a11y_chars",
+            "a11y_focus",
+            "choose",
+        )
         for later in later_fields:  # added later: at their defaults, earlier runs' ids are kept
             if d[later] == CollectConfig.__dataclass_fields__[later].default:
                 d.pop(later)
@@ -228,6 +240,10 @@ def prompt_config(cfg: CollectConfig) -> PromptConfig:
 
 
 def make_policy_for(cfg: CollectConfig) -> Any:
+    if cfg.choose != "generate" and cfg.policy != "hf":
+        raise WarehouseError(
+            f"--choose {cfg.choose} is for --policy hf (a VLM checkpoint), not {cfg.policy}"
+        )
     if cfg.policy == "expert":
         return make_policy(
             "expert",
@@ -249,24 +265,32 @@ def make_policy_for(cfg: CollectConfig) -> Any:
             temperature=cfg.temperature,
         )
     if cfg.policy in ("hf", "ranker"):
-        return checkpoint_policy(cfg.policy, cfg.model, prompt_config(cfg), cfg.temperature)
+        return checkpoint_policy(
+            cfg.policy, cfg.model, prompt_config(cfg), cfg.temperature, cfg.choose
+        )
     return make_policy(cfg.policy)
 
 
 def checkpoint_policy(
-    name: str, model: str | None, prompt: PromptConfig, temperature: float
+    name: str,
+    model: str | None,
+    prompt: PromptConfig,
+    temperature: float,
+    choose: str = "generate",
 ) -> Any:
-    """A trained checkpoint folder as a rollout policy: ``hf`` (a VLM) or ``ranker``."""
+    """A trained checkpoint folder as a rollout policy: ``hf`` (a VLM; ``choose``: see
+    :class:`rollouts.hf.HFPolicy`) or ``ranker``."""
     import rollouts.hf  # (registers the policies)
     import rollouts.ranker  # noqa: F401
 
     if not model:
         raise WarehouseError(f"--policy {name} needs --model (a checkpoint folder)")
-    if name == "hf":
+    if name == "hf" and choose == "generate":
         served = served_policy(model, prompt, temperature)  # RL: the run's served checkpoint
         if served is not None:
             return served
-    return make_policy(name, model_path=model, prompt=prompt, temperature=temperature)
+    options = {"choose": choose} if name == "hf" else {}
+    return make_policy(name, model_path=model, prompt=prompt, temperature=temperature, **options)
 
 
 def env_config(cfg: CollectConfig) -> EnvConfig:

@@ -81,6 +81,7 @@ class EvalConfig:
             "n_tasks",
             "samples",
             "temperature",
+            "choose",
             "max_steps",
             "seed",
             "base_url",
@@ -199,9 +200,10 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
         if "rubric_vlm" in (jres.judge, *map(str, settings.get("members") or ())):
             judge["judge_prompts"] = TEMPLATE_HASH
     system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
-    tree = {  # how the accessibility tree was cut, where not the default (older protocols lack it)
+    tree = {  # how the tree was cut and the action chosen, where not the default (older protocols
+        # lack them)
         k: getattr(coll, k)
-        for k in ("a11y_chars", "a11y_focus")
+        for k in ("a11y_chars", "a11y_focus", "choose")
         if getattr(coll, k) != CollectConfig.__dataclass_fields__[k].default
     }
     return {

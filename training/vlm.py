@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollouts.hf import load_model, prompt_text, split_messages
+from rollouts.hf import end_of_turn_token, load_model, prompt_text, split_messages
 from rollouts.prompts import BLOB_REF, DATA_URL
 from training.interface import DataMismatch, Turn, TurnLogprobs
 
@@ -400,24 +400,12 @@ def _stack_rows(values: list[Any]) -> Any:
 
 
 def end_of_turn_id(processor: Any) -> int:
-    """The token that ends an assistant turn in the processor's chat template (the first token
-    the template writes after the reply), else the tokenizer's eos."""
-    tok = getattr(processor, "tokenizer", processor)
-    mark = "\x00REPLY\x00"
-    try:
-        text = processor.apply_chat_template(
-            [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}],
-            tokenize=False,
-        )
-        after = text.split(mark, 1)[1]
-        first = tok(after, add_special_tokens=False)["input_ids"][:1] if after else []
-        if first and first[0] in set(tok.all_special_ids):
-            return int(first[0])
-    except Exception:  # a template that cannot render string content: fall back to eos
-        pass
-    if tok.eos_token_id is None:
+    """The token that ends an assistant turn (:func:`rollouts.hf.end_of_turn_token`);
+    :class:`DataMismatch` where the tokenizer has none."""
+    end = end_of_turn_token(processor)
+    if end is None:
         raise DataMismatch("the tokenizer has no end-of-turn/eos token to end replies with")
-    return int(tok.eos_token_id)
+    return end
 
 
 def enable_gradient_checkpointing(model: Any) -> None:

@@ -2,8 +2,10 @@
 screenshot and a focused tree in every prompt) → three datasets → a tokenizer trained on them
 and an Idefics3 built from scratch → SFT with and without the screenshot (each loss must fall,
 or the bench exits non-zero) → GRPO from the SFT checkpoint, served by serve-model → held-out
-NLL and next-action accuracy → closed-loop evaluations in Chromium, paired. No assertion on
-success: the quick size is far too small to learn."""
+NLL and next-action accuracy → closed-loop evaluations in Chromium (free generation and the
+candidates choice), paired → the final checkpoint served by serve-model, its greedy replies
+against the in-process model's. No assertion on success: the quick size is far too small to
+learn."""
 
 from __future__ import annotations
 
@@ -35,10 +37,19 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     held = dict(re.findall(r"^  ([\w +]+?) +held-out NLL ([\d.]+)/token", out, re.M))
     assert set(held) == {"untrained", "sft screenshot+a11y", "rl", "sft a11y only"}
     assert float(held["sft screenshot+a11y"]) < float(held["untrained"])  # it learned something
-    evals = re.findall(r"^  (untrained|rl|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M)
-    assert [e[0] for e in evals] == ["untrained", "sft screenshot+a11y", "rl", "sft a11y only"]
+    evals = re.findall(
+        r"^  (untrained|rl(?: candidates)?|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M
+    )
+    labels = ["untrained", "sft screenshot+a11y", "rl", "sft a11y only", "rl candidates"]
+    assert [e[0] for e in evals] == labels
     assert {int(e[2]) for e in evals} == {2}  # the same 2 held-out tasks for each
     assert re.search(r"sft screenshot\+a11y - sft a11y only: .* paired on 2 tasks", out)
     assert re.search(r"rl - sft screenshot\+a11y: .* paired on 2 tasks", out)
     assert "protocols differ in prompt_mode" in out  # compared on purpose, and said
+    # the candidates choice, paired with free generation (a decoding difference, said)
+    assert re.search(r"rl candidates - rl: .* paired on 2 tasks.*protocols differ in choose", out)
+    served = re.search(
+        r"served by hf: greedy replies equal the in-process model's on (\d) of 2", out
+    )
+    assert served and served[1] == "2"
     assert re.search(r"pixels only \(shop_photo_colour\): screenshot\+a11y \d+ of \d+", out)

@@ -172,6 +172,11 @@ def test_collect_options_reach_the_environment_and_prompts():
             prompt_config(bad)
     with pytest.raises(WarehouseError, match="needs --base-url and --model"):
         make_policy_for(CollectConfig(policy="openai"))
+    # how the hf policy chooses joins the identity off its default; it is for hf only
+    assert "choose" not in cfg.identity()
+    assert CollectConfig(policy="hf", choose="candidates").identity()["choose"] == "candidates"
+    with pytest.raises(WarehouseError, match="--choose candidates is for --policy hf"):
+        make_policy_for(CollectConfig(policy="ranker", model="x", choose="candidates"))
 
 
 def test_ctrl_c_stops_collect_promptly_and_a_rerun_redoes_the_episodes_in_flight(

@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from rollouts.actions import format_action
 from rollouts.hf import HFGenerator, HFPolicy, Sampling, load_model, model_inputs
 from rollouts.policies import PolicyContext
 from rollouts.prompts import Turn, build_messages
@@ -168,3 +169,27 @@ def test_serve_model_passes_sampling_through(tiny):
         assert len(greedy) == 1
         bad = ask(temperature=-1)
         assert bad.status_code == 400 and "temperature" in bad.json()["error"]["message"]
+
+
+def test_the_candidates_choice_acts_on_the_most_likely_candidate_action(gen):
+    from rollouts.ranker.candidate import candidates
+    from rollouts.ranker.prompt import parse_prompt
+
+    cands = [c.text for c in candidates(parse_prompt(MESSAGES))]
+    assert "click(e3)" in cands and len(cands) >= 3
+    policy = HFPolicy(generator=gen, max_new_tokens=12, choose="candidates")
+    out = asyncio.run(policy.act(ctx(0)))
+    head, _, action = out.text.rpartition("Action: ")
+    assert action in cands  # never a malformed action, nor a ref the page lacks
+    assert format_action(out.action) == action
+    # the generated thought, ended by each candidate: the policy took the most likely reply
+    scores = gen.score_replies(MESSAGES, [f"{head}Action: {c}" for c in cands])
+    assert action == cands[scores.index(max(scores))]
+    assert out.logprob == pytest.approx(max(scores), abs=1e-5)
+    # sampled from the candidates' softmax: seeded, reproducible, and not always the argmax
+    sampled = HFPolicy(generator=gen, max_new_tokens=12, temperature=50.0, choose="candidates")
+    picks = [t.rpartition("Action: ")[2] for t in act_all(sampled, list(range(12)))]
+    assert [t.rpartition("Action: ")[2] for t in act_all(sampled, list(range(12)))] == picks
+    assert set(picks) <= set(cands) and len(set(picks)) >= 2, picks
+    with pytest.raises(ValueError, match="choose is one of generate, candidates"):
+        HFPolicy(generator=gen, choose="best")

@@ -4,6 +4,7 @@ of the advantage, λ weights the thought, checkpoints round-trip, bad data is re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -346,3 +347,18 @@ def test_encodings_are_cached_by_prompt_and_completion_within_a_memory_bound(tur
         assert pol.encode(turns[0]).prompt_ids == first.prompt_ids
     finally:
         vlm.ENCODE_CACHE_BYTES = bound
+
+
+def test_scored_replies_are_the_trainers_log_probs(rows, tiny):
+    """``HFGenerator.score_replies`` (the hf policy's candidates choice) against the trainer's
+    own reply log-probs of the same turns (end-of-turn token included in both)."""
+    pol = fresh(tiny).train(False)
+    row = rows[3]
+    replies = [row["completion"], "Thought: go.\nAction: click(e1)", 'Action: answer("no")']
+    gen = HFGenerator(pol.module, pol.processor)
+    scores = gen.score_replies(sft_messages(row)[:-1], replies, chunk=2)  # a padded chunk too
+    with torch.no_grad():
+        turns = [dataclasses.replace(turn_of(row), completion=r) for r in replies]
+        want = pol.logprobs(turns).logprob.tolist()
+    assert scores == pytest.approx(want, abs=1e-4)
+    assert len(set(scores)) == 3
