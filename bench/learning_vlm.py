@@ -16,7 +16,8 @@ scratch on 2 cores, learn to act? Prints, in one run:
    accuracy (greedy reply's action against the expert's, at the expert's states), and
    closed-loop success on ``--eval-n`` held-out ``test`` tasks in Chromium (greedy, the
    product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
-   accessibility-only paired on the same tasks, overall and on the pixels-only template;
+   accessibility-only paired on the same tasks, overall and on the pixels-only template's own
+   ``test`` tasks (up to ``--pixels-n``);
 5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, rolled
    out by the served model (``--rl-serve hf``: serve-model, weights synced after each update),
    then the same held-out metrics and closed-loop evaluation, paired with SFT;
@@ -67,7 +68,7 @@ FULL = dict(
     epochs=3,
     batch=8,
     lr=2e-3,
-    max_new_tokens=40,
+    max_new_tokens=64,
     rl=True,
     rl_iterations=2,
     rl_tasks=16,
@@ -77,6 +78,7 @@ FULL = dict(
     rl_serve="hf",
     serve_check="auto",
     serve_check_n=16,
+    pixels_n=30,
 )
 QUICK = dict(
     FULL,
@@ -95,6 +97,7 @@ QUICK = dict(
     group=2,
     serve_check="hf",
     serve_check_n=2,
+    pixels_n=2,
 )
 
 DATA = """
@@ -362,6 +365,11 @@ async def run_all(b: Any, home: Path) -> None:
     if rl_res is not None:
         await learning.evaluate(b, "rl", rl_res.checkpoint, "test", ids, roll)
     await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", ids, blind_roll)
+    pixel_ids = tuple(sorted(t.task_id for t in tasks if t.split == "test" and PIXELS in t.task_id))
+    pixel_ids = pixel_ids[: a.pixels_n]
+    say(f"pixels only ({PIXELS}, all {len(pixel_ids)} of its test tasks, greedy):")
+    await learning.evaluate(b, "px screenshot+a11y", seeing.checkpoint, "test", pixel_ids, roll)
+    await learning.evaluate(b, "px a11y only", blind_res.checkpoint, "test", pixel_ids, blind_roll)
     final = rl_res.checkpoint if rl_res is not None else seeing.checkpoint
     final_label = "rl" if rl_res is not None else "sft screenshot+a11y"
     choosing = {**roll, "choose": "candidates"}
@@ -420,17 +428,17 @@ def report(b: Any, final: str) -> None:
     """SFT vs untrained, screenshot vs accessibility-only, RL vs SFT and the candidates choice
     vs free generation, paired, with the pixels-only template's own line."""
     pairs = [("untrained", "sft screenshot+a11y"), ("sft a11y only", "sft screenshot+a11y")]
-    choice = (final, f"{final} candidates")
+    choice, pixels = (final, f"{final} candidates"), ("px a11y only", "px screenshot+a11y")
     learning.differences(
         b,
-        [*pairs, ("sft screenshot+a11y", "rl"), choice],
-        force=frozenset({pairs[1], choice}),
+        [*pairs, ("sft screenshot+a11y", "rl"), choice, pixels],
+        force=frozenset({pairs[1], choice, pixels}),
     )
     tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
     blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])
     say(
-        f"pixels only ({PIXELS}): screenshot+a11y {seeing[0]} of {seeing[1]}, "
-        f"a11y only {blind[0]} of {blind[1]} (chance: 1 in 6 colours)"
+        f"pixels only ({PIXELS}) among those tasks: screenshot+a11y {seeing[0]} of {seeing[1]}, "
+        f"a11y only {blind[0]} of {blind[1]} (chance: 1 in 6 colours; all its tasks: above)"
     )
 
 

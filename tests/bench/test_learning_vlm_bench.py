@@ -52,4 +52,7 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
         r"served by hf: greedy replies equal the in-process model's on (\d) of 2", out
     )
     assert served and served[1] == "2"
-    assert re.search(r"pixels only \(shop_photo_colour\): screenshot\+a11y \d+ of \d+", out)
+    # the pixels-only template's own test tasks, screenshot against accessibility only, paired
+    px = re.findall(r"^  px (screenshot\+a11y|a11y only) +test +\d+/(\d+) ", out, re.M)
+    assert px == [("screenshot+a11y", "2"), ("a11y only", "2")]
+    assert re.search(r"px screenshot\+a11y - px a11y only: .* paired on 2 tasks", out)
