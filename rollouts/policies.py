@@ -89,11 +89,6 @@ def _refs(turn: Turn) -> list[str]:
 _NODE = re.compile(r"^\s*- (\w+)\b.*\[ref=((?:f\d+)?e\d+)\]", re.M)
 
 
-def _tree(ctx: PolicyContext) -> str | None:
-    """The accessibility tree of the context's current page."""
-    return ctx.turns[-1].a11y if ctx.turns else None
-
-
 def sibling(a11y: str, ref: str) -> str | None:
     """The ref of the element of the same role next to ``ref`` in the tree (the one after it,
     else the one before): the neighbouring product, message or link. None if it has none."""
@@ -106,34 +101,6 @@ def sibling(a11y: str, ref: str) -> str | None:
     if i + 1 < len(same):
         return same[i + 1]
     return same[i - 1] if i > 0 else None
-
-
-def element_line(a11y: str | None, ref: str) -> str | None:
-    """``ref``'s element as the page's tree writes it, less its children and other attributes:
-    ``role "name" [ref=…]`` (the name left out past 80 characters); None if the tree lacks it."""
-    for line in (a11y or "").splitlines():
-        if f"[ref={ref}]" not in line:
-            continue
-        m = re.match(r'\s*- (\w+)(?: ("(?:[^"\\]|\\.)*"))?', line)
-        if m is None:
-            return None
-        name = m.group(2) if m.group(2) and len(m.group(2)) <= 80 else None
-        return f"{m.group(1)} {name} [ref={ref}]" if name else f"{m.group(1)} [ref={ref}]"
-    return None
-
-
-def plan_thought(step: int, action: str, a11y: str | None) -> str:
-    """The expert's thought at plan step ``step``: the step's number and, for an action on an
-    element, that element's line of the tree (:func:`element_line`). A grounded thought: a model
-    trained on it names the element, copying the tree's line, before it writes the action on its
-    ref (curation's rationales read the step number)."""
-    m = re.search(r"\(((?:f\d+)?e\d+)\b", action)
-    line = element_line(a11y, m.group(1)) if m else None
-    return (
-        f"Thought: step {step} of the plan, on {line}."
-        if line
-        else f"Thought: step {step} of the plan."
-    )
 
 
 NOISE_KINDS = ("random", "habit")
@@ -293,7 +260,7 @@ class ExpertPolicy:
         if ctx.memory.pop("grounding_error", None) is not None:
             return None  # not on this page
         ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 2
-        text = f"{plan_thought(cursor + 2, action, _tree(ctx))}\nAction: {action}"
+        text = f"Thought: step {cursor + 2} of the plan.\nAction: {action}"
         return PolicyOutput(text, parse_action(text))
 
     async def _sibling(
@@ -311,8 +278,7 @@ class ExpertPolicy:
         if other is None:
             return None
         ctx.memory["habit_done"], ctx.memory["cursor"] = True, cursor + 1
-        action = f"{m[1]}({other}{m[3]})"
-        text = f"{plan_thought(cursor + 1, action, _tree(ctx))}\nAction: {action}"
+        text = f"Thought: step {cursor + 1} of the plan.\nAction: {m[1]}({other}{m[3]})"
         return PolicyOutput(text, parse_action(text))
 
     async def _planned(self, ctx: PolicyContext, planned: str) -> PolicyOutput:
@@ -323,7 +289,7 @@ class ExpertPolicy:
             text = f"Thought: step {step} of the plan is out of view.\nAction: {ctx.memory['prep']}"
             return PolicyOutput(text, parse_action(text))
         ctx.memory["cursor"] = step
-        text = f"{plan_thought(step, action, _tree(ctx))}\nAction: {action}"
+        text = f"Thought: step {step} of the plan.\nAction: {action}"
         return PolicyOutput(text, parse_action(text))
 
     async def _grounded(self, ctx: PolicyContext, planned: str) -> str | None:
