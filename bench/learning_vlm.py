@@ -18,12 +18,14 @@ scratch on 2 cores, learn to act? Prints, in one run:
    product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
    accessibility-only paired on the same tasks, overall and on the pixels-only template's own
    ``test`` tasks (up to ``--pixels-n``);
-5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, rolled
-   out by the served model (``--rl-serve hf``: serve-model, weights synced after each update),
-   then the same held-out metrics and closed-loop evaluation, paired with SFT;
-6. the ``candidates`` choice (:class:`rollouts.hf.HFPolicy`): the final checkpoint keeps its
-   generated thought and acts by the highest log-prob over the ranker's candidate actions at the
-   page (a constrained decode), evaluated on the same tasks, paired with its free generation;
+5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, its
+   samples acting by ``--rl-choose`` (``candidates``: in-process, see 6; ``generate``: rolled
+   out by the served model, ``--rl-serve hf``: serve-model, weights synced after each update),
+   then the same held-out metrics and closed-loop evaluations, paired with SFT;
+6. the ``candidates`` choice (:class:`rollouts.hf.HFPolicy`): a checkpoint keeps its generated
+   thought and acts by the highest log-prob over the ranker's candidate actions at the page (a
+   constrained decode); SFT and RL evaluated so on the same tasks, paired with SFT's free
+   generation and with each other;
 7. serving: the final checkpoint served by ``--serve-check`` (``auto``: vLLM where ``make vllm``
    built it, else serve-model; ``none``: skip), its greedy replies to ``--serve-check-n``
    held-out prompts against the in-process model's.
@@ -76,6 +78,7 @@ FULL = dict(
     rl_lr=3e-4,
     reasoning_weight=0.5,
     rl_serve="hf",
+    rl_choose="candidates",
     serve_check="auto",
     serve_check_n=16,
     pixels_n=30,
@@ -250,8 +253,10 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
         "n_tasks": a.rl_tasks,
         "max_steps": a.eval_max_steps,
         "temperature": 1.0,
+        "choose": a.rl_choose,
         **collect_settings(a),
     }
+    serve = "in-process" if a.rl_choose == "candidates" else a.rl_serve
     cfg = config_from_mapping(
         RLConfig,
         {
@@ -265,14 +270,14 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
             "anchor_dataset": anchor,
             "anchor_coef": 1.0,
             "rollout": rollout,
-            "serve": a.rl_serve,
+            "serve": serve,
         },
     )
     res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
     b.timed("rl", t0)
     for r in res.iterations:
         say(
-            f"rl iteration {r.iteration} (grpo, served: {a.rl_serve}): mean reward "
+            f"rl iteration {r.iteration} (grpo, {a.rl_choose}, served: {serve}): mean reward "
             f"{r.mean_reward:.3f} over {r.trajectories} samples, {r.nonzero_advantage}/{r.turns} "
             f"turns with a learning signal, {r.steps_run} update(s)"
         )
@@ -370,14 +375,16 @@ async def run_all(b: Any, home: Path) -> None:
     say(f"pixels only ({PIXELS}, all {len(pixel_ids)} of its test tasks, greedy):")
     await learning.evaluate(b, "px screenshot+a11y", seeing.checkpoint, "test", pixel_ids, roll)
     await learning.evaluate(b, "px a11y only", blind_res.checkpoint, "test", pixel_ids, blind_roll)
-    final = rl_res.checkpoint if rl_res is not None else seeing.checkpoint
-    final_label = "rl" if rl_res is not None else "sft screenshot+a11y"
     choosing = {**roll, "choose": "candidates"}
-    await learning.evaluate(b, f"{final_label} candidates", final, "test", ids, choosing)
-    for label in ("sft screenshot+a11y", "sft a11y only", f"{final_label} candidates"):
+    await learning.evaluate(b, "sft candidates", seeing.checkpoint, "test", ids, choosing)
+    if rl_res is not None:
+        await learning.evaluate(b, "rl candidates", rl_res.checkpoint, "test", ids, choosing)
+    labels = ["sft screenshot+a11y", "sft a11y only", "sft candidates"]
+    for label in labels + ["rl candidates"] * (rl_res is not None):
         learning.by_template(b, label, "test")
-    report(b, final_label)
+    report(b)
     if a.serve_check != "none":
+        final = rl_res.checkpoint if rl_res is not None else seeing.checkpoint
         served_greedy(b, final, turns["heldout"][: a.serve_check_n])
 
 
@@ -424,15 +431,18 @@ def served_greedy(b: Any, checkpoint: str, turns: list[Any]) -> None:
         }
 
 
-def report(b: Any, final: str) -> None:
-    """SFT vs untrained, screenshot vs accessibility-only, RL vs SFT and the candidates choice
-    vs free generation, paired, with the pixels-only template's own line."""
+def report(b: Any) -> None:
+    """SFT vs untrained, screenshot vs accessibility-only, the candidates choice vs free
+    generation and RL vs SFT (each way of acting), paired, with the pixels-only template's own
+    line."""
     pairs = [("untrained", "sft screenshot+a11y"), ("sft a11y only", "sft screenshot+a11y")]
-    choice, pixels = (final, f"{final} candidates"), ("px a11y only", "px screenshot+a11y")
+    choice, pixels = (
+        ("sft screenshot+a11y", "sft candidates"),
+        ("px a11y only", "px screenshot+a11y"),
+    )
+    rl = [("sft screenshot+a11y", "rl"), ("sft candidates", "rl candidates")]
     learning.differences(
-        b,
-        [*pairs, ("sft screenshot+a11y", "rl"), choice, pixels],
-        force=frozenset({pairs[1], choice, pixels}),
+        b, [*pairs, choice, *rl, pixels], force=frozenset({pairs[1], choice, pixels})
     )
     tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
     blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])

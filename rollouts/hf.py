@@ -356,31 +356,57 @@ class HFGenerator:
         proc = self.processor
         tok = getattr(proc, "tokenizer", proc)
         end = end_of_turn_token(proc)
-        inputs = model_inputs(proc, [messages])
-        prompt = inputs["input_ids"][0].tolist()
-        n, tail = len(prompt), [] if end is None else [end]
+        device = getattr(self.model, "device", "cpu")
+        inputs = model_inputs(proc, [messages]).to(device)
+        n, tail = inputs["input_ids"].shape[1], [] if end is None else [end]
         rows = [tok(r, add_special_tokens=False)["input_ids"] + tail for r in replies]
         width = max(len(r) for r in rows)
         pad = tok.pad_token_id if tok.pad_token_id is not None else rows[0][-1]
-        batch = {  # right-padded: the prompt's positions are those it has at generation
-            "input_ids": torch.tensor([prompt + r + [pad] * (width - len(r)) for r in rows]),
-            "attention_mask": torch.tensor(
-                [[1] * (n + len(r)) + [0] * (width - len(r)) for r in rows]
-            ),
-            **_repeated_media(inputs, n, len(rows), width),
-        }
-        device = getattr(self.model, "device", "cpu")
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+        mask = torch.tensor([[1] * (n + len(r)) + [0] * (width - len(r)) for r in rows])
         with torch.no_grad():
-            out = self.model(
-                **{k: v.to(device) for k, v in batch.items()},
-                use_cache=False,
-                logits_to_keep=width + 1,
-            )
-        logp = torch.log_softmax(out.logits[:, :-1].float(), -1)  # [:, j] predicts reply token j
+            if "image_grid_thw" in inputs:  # multimodal rotary positions: no cache reuse
+                logits = self._whole(inputs, ids, mask.to(device), width)
+            else:
+                logits = self._after_cache(inputs, ids, mask.to(device), n, width)
+        logp = torch.log_softmax(logits.float(), -1)  # [:, j] predicts reply token j
         return [
             float(logp[i, : len(r)].gather(-1, torch.tensor(r, device=logp.device)[:, None]).sum())
             for i, r in enumerate(rows)
         ]
+
+    def _after_cache(self, inputs: Any, ids: Any, mask: Any, n: int, width: int) -> Any:
+        """The prompt (and its images) once, its key/value cache repeated for the replies."""
+        import copy
+
+        import torch
+
+        first = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        cache = copy.deepcopy(first.past_key_values)
+        cache.batch_repeat_interleave(len(ids))
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            cache_position=torch.arange(n, n + width, device=ids.device),
+            use_cache=True,
+        )
+        # the prompt's last position predicts each reply's first token
+        return torch.cat([first.logits[:, -1:].expand(len(ids), 1, -1), out.logits[:, :-1]], 1)
+
+    def _whole(self, inputs: Any, ids: Any, mask: Any, width: int) -> Any:
+        """Prompt and reply in one pass per row (right-padded: the prompt's positions are
+        those it has at generation)."""
+        import torch
+
+        b = len(ids)
+        batch = {
+            "input_ids": torch.cat([inputs["input_ids"].repeat(b, 1), ids], 1),
+            "attention_mask": mask,
+            **_repeated_media(inputs, inputs["input_ids"].shape[1], b, width),
+        }
+        out = self.model(**batch, use_cache=False, logits_to_keep=width + 1)
+        return out.logits[:, :-1]
 
 
 def _repeated_media(inputs: Any, n: int, b: int, width: int) -> dict[str, Any]:

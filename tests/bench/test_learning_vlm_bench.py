@@ -32,7 +32,7 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     losses = re.findall(r"sft (screenshot\+a11y|a11y only): .* loss ([\d.]+) -> ([\d.]+)", out)
     assert [m[0] for m in losses] == ["screenshot+a11y", "a11y only"]
     assert all(float(b) < float(a) for _, a, b in losses)
-    rl = r"rl iteration \d \(grpo, served: hf\): mean reward [\d.]+ over 4 samples"
+    rl = r"rl iteration \d \(grpo, candidates, served: in-process\): mean reward [\d.]+ over 4 "
     assert re.search(rl, out)
     held = dict(re.findall(r"^  ([\w +]+?) +held-out NLL ([\d.]+)/token", out, re.M))
     assert set(held) == {"untrained", "sft screenshot+a11y", "rl", "sft a11y only"}
@@ -40,14 +40,18 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     evals = re.findall(
         r"^  (untrained|rl(?: candidates)?|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M
     )
-    labels = ["untrained", "sft screenshot+a11y", "rl", "sft a11y only", "rl candidates"]
+    labels = ["untrained", "sft screenshot+a11y", "rl", "sft a11y only"]
+    labels += ["sft candidates", "rl candidates"]
     assert [e[0] for e in evals] == labels
     assert {int(e[2]) for e in evals} == {2}  # the same 2 held-out tasks for each
     assert re.search(r"sft screenshot\+a11y - sft a11y only: .* paired on 2 tasks", out)
     assert re.search(r"rl - sft screenshot\+a11y: .* paired on 2 tasks", out)
     assert "protocols differ in prompt_mode" in out  # compared on purpose, and said
-    # the candidates choice, paired with free generation (a decoding difference, said)
-    assert re.search(r"rl candidates - rl: .* paired on 2 tasks.*protocols differ in choose", out)
+    # the candidates choice, paired with free generation (a decoding difference, said), and RL
+    # against SFT acting so (the same protocol)
+    choice = r"sft candidates - sft screenshot\+a11y: .* paired on 2 tasks.*differ in choose"
+    assert re.search(choice, out)
+    assert re.search(r"rl candidates - sft candidates: .* paired on 2 tasks.*p [\d.]+; Newc", out)
     served = re.search(
         r"served by hf: greedy replies equal the in-process model's on (\d) of 2", out
     )

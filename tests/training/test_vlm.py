@@ -362,3 +362,21 @@ def test_scored_replies_are_the_trainers_log_probs(rows, tiny):
         want = pol.logprobs(turns).logprob.tolist()
     assert scores == pytest.approx(want, abs=1e-4)
     assert len(set(scores)) == 3
+
+
+def test_scored_replies_after_a_shared_prompt_cache_are_the_trainers_log_probs(rows, tmp_path):
+    """The same on the tiny Idefics3 (the architecture the VLM bench trains), where the prompt
+    and its image run once and its key/value cache serves every reply."""
+    from training.models import build_tiny_idefics
+
+    torch.manual_seed(0)
+    pol = VLMTrainable.load(build_tiny_idefics(tmp_path / "idefics")).train(False)
+    row = rows[3]
+    replies = [row["completion"], "Thought: go.\nAction: click(e1)", 'Action: answer("no")']
+    gen = HFGenerator(pol.module, pol.processor)
+    scores = gen.score_replies(sft_messages(row)[:-1], replies, chunk=2)
+    with torch.no_grad():
+        turns = [dataclasses.replace(turn_of(row), completion=r) for r in replies]
+        want = pol.logprobs(turns).logprob.tolist()
+    assert scores == pytest.approx(want, abs=1e-4)
+    assert len(set(scores)) == 3
