@@ -382,12 +382,12 @@ class HFGenerator:
         import torch
 
         first = self.model(**inputs, use_cache=True, logits_to_keep=1)
-        cache = copy.deepcopy(first.past_key_values)
+        cache = copy.deepcopy(first.cache)  # (transformers 5: ``cache``, not past_key_values)
         cache.batch_repeat_interleave(len(ids))
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
-            past_key_values=cache,
+            cache=cache,
             cache_position=torch.arange(n, n + width, device=ids.device),
             use_cache=True,
         )

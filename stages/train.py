@@ -659,8 +659,9 @@ def _first_infra_error(wh: Warehouse, run_id: str) -> str:
 
 
 def _served(cfg: RLConfig, start: Any, out_root: Path) -> ServedCheckpoints | None:
-    """The server of a VLM run's rollouts (None: the ranker, or ``serve: in-process``)."""
-    if cfg.serve == "in-process" or start.policy != "hf":
+    """The server of a VLM run's rollouts (None: the ranker, ``serve: in-process``, or rollouts
+    that act by the candidates choice, which scores its candidates in-process)."""
+    if cfg.serve == "in-process" or start.policy != "hf" or cfg.rollout.choose != "generate":
         return None
     return ServedCheckpoints(engine=cfg.serve, log_dir=out_root, parity_tol=cfg.parity_tol)
 
