@@ -342,46 +342,53 @@ class HFGenerator:
     def score_replies(self, messages: Prompt, replies: list[str], chunk: int = 8) -> list[float]:
         """The log-prob of each of ``replies`` after the chat ``messages`` (its tokens and the
         end-of-turn token, as training writes a reply), without gradients, ``chunk`` replies per
-        forward pass: :class:`HFPolicy`'s ``candidates`` choice ranks actions by it."""
-        with self._lock:
-            return [
-                lp
-                for i in range(0, len(replies), chunk)
-                for lp in self._score(messages, replies[i : i + chunk])
-            ]
-
-    def _score(self, messages: Prompt, replies: list[str]) -> list[float]:
+        forward pass: :class:`HFPolicy`'s ``candidates`` choice ranks actions by it. The prompt
+        is processed once; where the model's positions allow (all but Qwen2-VL's multimodal
+        rotary ones) it also runs once and its key/value cache serves every chunk."""
         import torch
 
-        proc = self.processor
-        tok = getattr(proc, "tokenizer", proc)
-        end = end_of_turn_token(proc)
-        device = getattr(self.model, "device", "cpu")
-        inputs = model_inputs(proc, [messages]).to(device)
-        n, tail = inputs["input_ids"].shape[1], [] if end is None else [end]
-        rows = [tok(r, add_special_tokens=False)["input_ids"] + tail for r in replies]
-        width = max(len(r) for r in rows)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else rows[0][-1]
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
-        mask = torch.tensor([[1] * (n + len(r)) + [0] * (width - len(r)) for r in rows])
-        with torch.no_grad():
-            if "image_grid_thw" in inputs:  # multimodal rotary positions: no cache reuse
-                logits = self._whole(inputs, ids, mask.to(device), width)
-            else:
-                logits = self._after_cache(inputs, ids, mask.to(device), n, width)
-        logp = torch.log_softmax(logits.float(), -1)  # [:, j] predicts reply token j
-        return [
-            float(logp[i, : len(r)].gather(-1, torch.tensor(r, device=logp.device)[:, None]).sum())
-            for i, r in enumerate(rows)
-        ]
+        with self._lock, torch.no_grad():
+            proc = self.processor
+            tok = getattr(proc, "tokenizer", proc)
+            end = end_of_turn_token(proc)
+            device = getattr(self.model, "device", "cpu")
+            inputs = model_inputs(proc, [messages]).to(device)
+            tail = [] if end is None else [end]
+            rows = [tok(r, add_special_tokens=False)["input_ids"] + tail for r in replies]
+            pad = tok.pad_token_id if tok.pad_token_id is not None else (end or 0)
+            first = None
+            if "image_grid_thw" not in inputs:
+                first = self.model(**inputs, use_cache=True, logits_to_keep=1)
+            out: list[float] = []
+            for i in range(0, len(rows), chunk):
+                part = rows[i : i + chunk]
+                width = max(len(r) for r in part)
+                ids = torch.tensor([r + [pad] * (width - len(r)) for r in part], device=device)
+                n = inputs["input_ids"].shape[1]
+                mask = torch.tensor(
+                    [[1] * (n + len(r)) + [0] * (width - len(r)) for r in part], device=device
+                )
+                if first is None:
+                    logits = self._whole(inputs, ids, mask, width)
+                else:
+                    logits = self._after_cache(first, ids, mask, n, width)
+                logp = torch.log_softmax(logits.float(), -1)  # [:, j] predicts reply token j
+                out += [
+                    float(
+                        logp[k, : len(r)]
+                        .gather(-1, torch.tensor(r, device=logp.device)[:, None])
+                        .sum()
+                    )
+                    for k, r in enumerate(part)
+                ]
+            return out
 
-    def _after_cache(self, inputs: Any, ids: Any, mask: Any, n: int, width: int) -> Any:
-        """The prompt (and its images) once, its key/value cache repeated for the replies."""
+    def _after_cache(self, first: Any, ids: Any, mask: Any, n: int, width: int) -> Any:
+        """The replies after the prompt's pass ``first``: its key/value cache repeated for them."""
         import copy
 
         import torch
 
-        first = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache = copy.deepcopy(first.cache)  # (transformers 5: ``cache``, not past_key_values)
         cache.batch_repeat_interleave(len(ids))
         out = self.model(

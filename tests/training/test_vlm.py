@@ -349,28 +349,17 @@ def test_encodings_are_cached_by_prompt_and_completion_within_a_memory_bound(tur
         vlm.ENCODE_CACHE_BYTES = bound
 
 
-def test_scored_replies_are_the_trainers_log_probs(rows, tiny):
+@pytest.mark.parametrize("arch", ["qwen2-vl", "idefics3"])
+def test_scored_replies_are_the_trainers_log_probs(arch, rows, tiny, tmp_path):
     """``HFGenerator.score_replies`` (the hf policy's candidates choice) against the trainer's
-    own reply log-probs of the same turns (end-of-turn token included in both)."""
-    pol = fresh(tiny).train(False)
-    row = rows[3]
-    replies = [row["completion"], "Thought: go.\nAction: click(e1)", 'Action: answer("no")']
-    gen = HFGenerator(pol.module, pol.processor)
-    scores = gen.score_replies(sft_messages(row)[:-1], replies, chunk=2)  # a padded chunk too
-    with torch.no_grad():
-        turns = [dataclasses.replace(turn_of(row), completion=r) for r in replies]
-        want = pol.logprobs(turns).logprob.tolist()
-    assert scores == pytest.approx(want, abs=1e-4)
-    assert len(set(scores)) == 3
-
-
-def test_scored_replies_after_a_shared_prompt_cache_are_the_trainers_log_probs(rows, tmp_path):
-    """The same on the tiny Idefics3 (the architecture the VLM bench trains), where the prompt
-    and its image run once and its key/value cache serves every reply."""
+    own reply log-probs of the same turns (end-of-turn token included in both): on Qwen2-VL one
+    whole pass per reply, on Idefics3 (the VLM bench's architecture) the prompt and its image
+    once, its key/value cache serving every reply; two chunks, the second padded."""
     from training.models import build_tiny_idefics
 
     torch.manual_seed(0)
-    pol = VLMTrainable.load(build_tiny_idefics(tmp_path / "idefics")).train(False)
+    path = tiny if arch == "qwen2-vl" else build_tiny_idefics(tmp_path / "idefics")
+    pol = VLMTrainable.load(path).train(False)
     row = rows[3]
     replies = [row["completion"], "Thought: go.\nAction: click(e1)", 'Action: answer("no")']
     gen = HFGenerator(pol.module, pol.processor)
