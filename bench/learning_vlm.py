@@ -38,6 +38,7 @@ Chromium, into a fresh warehouse; the bench writes a results file like the other
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import os
@@ -256,7 +257,6 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
         "choose": a.rl_choose,
         **collect_settings(a),
     }
-    serve = "in-process" if a.rl_choose == "candidates" else a.rl_serve
     cfg = config_from_mapping(
         RLConfig,
         {
@@ -270,14 +270,15 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
             "anchor_dataset": anchor,
             "anchor_coef": 1.0,
             "rollout": rollout,
-            "serve": serve,
+            "serve": a.rl_serve,
         },
     )
     res = await run_rl(b.wh, cfg, say, server=b.server, browser=b.browser)
     b.timed("rl", t0)
     for r in res.iterations:
         say(
-            f"rl iteration {r.iteration} (grpo, {a.rl_choose}, served: {serve}): mean reward "
+            f"rl iteration {r.iteration} (grpo, {a.rl_choose}, served: "
+            f"{a.rl_serve if r.served_from else 'in-process'}): mean reward "
             f"{r.mean_reward:.3f} over {r.trajectories} samples, {r.nonzero_advantage}/{r.turns} "
             f"turns with a learning signal, {r.steps_run} update(s)"
         )
@@ -385,14 +386,13 @@ async def run_all(b: Any, home: Path) -> None:
     report(b)
     if a.serve_check != "none":
         final = rl_res.checkpoint if rl_res is not None else seeing.checkpoint
-        served_greedy(b, final, turns["heldout"][: a.serve_check_n])
+        await served_greedy(b, final, turns["heldout"][: a.serve_check_n])
 
 
-def served_greedy(b: Any, checkpoint: str, turns: list[Any]) -> None:
+async def served_greedy(b: Any, checkpoint: str, turns: list[Any]) -> None:
     """The checkpoint served by ``--serve-check`` (vLLM or serve-model): its greedy replies to
     held-out prompts against the in-process model's, reply by reply."""
-    import httpx
-
+    from rollouts.chat import ChatClient
     from rollouts.hf import HFGenerator, load_model
     from stages.served import ServedCheckpoints
     from training.vlm import turn_messages
@@ -403,14 +403,14 @@ def served_greedy(b: Any, checkpoint: str, turns: list[Any]) -> None:
     local = [g.text for g in HFGenerator(model, proc).run_batch(prompts, a.max_new_tokens)]
     served = ServedCheckpoints(engine=a.serve_check, max_model_len=4096)
     try:
-        url, name = served.endpoint(checkpoint)
-        remote = []
-        for messages in prompts:
-            body = {"model": name, "messages": messages, "temperature": 0}
-            body["max_tokens"] = a.max_new_tokens
-            r = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
-            r.raise_for_status()
-            remote.append(r.json()["choices"][0]["message"]["content"])
+        url, name = await asyncio.to_thread(served.endpoint, checkpoint)
+        client = ChatClient(url, name, timeout_s=300, retries=1)
+        try:
+            remote = [
+                await client.text(m, temperature=0, max_tokens=a.max_new_tokens) for m in prompts
+            ]
+        finally:
+            await client.aclose()
     finally:
         served.stop()
     b.timed("serve check", t0)

@@ -200,15 +200,15 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
         if "rubric_vlm" in (jres.judge, *map(str, settings.get("members") or ())):
             judge["judge_prompts"] = TEMPLATE_HASH
     system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
-    tree = {  # how the tree was cut and the action chosen, where not the default (older protocols
-        # lack them)
+    off_default = {  # how the tree was cut and the action chosen, where not the default
+        # (older protocols lack them)
         k: getattr(coll, k)
         for k in ("a11y_chars", "a11y_focus", "choose")
         if getattr(coll, k) != CollectConfig.__dataclass_fields__[k].default
     }
     return {
         **judge,
-        **tree,
+        **off_default,
         "policy_prompt_format": PROMPT_FORMAT_VERSION,
         "policy_system_prompt": system,
         "prompt_mode": coll.prompt_mode,
