@@ -1,7 +1,8 @@
 """Render the docs' benchmark page from the benches' results files (``bench/results/*.json``,
 written by ``bench/results.py``): per bench, its newest run's every printed line with the run's
-date, code version, duration, machine, load and package versions, then a table of every run
-kept. No figure on the page is typed by hand.
+date, code version, duration, machine, load and package versions; its run-to-run spread (every
+evaluation of the newest run beside the same evaluation in the other runs of the same settings,
+and the range); then a table of every run kept. No figure on the page is typed by hand.
 
     python bench/render.py                 # the page's Markdown on stdout
     python bench/render.py --out FILE.md
@@ -92,6 +93,60 @@ def _args(rec: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
+def _settings(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in (rec.get("args") or {}).items() if k not in ("home", "results")}
+
+
+def _cell(ev: dict[str, Any] | None) -> str:
+    if not ev or not ev.get("n"):
+        return "–"
+    return f"{ev['n_success']}/{ev['n']} ({ev['n_success'] / ev['n']:.1%})"
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    if not d or "diff" not in d:
+        return "–"
+    p = d.get("mcnemar_p")
+    return f"{d['diff'] * 100:+.1f} points" + (f", McNemar p {p:.2g}" if p is not None else "")
+
+
+def spread(recs: list[dict[str, Any]]) -> list[str]:
+    """The run-to-run spread of the newest run's evaluations and paired differences: the runs of
+    the same settings (arguments other than ``--home`` and ``--results``), a column each, and
+    the range of each across them. One run of those settings says so."""
+    newest = recs[0]
+    evals = (newest.get("figures") or {}).get("evaluations") or {}
+    if not evals:
+        return []
+    same = [r for r in recs if _settings(r) == _settings(newest)]
+    if len(same) < 2:
+        return [
+            "Run-to-run spread: one run of these settings so far (run the bench again to see "
+            "how much its figures move between runs of the same code).",
+            "",
+        ]
+    head = " | ".join(f"`{r.get('code_version', '?')}` {r['started'][5:10]}" for r in same)
+    out = [
+        f"Run-to-run spread: the {len(same)} runs of these settings.",
+        "",
+        f"| evaluation | {head} | range |",
+        "|---" * (len(same) + 2) + "|",
+    ]
+    for key in evals:
+        cells = [((r.get("figures") or {}).get("evaluations") or {}).get(key) for r in same]
+        rates = [c["n_success"] / c["n"] for c in cells if c and c.get("n")]
+        span = f"{min(rates):.1%} – {max(rates):.1%} ({(max(rates) - min(rates)) * 100:.1f} points)"
+        out.append(f"| {key} | " + " | ".join(_cell(c) for c in cells) + f" | {span} |")
+    diffs = (newest.get("figures") or {}).get("differences") or {}
+    for key in diffs:
+        cells = [((r.get("figures") or {}).get("differences") or {}).get(key) for r in same]
+        points = [c["diff"] * 100 for c in cells if c and "diff" in c]
+        span = f"{min(points):+.1f} – {max(points):+.1f} points"
+        out.append(f"| {key} (paired) | " + " | ".join(_diff(c) for c in cells) + f" | {span} |")
+    out.append("| duration | " + " | ".join(minutes(r) for r in same) + " | |")
+    return [*out, ""]
+
+
 def bench_section(name: str, about: str, recs: list[dict[str, Any]]) -> list[str]:
     out = [f"## `bench/{name}.py`", "", about, ""]
     if not recs:
@@ -101,6 +156,7 @@ def bench_section(name: str, about: str, recs: list[dict[str, Any]]) -> list[str
     if _args(newest):
         out += [f"Settings: {_args(newest)}.", ""]
     out += ["```text", *newest.get("lines", []), "```", ""]
+    out += spread(recs)
     if len(recs) > 1:
         out += ["| run (UTC) | code | duration | file |", "|---|---|---|---|"]
         out += [
