@@ -34,4 +34,6 @@ def test_ood_bench_quick_draws_the_few_shot_curve():
     for _, k, n, met, hits, turns in curve:
         assert int(n) == 2 and 0 <= int(k) <= 2 and 0.0 <= float(met) <= 100.0
         assert int(turns) > 0 and 0 <= int(hits) <= int(turns)  # the expert's held-out states
-    assert re.search(r"1 demonstrations: .*; vs 0: [+-][\d.]+% \[.*\] \(paired\)", out)
+    assert re.search(
+        r"1 demonstrations: .*; vs 0: [+-][\d.]+% \[.*\] \(paired, McNemar p [\d.e-]+\)", out
+    )
