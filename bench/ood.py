@@ -29,6 +29,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,33 @@ def ood_order(tasks: list[Any], seed: int = 0) -> list[str]:
     return ids
 
 
-def accuracy(b: Any, checkpoint: str, ds: Any) -> tuple[int, int]:
-    """(top choices equal to the expert's action, expert turns) over ``ds``'s SFT rows."""
-    from training.data import find_dataset, sft_turns
-    from training.ranker import RankerTrainable
+class HeldoutAccuracy:
+    """Next-action accuracy at the expert's held-out states: (top choices equal to the expert's
+    action, expert turns) of a checkpoint over ``ds``'s SFT rows. The frozen encoder's work on
+    those states does not depend on the checkpoint: it is done once, in batches, and every
+    checkpoint's scorer reads it."""
 
-    model = RankerTrainable.load(checkpoint)
-    model.train(False)
-    turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path, ("ood",))
-    hits = 0
-    for t in turns:
-        best, target = model.greedy_and_target(t)
-        hits += target is not None and best == target
-    return hits, len(turns)
+    def __init__(self, b: Any, ds: Any) -> None:
+        from training.data import find_dataset, sft_turns
+
+        self.turns = sft_turns(find_dataset(b.wh, ds.dataset_id).export_path, ("ood",))
+        self.reader: Any = None
+
+    def __call__(self, checkpoint: str) -> tuple[int, int]:
+        from rollouts.ranker import RankerModel
+        from training.ranker import RankerTrainable
+
+        if self.reader is None:
+            self.reader = RankerTrainable.load(checkpoint)
+            self.reader.prepare(self.turns)
+        else:
+            self.reader.module = RankerModel.from_pretrained(checkpoint)
+        self.reader.train(False)
+        hits = 0
+        for t in self.turns:
+            best, target = self.reader.greedy_and_target(t)
+            hits += target is not None and best == target
+        return hits, len(self.turns)
 
 
 def progress(b: Any, evaluation: dict[str, Any]) -> float:
@@ -123,6 +138,7 @@ async def run_all(b: Any, home: Path) -> None:
         b, "ood-heldout-expert", split="ood", n=len(held_out), task_ids=tuple(held_out)
     )
     heldout = learning.build(b, HELDOUT.format(run=json.dumps(heldout_run)), home / "datasets")
+    accuracy = HeldoutAccuracy(b, heldout)
     results: dict[int, dict[str, Any]] = {}
     for k in shots:
         runs = [train_run]
@@ -133,7 +149,9 @@ async def run_all(b: Any, home: Path) -> None:
             )
         ds = learning.build(b, DEMOS.format(k=k, runs=json.dumps(runs)), home / "datasets")
         res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"))
-        hits, n = accuracy(b, res.checkpoint, heldout)
+        t0 = time.perf_counter()
+        hits, n = accuracy(res.checkpoint)
+        b.timed("next-action accuracy", t0)
         ev = await learning.evaluate(b, f"{k}-shot", res.checkpoint, "ood", tuple(held_out))
         results[k] = {"hits": hits, "turns": n, "progress": progress(b, ev)}
     report(b, shots, results)
