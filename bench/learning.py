@@ -263,10 +263,12 @@ def sft(
     label: str,
     splits: tuple[str, ...] = ("train",),
     max_steps: int | None = None,
+    seed: int = 0,
 ) -> Any:
     """Ranker SFT on ``ds`` (``--epochs`` passes, or exactly ``max_steps`` steps of ``--batch``:
     then as many passes as that takes, so arms of different sizes get the same number of
-    updates); says its loss curve's ends and fails if the loss did not fall."""
+    updates; ``seed``: initialisation and data order); says its loss curve's ends and fails if
+    the loss did not fall."""
     from stages.train import SFTConfig, run_sft
 
     t0 = time.perf_counter()
@@ -281,6 +283,7 @@ def sft(
         batch_size=b.a.batch,
         save_every=10_000,
         splits=splits,
+        seed=seed,
     )
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0

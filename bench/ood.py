@@ -19,7 +19,7 @@ demonstrations of the new site buy, and whether what fails is the site or the po
 Everything is the product's own code path, in one process with one sites server and one
 Chromium, into a fresh warehouse; a results file as the other benches write.
 
-    python bench/ood.py [--quick] [--shots 0,5,20] [--eval-n 100] [--home DIR]
+    python bench/ood.py [--quick] [--shots 0,5,20] [--eval-n 100] [--seed 0] [--home DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from bench import learning  # (after the path and offline settings)
 # 160 training-site demonstrations and 10 epochs keep the bench inside 20 minutes on 2 cores (240
 # and 12 took about 29 unloaded); the longest travel reference solution is 15 steps, so 24 steps
 # leave a policy room to recover without failures running on to 30.
-FULL = dict(tasks=2400, train=160, shots="0,5,20", eval_n=100, eval_max_steps=24, epochs=10)
+# ``--seed``: which travel tasks are demonstrated and held out, which training-site tasks are
+# demonstrated, and SFT's initialisation and data order (runs of several seeds give the spread).
+FULL = dict(tasks=2400, train=160, shots="0,5,20", eval_n=100, eval_max_steps=24, epochs=10, seed=0)
 QUICK = dict(FULL, tasks=400, train=8, shots="0,1", eval_n=2, eval_max_steps=6, epochs=2)
 
 DEMOS = """
@@ -127,13 +129,15 @@ async def run_all(b: Any, home: Path) -> None:
     tasks = generate(a.tasks, seed=0)
     put_tasks(b.wh, tasks)
     shots = sorted({int(k) for k in a.shots.split(",")})
-    order = ood_order(tasks)
+    order = ood_order(tasks, a.seed)
     pool, held_out = order[: max(shots)], order[max(shots) : max(shots) + a.eval_n]
     say(
         f"tasks: {len(tasks)}; ood (travel) {len(order)}: demonstration pool {len(pool)}, "
         f"held out {len(held_out)}"
     )
-    train_run = await learning.expert_run(b, "ood-train-demos", split="train", n=a.train)
+    train_run = await learning.expert_run(
+        b, "ood-train-demos", split="train", n=a.train, collect={"seed": a.seed}
+    )
     heldout_run = await learning.expert_run(
         b, "ood-heldout-expert", split="ood", n=len(held_out), task_ids=tuple(held_out)
     )
@@ -148,7 +152,7 @@ async def run_all(b: Any, home: Path) -> None:
                 await learning.expert_run(b, f"ood-travel-{k}", split="ood", n=k, task_ids=ids)
             )
         ds = learning.build(b, DEMOS.format(k=k, runs=json.dumps(runs)), home / "datasets")
-        res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"))
+        res = learning.sft(b, ds, f"{k}-shot", splits=("train", "ood"), seed=a.seed)
         t0 = time.perf_counter()
         hits, n = accuracy(res.checkpoint)
         b.timed("next-action accuracy", t0)

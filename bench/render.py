@@ -94,7 +94,16 @@ def _args(rec: dict[str, Any]) -> str:
 
 
 def _settings(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in (rec.get("args") or {}).items() if k not in ("home", "results")}
+    """A run's settings, for grouping runs whose figures show the spread: its arguments but
+    where it wrote and its seed."""
+    left_out = ("home", "results", "seed")
+    return {k: v for k, v in (rec.get("args") or {}).items() if k not in left_out}
+
+
+def _column(rec: dict[str, Any]) -> str:
+    seed = (rec.get("args") or {}).get("seed")
+    where = f"`{rec.get('code_version', '?')}` {rec['started'][5:10]}"
+    return where + (f" seed {seed}" if seed is not None else "")
 
 
 def _cell(ev: dict[str, Any] | None) -> str:
@@ -112,8 +121,9 @@ def _diff(d: dict[str, Any] | None) -> str:
 
 def spread(recs: list[dict[str, Any]]) -> list[str]:
     """The run-to-run spread of the newest run's evaluations and paired differences: the runs of
-    the same settings (arguments other than ``--home`` and ``--results``), a column each, and
-    the range of each across them. One run of those settings says so."""
+    the same settings (arguments other than ``--home``, ``--results`` and ``--seed``: runs of
+    other seeds are what the spread is about), a column each, and the range of each across
+    them. One run of those settings says so."""
     newest = recs[0]
     evals = (newest.get("figures") or {}).get("evaluations") or {}
     if not evals:
@@ -125,7 +135,7 @@ def spread(recs: list[dict[str, Any]]) -> list[str]:
             "how much its figures move between runs of the same code).",
             "",
         ]
-    head = " | ".join(f"`{r.get('code_version', '?')}` {r['started'][5:10]}" for r in same)
+    head = " | ".join(_column(r) for r in same)
     out = [
         f"Run-to-run spread: the {len(same)} runs of these settings.",
         "",

@@ -34,8 +34,14 @@ sys.path.insert(0, str(ROOT))
 
 
 class Results:
+    """One run's record. The code version is the checkout's commit when the run started: a
+    commit made while a long bench runs does not relabel its figures."""
+
     def __init__(self, name: str, args: Any) -> None:
+        from stages.runs import code_version
+
         self.name = name
+        self.code_version = code_version()
         self.args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         self.lines: list[str] = []
         self.figures: dict[str, Any] = {}
@@ -51,22 +57,18 @@ class Results:
             return given
         if quick:
             return None
-        from stages.runs import code_version
-
         stamp = self.started.strftime("%Y%m%dT%H%M%SZ")
-        return ROOT / "bench" / "results" / f"{self.name}-{code_version()}-{stamp}.json"
+        return ROOT / "bench" / "results" / f"{self.name}-{self.code_version}-{stamp}.json"
 
     def write(self, given: Path | None = None, quick: bool = False) -> Path | None:
         """Write the file (see the module docstring); its path, or None when none is due."""
-        from stages.runs import code_version
-
         path = self.path(given, quick)
         if path is None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "bench": self.name,
-            "code_version": code_version(),
+            "code_version": self.code_version,
             "started": self.started.isoformat(),
             "finished": dt.datetime.now(dt.UTC).isoformat(),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -89,19 +89,32 @@ def test_the_page_gives_the_spread_of_runs_of_the_same_settings(tmp_path: Path):
     spec.loader.exec_module(render)
     runs = (("01", 3, 12, 0.15, 0.02), ("02", 3, 9, 0.05, 0.5), ("03", 4, 20, 0.0, 1.0))
     for day, n_arg, solved, diff, p in runs:  # the 3rd run: other settings, left out
-        rec = Results("ood", argparse.Namespace(quick=False, n=n_arg, home=tmp_path / day))
+        args = argparse.Namespace(quick=False, n=n_arg, home=tmp_path / day, seed=int(day))
+        rec = Results("ood", args)
         rec.started = rec.started.replace(day=int(day))
         rec.figures["evaluations"] = {"k/ood": {"n": 40, "n_success": solved}}
         rec.figures["differences"] = {"k - 0": {"diff": diff, "mcnemar_p": p}}
         rec.write(tmp_path / f"ood-abc-202612{day}T100000Z.json")
     section = render.render_page(tmp_path).split("## `bench/ood.py`")[1].split("\n## ")[0]
-    assert "Settings: quick=False, n=4." in section  # the newest run, alone in its settings
+    assert "Settings: quick=False, n=4, seed=3." in section  # the newest run, alone in its settings
     assert "one run of these settings so far" in section and "| k/ood |" not in section
     (tmp_path / "ood-abc-20261203T100000Z.json").unlink()
     section = render.render_page(tmp_path).split("## `bench/ood.py`")[1].split("\n## ")[0]
-    assert "Run-to-run spread: the 2 runs of these settings." in section  # --home differs
+    assert "Run-to-run spread: the 2 runs of these settings." in section  # seeds, homes differ
+    assert "12-02 seed 2 | `" in section and "12-01 seed 1 | range |" in section
     assert "| k/ood | 9/40 (22.5%) | 12/40 (30.0%) | 22.5% – 30.0% (7.5 points) |" in section
     assert (
         "| k - 0 (paired) | +5.0 points, McNemar p 0.5 | +15.0 points, McNemar p 0.02 "
         "| +5.0 – +15.0 points |"
     ) in section
+
+
+def test_the_code_version_is_the_one_the_run_started_on(tmp_path: Path, monkeypatch):
+    import stages.runs
+
+    monkeypatch.setattr(stages.runs, "code_version", lambda: "aaaaaaa")
+    rec = Results("ood", argparse.Namespace(quick=False))
+    monkeypatch.setattr(stages.runs, "code_version", lambda: "bbbbbbb")  # committed meanwhile
+    path = rec.write(tmp_path / "r.json")
+    assert json.loads(path.read_text())["code_version"] == "aaaaaaa"
+    assert rec.path(None, quick=False).name.startswith("ood-aaaaaaa-")
