@@ -39,9 +39,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench import learning  # (after the path and offline settings)
 
-# 160 training-site demonstrations and 10 epochs keep the bench inside 20 minutes on 2 cores (240
-# and 12 took about 29 unloaded); the longest travel reference solution is 15 steps, so 24 steps
-# leave a policy room to recover without failures running on to 30.
+# 160 training-site demonstrations and 10 epochs (240 and 12 before) for a run of about 21 minutes
+# on 2 cores; the longest travel reference solution is 15 steps, so 24 steps leave a policy room
+# to recover without failures running on to 30.
 # ``--seed``: which travel tasks are demonstrated and held out, which training-site tasks are
 # demonstrated, and SFT's initialisation and data order (runs of several seeds give the spread).
 FULL = dict(tasks=2400, train=160, shots="0,5,20", eval_n=100, eval_max_steps=24, epochs=10, seed=0)
