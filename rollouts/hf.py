@@ -356,31 +356,22 @@ class HFGenerator:
             tail = [] if end is None else [end]
             rows = [tok(r, add_special_tokens=False)["input_ids"] + tail for r in replies]
             pad = tok.pad_token_id if tok.pad_token_id is not None else (end or 0)
+            n = inputs["input_ids"].shape[1]
             first = None
-            if "image_grid_thw" not in inputs:
+            if "image_grid_thw" not in inputs:  # multimodal rotary positions: no cache reuse
                 first = self.model(**inputs, use_cache=True, logits_to_keep=1)
             out: list[float] = []
             for i in range(0, len(rows), chunk):
                 part = rows[i : i + chunk]
                 width = max(len(r) for r in part)
                 ids = torch.tensor([r + [pad] * (width - len(r)) for r in part], device=device)
-                n = inputs["input_ids"].shape[1]
-                mask = torch.tensor(
-                    [[1] * (n + len(r)) + [0] * (width - len(r)) for r in part], device=device
-                )
+                mask = [[1] * (n + len(r)) + [0] * (width - len(r)) for r in part]
+                mask = torch.tensor(mask, device=device)
                 if first is None:
                     logits = self._whole(inputs, ids, mask, width)
                 else:
                     logits = self._after_cache(first, ids, mask, n, width)
-                logp = torch.log_softmax(logits.float(), -1)  # [:, j] predicts reply token j
-                out += [
-                    float(
-                        logp[k, : len(r)]
-                        .gather(-1, torch.tensor(r, device=logp.device)[:, None])
-                        .sum()
-                    )
-                    for k, r in enumerate(part)
-                ]
+                out += _reply_logprobs(logits, part)
             return out
 
     def _after_cache(self, first: Any, ids: Any, mask: Any, n: int, width: int) -> Any:
@@ -414,6 +405,17 @@ class HFGenerator:
         }
         out = self.model(**batch, use_cache=False, logits_to_keep=width + 1)
         return out.logits[:, :-1]
+
+
+def _reply_logprobs(logits: Any, rows: list[list[int]]) -> list[float]:
+    """Each row's summed log-prob of its own tokens (``logits[:, j]`` predicts token ``j``)."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), -1)
+    return [
+        float(logp[k, : len(r)].gather(-1, torch.tensor(r, device=logp.device)[:, None]).sum())
+        for k, r in enumerate(rows)
+    ]
 
 
 def _repeated_media(inputs: Any, n: int, b: int, width: int) -> dict[str, Any]:
