@@ -144,13 +144,14 @@ def spread(recs: list[dict[str, Any]]) -> list[str]:
     ]
     for key in evals:
         cells = [((r.get("figures") or {}).get("evaluations") or {}).get(key) for r in same]
-        rates = [c["n_success"] / c["n"] for c in cells if c and c.get("n")]
+        rates = [c["n_success"] / c["n"] for c in cells if c and c.get("n")] or [float("nan")]
         span = f"{min(rates):.1%} – {max(rates):.1%} ({(max(rates) - min(rates)) * 100:.1f} points)"
         out.append(f"| {key} | " + " | ".join(_cell(c) for c in cells) + f" | {span} |")
     diffs = (newest.get("figures") or {}).get("differences") or {}
     for key in diffs:
         cells = [((r.get("figures") or {}).get("differences") or {}).get(key) for r in same]
-        points = [c["diff"] * 100 for c in cells if c and "diff" in c]
+        points = [c["diff"] * 100 for c in cells if c and c.get("diff") is not None]
+        points = points or [float("nan")]
         span = f"{min(points):+.1f} – {max(points):+.1f} points"
         out.append(f"| {key} (paired) | " + " | ".join(_diff(c) for c in cells) + f" | {span} |")
     out.append("| duration | " + " | ".join(minutes(r) for r in same) + " | |")
