@@ -113,7 +113,7 @@ def _cell(ev: dict[str, Any] | None) -> str:
 
 
 def _diff(d: dict[str, Any] | None) -> str:
-    if not d or "diff" not in d:
+    if not d or d.get("diff") is None:
         return "–"
     p = d.get("mcnemar_p")
     return f"{d['diff'] * 100:+.1f} points" + (f", McNemar p {p:.2g}" if p is not None else "")
@@ -144,15 +144,15 @@ def spread(recs: list[dict[str, Any]]) -> list[str]:
     ]
     for key in evals:
         cells = [((r.get("figures") or {}).get("evaluations") or {}).get(key) for r in same]
-        rates = [c["n_success"] / c["n"] for c in cells if c and c.get("n")] or [float("nan")]
-        span = f"{min(rates):.1%} – {max(rates):.1%} ({(max(rates) - min(rates)) * 100:.1f} points)"
+        rates = [c["n_success"] / c["n"] for c in cells if c and c.get("n")]
+        lo, hi = (min(rates), max(rates)) if rates else (None, None)
+        span = f"{lo:.1%} – {hi:.1%} ({(hi - lo) * 100:.1f} points)" if rates else "–"
         out.append(f"| {key} | " + " | ".join(_cell(c) for c in cells) + f" | {span} |")
     diffs = (newest.get("figures") or {}).get("differences") or {}
     for key in diffs:
         cells = [((r.get("figures") or {}).get("differences") or {}).get(key) for r in same]
         points = [c["diff"] * 100 for c in cells if c and c.get("diff") is not None]
-        points = points or [float("nan")]
-        span = f"{min(points):+.1f} – {max(points):+.1f} points"
+        span = f"{min(points):+.1f} – {max(points):+.1f} points" if points else "–"
         out.append(f"| {key} (paired) | " + " | ".join(_diff(c) for c in cells) + f" | {span} |")
     out.append("| duration | " + " | ".join(minutes(r) for r in same) + " | |")
     return [*out, ""]

@@ -118,3 +118,20 @@ def test_the_code_version_is_the_one_the_run_started_on(tmp_path: Path, monkeypa
     path = rec.write(tmp_path / "r.json")
     assert json.loads(path.read_text())["code_version"] == "aaaaaaa"
     assert rec.path(None, quick=False).name.startswith("ood-aaaaaaa-")
+
+
+def test_a_spread_row_no_run_has_a_figure_for_is_a_dash():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "render", Path(__file__).parents[2] / "bench" / "render.py"
+    )
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    newest = {"evaluations": {"k/ood": {"n": 0, "n_success": 0}}, "differences": {"k": {}}}
+    recs = [
+        {"started": "2026-12-02T00:00:00", "args": {"n": 1}, "figures": newest},
+        {"started": "2026-12-01T00:00:00", "args": {"n": 1}, "figures": {}},
+    ]
+    rows = render.spread(recs)
+    assert "| k/ood | – | – | – |" in rows and "| k (paired) | – | – | – |" in rows
