@@ -8,7 +8,7 @@ STAMP := $(VENV)/.webloop-installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.webloop-vllm-installed
 
-.PHONY: setup system demo test test-fast lint format bench clean vllm docs docs-build
+.PHONY: setup system demo test test-long test-fast lint format bench clean vllm docs docs-build
 
 setup: $(STAMP) system
 
@@ -54,12 +54,22 @@ demo: setup
 # in one process). `make test TEST_WORKERS=0` runs one process; a bigger machine can take more.
 TEST_WORKERS ?= 2
 
-test: setup lint
-	$(PY) -m pytest -n $(TEST_WORKERS)
+# Tiers (docs/testing.md, tests/tiers.py): `make test` is the default tier (under 15 minutes on
+# 2 cores); `make test-long` adds what it leaves out: the `long` tests (benchmarks' --quick runs,
+# bench-size end-to-end runs, each with a small twin in the default tier), the `vllm` tier on a
+# real vLLM server, and every Hypothesis test again at its full example count. CI runs both.
+DEFAULT_TIER := not long and not vllm
+LONG_TIER := long or vllm or fuzz
 
-# The fast tier: no browser, no Prefect server, no PostgreSQL, nothing marked slow.
+test: setup lint
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(DEFAULT_TIER)"
+
+test-long: setup vllm
+	HYPOTHESIS_PROFILE=full $(PY) -m pytest -n $(TEST_WORKERS) -m "$(LONG_TIER)"
+
+# The inner-loop tier: the default tier without browser, Prefect server, PostgreSQL or slow tests.
 test-fast: setup lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser and not slow and not postgres and not prefect and not vllm"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(DEFAULT_TIER) and not browser and not slow and not postgres and not prefect"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

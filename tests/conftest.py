@@ -76,6 +76,25 @@ class PgCluster:
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
+    """The run's PostgreSQL cluster: under pytest-xdist the one the controller started for every
+    worker (``tests/shared_services.py``), else one for this session."""
+    from tests import shared_services
+
+    shared = shared_services.wait_for("postgres")
+    if shared is not None:
+        yield PgCluster(
+            Path(shared["bindir"]), Path(shared["base"]), shared["port"], shared["as_user"]
+        )
+        return
+    cluster, stop = start_pg_cluster()
+    try:
+        yield cluster
+    finally:
+        stop()
+
+
+def start_pg_cluster() -> tuple[PgCluster, Any]:
+    """A new cluster on a free loopback port, and the function that stops and removes it."""
     bindir = pg_bindir()
     if bindir is None or not (bindir / "pg_ctl").exists():
         pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) not found: run `make setup`")
@@ -90,11 +109,12 @@ def pg_cluster() -> Iterator[PgCluster]:
     cluster.run("initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "-N")
     opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
     cluster.run("pg_ctl", "-D", str(data), "-l", str(base / "log"), "-w", "-o", opts, "start")
-    try:
-        yield cluster
-    finally:
+
+    def stop() -> None:
         cluster.run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(base, ignore_errors=True)
+
+    return cluster, stop
 
 
 @pytest.fixture
@@ -152,13 +172,23 @@ def _no_cuda() -> str | None:
     return None if torch.cuda.is_available() else "needs a CUDA device (marker gpu)"
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every tier checks every marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use a fixture of :data:`FIXTURE_MARKERS` carry its marker (``make test-fast``
-    deselects them). In one process, tests of a ``--quick`` benchmark (marker ``bench``) run
-    last: their benchmarks start in the background when the session begins
-    (``tests/bench/early.py``); under pytest-xdist the longest files go first."""
+    deselects them); Hypothesis tests carry ``fuzz``; a ``long`` marker must name its
+    default-tier twin (:func:`tests.tiers.long_marker_problem`). In one process, tests of a
+    ``--quick`` benchmark (marker ``bench``) run last: their benchmarks start in the background
+    when the session begins (``tests/bench/early.py``); under pytest-xdist the longest files go
+    first."""
+    from tests.tiers import long_marker_problem
+
+    refused = [p for item in items if (p := long_marker_problem(item))]
+    if refused:
+        raise pytest.UsageError("\n".join(dict.fromkeys(refused)))
     no_cuda = _no_cuda() if any(i.get_closest_marker("gpu") for i in items) else None
     for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.fuzz)
         if no_cuda and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason=no_cuda))
         names = getattr(item, "fixturenames", ())
@@ -186,13 +216,10 @@ def _unit(nodeid: str) -> str:
 
 
 def _file_weights() -> dict[str, float]:
-    """Seconds per unit of a measured run (``scripts/test_weights.py`` writes the file)."""
-    weights: dict[str, float] = {}
-    for line in (Path(__file__).parent / "weights.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            seconds, unit = line.split(maxsplit=1)
-            weights[unit] = float(seconds)
-    return weights
+    """Seconds per unit of the measured runs of both tiers (``tests/tiers.py``)."""
+    from tests.tiers import read_weights
+
+    return {**read_weights("long"), **read_weights("default")}
 
 
 def _bench(item: pytest.Item) -> tuple[str, ...] | None:
@@ -222,6 +249,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from tests.bench import early
 
     early.start([run for item in session.items if (run := _bench(item))])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The pytest-xdist controller launches the Prefect server and the PostgreSQL cluster that
+    every worker shares (``tests/shared_services.py``), while the workers collect."""
+    if _xdist(config) and getattr(config, "workerinput", None) is None:
+        from tests import shared_services
+
+        shared_services.start(config.getoption("markexpr", "") or "")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _xdist(config) and getattr(config, "workerinput", None) is None:
+        from tests import shared_services
+
+        shared_services.stop()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -72,7 +72,16 @@ def launch() -> None:
 
 @contextmanager
 def harness() -> Iterator[str]:
-    """The harness around the launched server (launched now when it was not); its API URL."""
+    """The harness around the launched server (launched now when it was not); its API URL.
+    Under pytest-xdist, the server the controller launched for every worker
+    (``tests/shared_services.py``)."""
+    from tests import shared_services
+
+    shared = shared_services.wait_for("prefect")
+    if shared is not None:
+        with _client_of(shared["api_url"]):
+            yield shared["api_url"]
+        return
     launch()
     assert _early is not None
     import prefect.context
@@ -104,6 +113,28 @@ def harness() -> Iterator[str]:
         yield server.api_url
         _drain()  # the logs and events still queued, before the server stops
     shutil.rmtree(_early.dir, ignore_errors=True)
+
+
+@contextmanager
+def _client_of(api_url: str) -> Iterator[None]:
+    """This process's flows talk to the server at ``api_url`` (another process owns it)."""
+    from flows import prefect_env
+
+    prefect_env.configure()
+    import prefect.context
+    import prefect.settings
+
+    settings = prefect.settings
+    with ExitStack() as stack:
+        url = {settings.PREFECT_API_URL: api_url}
+        stack.enter_context(settings.temporary_settings(updates=url))
+        stack.enter_context(
+            prefect.context._temporary_global_settings_context(
+                prefect.context.get_settings_context()
+            )
+        )
+        yield
+        _drain()
 
 
 def _drain() -> None:

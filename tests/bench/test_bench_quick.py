@@ -17,6 +17,12 @@ def run_bench(name: str, *args: str, timeout: int = 600) -> str:
     return proc.stdout
 
 
+@pytest.mark.long(
+    reason=(
+        "the sites bench at --quick size; twin: "
+        "tests/sites/test_conformance.py::test_generated_tasks_are_solvable"
+    )
+)
 @pytest.mark.bench("sites.py")
 @pytest.mark.browser
 def test_sites_bench_quick_checks_every_task_with_the_expert():
@@ -28,6 +34,12 @@ def test_sites_bench_quick_checks_every_task_with_the_expert():
     assert latency and int(latency.group(1)) >= 8, out  # the server measured real page loads
 
 
+@pytest.mark.long(
+    reason=(
+        "the judging bench at --quick size; twin: "
+        "tests/judging/test_rubric_vlm.py::test_model_selection_costs_at_most_n_plus_2_calls_and_caps_images"
+    )
+)
 @pytest.mark.bench("judging.py")
 @pytest.mark.slow
 def test_judging_bench_quick_counts_n_plus_two_calls():
@@ -43,6 +55,12 @@ def test_judging_bench_quick_counts_n_plus_two_calls():
         assert float(calls) == expected and float(images) > 0 and float(per_s) > 0
 
 
+@pytest.mark.long(
+    reason=(
+        "the training bench (1 process against DDP) at --quick size; twin: "
+        "tests/cli/test_train_cli.py::test_two_processes_train_the_tiny_vlm_and_every_tracker_gets_the_warehouse_s_curve"
+    )
+)
 @pytest.mark.bench("training.py")
 def test_training_bench_quick_runs_every_arm_on_the_same_steps():
     out = run_bench("training.py")

@@ -28,6 +28,12 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.long(
+    reason=(
+        "the curation bench at --quick size; twin: "
+        "tests/curation/test_build.py::test_build_registers_the_dataset_and_its_members"
+    )
+)
 @pytest.mark.bench("curation.py")
 @pytest.mark.slow
 def test_curation_bench_quick_builds_what_the_sql_count_expects():

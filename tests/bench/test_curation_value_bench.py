@@ -12,6 +12,15 @@ import pytest
 from tests.bench.early import quick
 
 
+@pytest.mark.long(
+    reason=(
+        "judged, filtered and intervened data trained and evaluated paired, at bench size; "
+        "twins: "
+        "tests/curation/test_filters.py::test_verdict_single_judge_latest_judgment_counts, "
+        "tests/flows/test_stage_flows.py::test_curate, "
+        "tests/flows/test_stage_flows.py::test_evaluate_newest_shows_the_delta"
+    )
+)
 @pytest.mark.bench("curation_value.py")
 @pytest.mark.slow
 @pytest.mark.browser

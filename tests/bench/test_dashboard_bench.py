@@ -14,6 +14,12 @@ from tests.bench.early import quick
 NUM = r"([\d.]+)"
 
 
+@pytest.mark.long(
+    reason=(
+        "the dashboard bench at --quick size; twin: "
+        "tests/dashboards/test_browser.py::test_trajectory_page_in_chromium"
+    )
+)
 @pytest.mark.bench("dashboard.py")
 @pytest.mark.slow
 def test_dashboard_bench_quick_renders_the_page_and_prints_the_aims():

@@ -14,6 +14,13 @@ import pytest
 from tests.bench.early import quick
 
 
+@pytest.mark.long(
+    reason=(
+        "the whole ranker loop at bench size; twin: "
+        "tests/flows/test_stage_flows.py::test_evaluate_newest_shows_the_delta (every stage, "
+        "small)"
+    )
+)
 @pytest.mark.bench("learning.py")
 @pytest.mark.slow
 @pytest.mark.browser

@@ -16,6 +16,12 @@ import pytest
 from tests.bench.early import quick
 
 
+@pytest.mark.long(
+    reason=(
+        "the VLM trained from scratch and evaluated at bench size; twin: "
+        "tests/cli/test_train_cli.py::test_the_tiny_vlm_trains_on_the_dataset_screenshots"
+    )
+)
 @pytest.mark.bench("learning_vlm.py")
 @pytest.mark.slow
 @pytest.mark.browser

@@ -12,6 +12,13 @@ import pytest
 from tests.bench.early import quick
 
 
+@pytest.mark.long(
+    reason=(
+        "the held-out site's few-shot curve at bench size; twins: "
+        "tests/flows/test_stage_flows.py::test_train_sft, "
+        "tests/flows/test_stage_flows.py::test_evaluate"
+    )
+)
 @pytest.mark.bench("ood.py")
 @pytest.mark.slow
 @pytest.mark.browser

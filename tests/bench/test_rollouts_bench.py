@@ -12,6 +12,12 @@ from tests.bench.early import quick
 NUM = r"(\d+(?:\.\d+)?)"
 
 
+@pytest.mark.long(
+    reason=(
+        "the rollouts bench at --quick size; twin: "
+        "tests/rollouts/test_engine.py::test_a_free_slot_takes_the_next_job_while_others_still_run"
+    )
+)
 @pytest.mark.bench("rollouts.py")
 @pytest.mark.browser
 @pytest.mark.slow

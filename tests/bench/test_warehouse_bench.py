@@ -17,6 +17,12 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.long(
+    reason=(
+        "the warehouse bench at --quick size; twin: "
+        "tests/warehouse/test_writes.py::test_write_many_is_one_transaction"
+    )
+)
 @pytest.mark.bench("warehouse.py")
 @pytest.mark.slow
 def test_warehouse_bench_quick_ingests_every_row_into_both_stores():

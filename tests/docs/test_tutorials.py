@@ -138,6 +138,14 @@ def sql_blocks(page: Path) -> list[str]:
     return [m.group(1).strip() for m in re.finditer(r"^```sql\n(.*?)^```", text, re.S | re.M)]
 
 
+@pytest.mark.long(
+    reason=(
+        "the tutorial's CLI run of a VLM (import, collect, SFT, evaluate); twins: "
+        "tests/docs/test_tutorials.py::test_first_flywheel_review_and_the_warehouse_examples "
+        "(a tutorial run end to end), tests/cli/test_train_cli.py::"
+        "test_the_tiny_vlm_trains_on_the_dataset_screenshots"
+    )
+)
 def test_bring_your_own_vlm_at_cpu_scale(tmp_path, prefect_subprocess_env):
     out = run_page(TUTORIALS / "bring-your-own-vlm.md", workdir(tmp_path), prefect_subprocess_env)
     assert "2 tasks read: 2 new" in out
@@ -190,6 +198,14 @@ def _green(image: dict) -> bool:
     return Image.open(io.BytesIO(raw)).convert("RGB").getpixel((0, 0)) == (0, 200, 0)
 
 
+@pytest.mark.long(
+    reason=(
+        "the tutorial's Dask cluster on a PostgreSQL catalog; twins: "
+        "tests/docs/test_tutorials.py::test_first_flywheel_review_and_the_warehouse_examples "
+        "(a tutorial run end to end), tests/flows/test_dask.py::"
+        "test_shards_split_contiguously_and_cover_everything"
+    )
+)
 def test_dask_and_postgres(tmp_path, prefect_subprocess_env, pg_url):
     env = {**prefect_subprocess_env, "WEBLOOP_WAREHOUSE": pg_url}
     out = run_page(TUTORIALS / "dask-postgres.md", workdir(tmp_path), env)

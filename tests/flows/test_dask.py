@@ -31,6 +31,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 BASE = dict(n_tasks=4, policy="expert", prompt_mode="a11y", concurrency=1, run_name="scale")
 
+WORKER_PROCESSES = pytest.mark.long(
+    reason=(
+        "Dask worker processes with their own Chromium; twins: the sharding, "
+        "tests/flows/test_dask.py::test_shards_split_contiguously_and_cover_everything, and a "
+        "killed collect resumed, tests/flows/test_collect.py::"
+        "test_collect_killed_and_rerun_keeps_every_finished_trajectory_once"
+    )
+)
+
 
 def trajectories(wh: Warehouse) -> dict[str, tuple]:
     rows = wh.sql("SELECT traj_id, status, n_steps, answer FROM trajectories ORDER BY traj_id")
@@ -70,6 +79,7 @@ def test_shards_split_contiguously_and_cover_everything():
     assert shards([1], 4) == [[1]] and shards([], 2) == []
 
 
+@WORKER_PROCESSES
 def test_two_worker_collect_matches_single_process_on_postgres_and_s3(
     single: dict, api: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -137,6 +147,7 @@ def _name(proc: psutil.Process) -> str:
         return ""
 
 
+@WORKER_PROCESSES
 def test_a_worker_killed_mid_shard_loses_and_doubles_nothing(
     single: dict, api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

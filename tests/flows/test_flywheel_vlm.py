@@ -32,7 +32,20 @@ from stages.served import ServedCheckpoints
 from tests.rollouts.stand_ins import stand_in
 from warehouse import Warehouse, WarehouseConfig
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.long(
+        reason=(
+            "the VLM preset's whole round killed mid-RL; twins: the ranker flywheel killed and "
+            "resumed, tests/flows/test_flywheel.py::"
+            "test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one, and served RL "
+            "with in-place weight sync, tests/serving/test_supervisor.py::"
+            "test_model_server_restart_serves_the_new_checkpoint"
+        )
+    ),
+]
 ROOT = Path(__file__).parents[2]
 PRESET = ROOT / "stages" / "presets" / "flywheel-vlm.yaml"
 

@@ -22,6 +22,13 @@ from training.trainer import TrainConfig, fit
 
 # float32 sums in another order (per rank, then all-reduced): the curves agree to ~1e-6
 TOL = 1e-5
+pytestmark = pytest.mark.long(
+    reason=(
+        "DDP, FSDP and a killed rank at several steps each; twin: two real ranks through the "
+        "CLI, tests/cli/test_train_cli.py::"
+        "test_two_processes_train_the_tiny_vlm_and_every_tracker_gets_the_warehouse_s_curve"
+    )
+)
 CFG = TrainConfig(objective="sft", epochs=1, lr=1e-3, batch_size=4, seed=0)
 
 

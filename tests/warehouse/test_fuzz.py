@@ -51,7 +51,8 @@ contents = st.one_of(
 )
 
 
-@settings(max_examples=60)  # each example writes a folder: keep the test well under 20 s
+# each example writes a folder: keep the test well under 20 s
+@settings(max_examples=hypothesis_profiles.examples(60))
 @given(contents, st.lists(st.sampled_from(["0.png", "step_1.jpg", "a.png", "10.webp"]), max_size=3))
 @example(b"[" * 5000, ["0.png"])
 @example(b'{"task_id": "t", "task": "x", "webloop": {"sample_idx": 1e400}}', [])
@@ -137,7 +138,7 @@ def v2_results(draw: st.DrawFn) -> dict:
     return result
 
 
-@settings(max_examples=60)
+@settings(max_examples=hypothesis_profiles.examples(60))
 @given(v2_results(), st.binary(max_size=40))
 def test_any_v2_result_json_gives_a_folder_or_a_reason(result: dict, shot_bytes: bytes):
     with tempfile.TemporaryDirectory() as d:

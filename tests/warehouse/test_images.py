@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from tests.hypothesis_profiles import examples
 from warehouse.images import media_type, validate_image
 
 
@@ -68,7 +69,7 @@ def test_a_pixel_bomb_header_is_rejected():
     assert got is not None and "too large" in got
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=512))
 def test_arbitrary_bytes_never_raise_and_pass_only_in_a_known_format(data: bytes):
     got = validate_image(data)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
 from warehouse.interop.om2w import read_result
 from warehouse.interop.task_formats import parse_task_file
 from warehouse.urls import NotAWebUrl, UrlRefused, WebUrl, parse_web_url
@@ -104,7 +105,7 @@ def test_credentials_in_a_start_url_are_refused():
         parse_web_url("https://user:secret@example.com/")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=40).map(lambda s: "http://" + s) | st.text(max_size=40))
 def test_any_text_gives_a_url_or_a_reason(text: str):
     try:
