@@ -6,15 +6,22 @@ An **allow-list**, not a deny-list. Read-only SQL runs only what is known to rea
   and plain ``EXPLAIN`` of one (never ``EXPLAIN ANALYZE``, which executes its statement);
 * checked on DuckDB's own parse tree (``json_serialize_sql``), so comments, quoting, case and
   non-ASCII text cannot hide anything from the check;
-* every function called is a core scalar, aggregate or window function (less the few that read
-  settings or write logs), every table function one of :data:`TABLE_FUNCTIONS` (ranges, JSON
-  unnesting, the lake's read-only snapshot functions), and every table a table of the lake (or
-  a CTE of the query, or ``information_schema.tables`` / ``.columns``).
+* every function called is on a vetted allow-list (:mod:`warehouse.sqlfunctions`: pure
+  functions of their arguments), every table function one of :data:`TABLE_FUNCTIONS` (ranges,
+  JSON unnesting, the lake's read-only snapshot functions), and every table a table of the lake
+  (or a CTE of the query, or ``information_schema.tables`` / ``.columns``); a lake view is
+  read only when its own stored SQL passes the same check;
+* then **bound**: DuckDB plans the statement (``EXPLAIN``, which runs nothing) and every operator
+  of the plan that reads or writes data must be the lake's (``DUCKLAKE_SCAN``,
+  ``DUCKLAKE_INSERT``…) or an allowed table function: the catalog database
+  (``__ducklake_metadata_lake``), ``system``, ``temp``, ``memory`` and anything attached are
+  refused whatever the SQL text looked like (a view, a string named like a system view).
 
 ``write=True`` (``webloop sql --write``) adds the data statements (INSERT, UPDATE, DELETE,
 MERGE, transactions); ``schema=True`` adds CREATE, DROP and ALTER. DuckDB serialises only
-SELECT statements, so write statements are checked on DuckDB's token stream instead: every name
-called must be an allowed function and no name may be a system view (``duckdb_databases``…).
+SELECT statements, so write statements are checked on DuckDB's token stream (every name called
+must be an allowed function; no name may be a system view such as ``duckdb_databases``, nor
+another catalog than the lake) and then bound like SELECT: their plan may touch the lake only.
 
 Each query runs on a fresh connection (a cursor of the sandboxed one: temporary objects die
 with it), with a time limit and Ctrl-C that interrupt DuckDB (``interrupt()``). The sandboxed
@@ -37,6 +44,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from warehouse.connection import WarehouseError
+from warehouse.sqlfunctions import VETTED_CATEGORIES, VETTED_UNCATEGORIZED, WINDOW_FUNCTIONS
 
 T = TypeVar("T")
 
@@ -65,9 +73,17 @@ LAKE_FUNCTIONS = frozenset(
 LAKE_METHODS = frozenset(
     {"snapshots", "table_info", "current_snapshot", "last_committed_snapshot", "options"}
 )
-#: Core scalar functions left out of the allow-list: they read settings, write logs, or
-#: advance sequences.
-DENIED_SCALARS = frozenset({"current_setting", "write_log", "nextval", "currval", "setseed"})
+#: The plan operators of the allowed table functions (DuckDB names them in upper case).
+_TABLE_FUNCTION_OPERATORS = frozenset(n.upper() for n in TABLE_FUNCTIONS | LAKE_FUNCTIONS)
+#: Plan operators that produce rows without reading a table (``VALUES``, CTEs, constants).
+ROWLESS_SOURCES = frozenset(
+    {"DUMMY_SCAN", "COLUMN_DATA_SCAN", "EMPTY_RESULT", "CTE_SCAN", "REC_CTE_SCAN", "DELIM_SCAN"}
+    | {"CHUNK_SCAN", "EXPRESSION_SCAN", "RECURSIVE_CTE_SCAN", "CROSS_PRODUCT"}
+)
+#: The system tables ``information_schema.tables`` / ``.columns`` and ``SHOW TABLES`` read.
+SCHEMA_LISTINGS = frozenset({"DUCKDB_TABLES", "DUCKDB_VIEWS", "DUCKDB_COLUMNS"})
+#: Words of a plan operator that writes (to be allowed, it must be the lake's: ``DUCKLAKE_…``).
+_WRITES = re.compile(r"INSERT|UPDATE|DELETE|MERGE|COPY|CREATE|DROP|ALTER|ATTACH|EXPORT|VACUUM")
 #: System views a query may read besides the lake's tables.
 SYSTEM_VIEWS = frozenset({("information_schema", "tables"), ("information_schema", "columns")})
 
@@ -90,10 +106,14 @@ class SqlInterruptedError(WarehouseError):
 
 @dataclass(frozen=True)
 class Statement:
-    """One checked statement: its DuckDB type name and its text."""
+    """One checked statement: its DuckDB type name, its text, and what to bind before it runs
+    (:func:`check_plan`: the statement itself, an EXPLAIN's statement, or nothing for DDL and
+    transactions) with whether it may read the schema listings."""
 
     kind: str
     text: str
+    bind: str | None = None
+    listings: bool = False
 
 
 # -- the check ----------------------------------------------------------------------------------
@@ -114,13 +134,19 @@ def check_user_sql(
         kind, text = stmt.type.name, stmt.query
         if kind == "SELECT":
             policy.check_select(text)
+            out.append(Statement(kind, text, bind=text, listings=True))
         elif kind == "EXPLAIN":
-            policy.check_select(_explained(text))
-        elif (kind in DATA_STATEMENTS and write) or (kind in SCHEMA_STATEMENTS and schema):
+            inner = _explained(text)
+            policy.check_select(inner)
+            out.append(Statement(kind, text, bind=inner, listings=True))
+        elif kind in DATA_STATEMENTS and write:
             policy.check_tokens(text)
+            out.append(Statement(kind, text, bind=None if kind == "TRANSACTION" else text))
+        elif kind in SCHEMA_STATEMENTS and schema:
+            policy.check_tokens(text)  # DDL has no plan to bind: its names are checked
+            out.append(Statement(kind, text))
         else:
             raise SqlRefusedError(_refusal(_kind_name(kind, text), write=write, schema=schema))
-        out.append(Statement(kind, text))
     return out
 
 
@@ -196,20 +222,36 @@ class _Policy:
     """What may be named, for one sandboxed connection."""
 
     tables: frozenset[str]
+    views: dict[str, str]  # the lake's views: name → stored CREATE VIEW text
+    catalogs: frozenset[str]  # every attached catalog but the lake
     scalars: frozenset[str]
     system_names: frozenset[str]
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection) -> _Policy:
-        tables = frozenset(
+        tables = {
             r[0].lower()
             for r in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
-                "UNION SELECT view_name FROM duckdb_views() WHERE database_name = ?",
-                [LAKE, LAKE],
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [LAKE]
             ).fetchall()
+        }
+        views = {
+            r[0].lower(): r[1]
+            for r in con.execute(
+                "SELECT view_name, sql FROM duckdb_views() WHERE database_name = ?", [LAKE]
+            ).fetchall()
+        }
+        catalogs = frozenset(
+            r[0].lower()
+            for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+        ) - {LAKE}
+        return cls(
+            frozenset(tables | set(views)),
+            views,
+            catalogs,
+            _vetted_functions(),
+            _system_names(),
         )
-        return cls(tables, _core_scalars(), _system_names())
 
     # -- SELECT: the parse tree
 
@@ -245,6 +287,9 @@ class _Policy:
         if (schema, name) in SYSTEM_VIEWS and catalog in ("", LAKE):
             return
         if where in (("", ""), ("", "main"), ("", LAKE), (LAKE, ""), (LAKE, "main")):
+            if name in self.views:
+                self._view(name)
+                return
             if name in self.tables:
                 return
             known = ", ".join(sorted(self.tables))
@@ -256,6 +301,20 @@ class _Policy:
         raise SqlRefusedError(
             f"refusing to read {full}: SQL here reads only the warehouse's own tables"
         )
+
+    def _view(self, name: str) -> None:
+        """A lake view is read only when its stored query passes the read-only rules."""
+        if name in _checking_views.names:
+            return  # a view that names itself: DuckDB refuses it when it binds
+        _checking_views.names.add(name)
+        try:
+            self.check_select(_view_query(self.views[name]))
+        except SqlRefusedError as exc:
+            raise SqlRefusedError(
+                f"refusing to read the view {name}: its stored SQL: {exc}"
+            ) from None
+        finally:
+            _checking_views.names.discard(name)
 
     def _table_function(self, fn: dict) -> None:
         fn["_table"] = True  # walked again as a node: not a scalar call
@@ -285,9 +344,16 @@ class _Policy:
         tokens = _tokens(text)
         callable_names = self.scalars | TABLE_FUNCTIONS | LAKE_FUNCTIONS
         for (tok, kind), (nxt, _) in itertools.pairwise([*tokens, ("", None)]):
+            if kind == duckdb.token_type.keyword and nxt == "." and tok.lower() in self.catalogs:
+                kind = duckdb.token_type.identifier  # `temp.main.t`: a keyword naming a catalog
             if kind != duckdb.token_type.identifier:
                 continue
             name = _identifier(tok)
+            if name in self.catalogs:
+                raise SqlRefusedError(
+                    f"refusing to touch the catalog {name}: SQL here changes only the "
+                    "warehouse's own tables"
+                )
             if name in self.system_names:
                 raise SqlRefusedError(
                     f"refusing to read {name}: SQL here reads only the warehouse's own tables"
@@ -296,6 +362,43 @@ class _Policy:
                 raise SqlRefusedError(
                     f"refusing to call {name}(): not a function SQL here may call"
                 )
+
+
+def check_plan(cur: duckdb.DuckDBPyConnection, text: str, *, listings: bool = False) -> None:
+    """Bind ``text`` on ``cur`` (``EXPLAIN`` plans it and runs nothing) and refuse it when an
+    operator of its plan reads or writes anything but the lake: the lake's catalog database,
+    another catalog, a system table, a file. ``listings``: it may read the schema listings
+    (``information_schema.tables`` / ``.columns``, ``SHOW TABLES``). Run on the cursor the
+    statement then runs on, after the statements before it (a table they create binds)."""
+    try:
+        rows = cur.execute("EXPLAIN (FORMAT json) " + text).fetchall()
+    except duckdb.PermissionException as exc:
+        refused = str(exc).splitlines()[0]
+    else:
+        refused = None
+    if refused is not None:
+        raise SqlRefusedError(f"refused: this reaches outside the warehouse: {refused}")
+    allowed = ROWLESS_SOURCES | _TABLE_FUNCTION_OPERATORS | (SCHEMA_LISTINGS if listings else set())
+    system_names = _system_names()
+    for _, plan in rows:
+        for node in _nodes(json.loads(plan)):
+            if "name" in node and "children" in node:
+                _operator(node["name"].strip().upper(), allowed, system_names)
+
+
+def _operator(name: str, allowed: frozenset[str], system_names: frozenset[str]) -> None:
+    if name.startswith("DUCKLAKE_") or name in allowed or name == "COPY_TO_FILE":
+        return  # COPY_TO_FILE: how the lake's inserts write Parquet (COPY statements are refused)
+    if _WRITES.search(name):
+        raise SqlRefusedError(
+            f"refusing to write through {name}: SQL here changes only the warehouse's own "
+            "tables (not the lake's catalog database, system, temp or attached ones)"
+        )
+    if name.endswith("_SCAN") or name.lower() in system_names:
+        raise SqlRefusedError(
+            f"refusing to read through {name}: SQL here reads only the warehouse's own tables "
+            "(not the lake's catalog database, system views or files)"
+        )
 
 
 def _identifier(token: str) -> str:
@@ -333,20 +436,42 @@ def _cte_names(tree: Any) -> Iterator[str]:
 
 
 @functools.cache
-def _core_scalars() -> frozenset[str]:
-    """Core scalar, aggregate and macro functions of a DuckDB without extensions, the window
-    functions (not listed there) and ``unnest`` in a select list, less :data:`DENIED_SCALARS`."""
+def _vetted_functions() -> frozenset[str]:
+    """The functions people's SQL may call (:mod:`warehouse.sqlfunctions`): DuckDB's scalar,
+    aggregate and macro functions filed under a vetted category, the vetted uncategorised ones,
+    the window functions."""
     con = duckdb.connect(config={"enable_external_access": False})
     try:
         rows = con.execute(
             "SELECT DISTINCT function_name FROM duckdb_functions() "
-            "WHERE function_type IN ('scalar', 'aggregate', 'macro')"
+            "WHERE function_type IN ('scalar', 'aggregate', 'macro') "
+            "AND len(list_intersect(categories, ?)) > 0",
+            [sorted(VETTED_CATEGORIES)],
         ).fetchall()
     finally:
         con.close()
-    windows = {"unnest", "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile"}
-    windows |= {"lag", "lead", "first_value", "last_value", "nth_value", "fill"}
-    return frozenset({r[0].lower() for r in rows} | windows) - DENIED_SCALARS
+    return frozenset({r[0].lower() for r in rows} | VETTED_UNCATEGORIZED | WINDOW_FUNCTIONS)
+
+
+class _Checking(threading.local):
+    """The views being checked on this thread (a view that names itself ends the walk)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+
+_checking_views = _Checking()
+
+
+def _view_query(create: str) -> str:
+    """The query of a stored ``CREATE VIEW name [(columns)] AS query`` statement."""
+    raw = create.encode()
+    depth = 0
+    for (pos, _), (tok, kind) in zip(duckdb.tokenize(create), _tokens(create), strict=True):
+        depth += (tok == "(") - (tok == ")")
+        if depth == 0 and kind == duckdb.token_type.keyword and tok.upper() == "AS":
+            return raw[pos + 2 :].decode().strip().rstrip(";")
+    raise SqlRefusedError("cannot read a stored view's query")
 
 
 @functools.cache
@@ -397,6 +522,8 @@ def run_user_sql(
 
         def work() -> T | None:
             for stmt in statements:
+                if stmt.bind is not None:
+                    check_plan(cur, stmt.bind, listings=stmt.listings)
                 _execute(cur, stmt.text)
             return fetch(cur) if cur.description else None
 
