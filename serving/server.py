@@ -23,6 +23,10 @@ It speaks the protocol the way stock clients (the ``openai`` package) use it:
 - with ``--dev-mode`` (as vLLM's ``VLLM_SERVER_DEV_MODE``; loopback only), vLLM's weight-sync
   call: ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``
   loads checkpoint DIR in place (same port; requests in flight finish on the old weights).
+  It sits behind :class:`serving.standalone.devguard.DevGuard`: the bearer token of
+  ``$WEBLOOP_RELOAD_TOKEN`` (the supervisor draws one per launch), no ``Origin``, the bound
+  ``Host``, ``application/json``, and DIR inside ``--reload-root`` (default: the model's parent
+  folder). Without ``--dev-mode`` the path does not exist (404).
 
 ``python -m serving.server --model DIR --port N`` runs it (the supervisor starts it so).
 """
@@ -33,6 +37,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -45,6 +50,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollouts.hf import Generation, HFGenerator, Sampling, load_model
+from serving.standalone.devguard import (
+    MIN_TOKEN_CHARS,
+    TOKEN_ENV,
+    DevGuard,
+    host_header,
+    is_loopback,
+)
 
 MAX_N = 16
 # parameters with the value that means "not used"; any other value is refused with a 400
@@ -349,10 +361,15 @@ def _completion_logprobs(body: dict[str, Any]) -> bool:
 
 
 def build_app(
-    model_path: str, name: str | None = None, max_batch: int = 8, dev_mode: bool = False
-) -> Starlette:
-    """The Starlette app serving ``model_path`` under the model name ``name`` (``dev_mode``: with
-    the in-place weight reload of ``POST /collective_rpc``)."""
+    model_path: str,
+    name: str | None = None,
+    max_batch: int = 8,
+    dev_mode: bool = False,
+    guard: dict[str, str] | None = None,
+) -> Starlette | DevGuard:
+    """The Starlette app serving ``model_path`` under the model name ``name``. ``dev_mode``: with
+    the in-place weight reload of ``POST /collective_rpc``, the app wrapped in a
+    :class:`DevGuard` of ``guard``'s ``token``, ``host`` (``address:port``) and ``root``."""
     model, proc = load_model(model_path)
     gen = HFGenerator(model, proc, max_batch=max_batch)
     served = name or model_path
@@ -421,7 +438,7 @@ def build_app(
         return JSONResponse({"results": [None]})
 
     dev = [Route("/collective_rpc", collective_rpc, methods=["POST"])] if dev_mode else []
-    return Starlette(
+    app = Starlette(
         routes=[
             *dev,
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -430,6 +447,7 @@ def build_app(
             Route("/health", health),
         ]
     )
+    return DevGuard(app, **(guard or {})) if dev_mode else app
 
 
 def reload_path(body: dict[str, Any]) -> str:
@@ -452,17 +470,44 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m serving.server --model DIR [--host H] [--port N] [--name NAME]``."""
+    """``python -m serving.server --model DIR [--host H] [--port N] [--name NAME] [--dev-mode
+    [--reload-root DIR]]``; dev mode off loopback, or without ``$WEBLOOP_RELOAD_TOKEN``, is
+    refused before the model loads (exit 2)."""
     ap = argparse.ArgumentParser(prog="python -m serving.server", description=__doc__)
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--name", default=None, help="model name clients use")
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--dev-mode", action="store_true", help="serve POST /collective_rpc")
+    ap.add_argument(
+        "--dev-mode",
+        action="store_true",
+        help=f"serve POST /collective_rpc (loopback only; the bearer token in ${TOKEN_ENV})",
+    )
+    ap.add_argument(
+        "--reload-root",
+        default=None,
+        help="reloads from inside this folder only (default: the model's parent folder)",
+    )
     a = ap.parse_args(argv)
+    guard = None
+    if a.dev_mode:
+        if not is_loopback(a.host):
+            ap.error(f"--dev-mode is served on loopback only, not on {a.host!r}")
+        token = os.environ.get(TOKEN_ENV, "")
+        if len(token) < MIN_TOKEN_CHARS:
+            need = f"{MIN_TOKEN_CHARS}+ characters"
+            ap.error(f"--dev-mode needs the reload token ({need}) in ${TOKEN_ENV}")
+        root = a.reload_root or str(Path(a.model).absolute().parent)
+        guard = {"token": token, "host": host_header(a.host, a.port), "root": root}
     serve(
-        a.model, host=a.host, port=a.port, name=a.name, max_batch=a.max_batch, dev_mode=a.dev_mode
+        a.model,
+        host=a.host,
+        port=a.port,
+        name=a.name,
+        max_batch=a.max_batch,
+        dev_mode=a.dev_mode,
+        guard=guard,
     )
 
 

@@ -11,6 +11,14 @@ checkpoint (weight sync for online RL) and measures how long the server was away
 same port, no restart; webloop's ``hf`` engine serves the same call in dev mode);
 :meth:`ModelServer.sync_weights` uses it where it can.
 
+Dev mode is opt-in (``ServerSpec.dev_mode``) and loopback only. Each launch in dev mode draws a
+random bearer token (:func:`secrets.token_urlsafe`), hands it to the engine in its environment
+(never on its command line, never logged) and sends it with its reload calls; the engine's
+development endpoints sit behind :class:`serving.standalone.devguard.DevGuard` (token, no
+``Origin``, the bound ``Host``, JSON only, weights from inside ``ServerSpec.reload_root``):
+webloop's ``hf`` engine wraps its app in it, vLLM loads it with ``--middleware`` (vLLM's own
+``--api-key`` guards ``/v1`` only, not ``/collective_rpc``).
+
 vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub access and float32
 (facts in STACK-NOTES); on a CUDA machine the same command serves on the GPU.
 """
@@ -18,8 +26,8 @@ vLLM on CPUs needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), offline hub acc
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +41,9 @@ from typing import IO, Any
 import httpx
 
 from serving.children import die_with_parent
+from serving.standalone import devguard
+from serving.standalone.devguard import MIN_TOKEN_CHARS, TOKEN_ENV, is_loopback
+from warehouse.secrets import register as register_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("hf", "vllm")
@@ -47,16 +58,6 @@ def vllm_python(root: Path = ROOT) -> Path | None:
     """The python of the vLLM environment (``make vllm``), or None when it is not built."""
     py = root / ".venv-vllm" / "bin" / "python"
     return py if py.exists() else None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,8 +101,11 @@ def resolve_model(model: str, home: str | Path | None = None) -> str:
 class ServerSpec:
     """What to serve, and how. ``name``: the model name clients send (default: the folder).
     ``max_model_len``: vLLM's context limit (None: the model's own; a large model on a CPU
-    needs a smaller one to fit the KV cache). ``extra``: more engine arguments (vLLM flags,
-    e.g. ``--max-num-seqs 8``)."""
+    needs a smaller one to fit the KV cache). ``dev_mode``: serve the in-place weight reload
+    (loopback only, behind the launch's token: see the module doc); ``reload_root``: the folder
+    reloaded checkpoints must lie in (default: the served model's parent folder; symlinks are
+    resolved before the comparison). ``extra``: more engine arguments (vLLM flags, e.g.
+    ``--max-num-seqs 8``)."""
 
     engine: str
     model: str
@@ -111,7 +115,8 @@ class ServerSpec:
     max_model_len: int | None = None  # vLLM: None = the model's own maximum
     kv_cache_gib: int = 1
     dtype: str = "float32"  # vLLM: float32 on CPUs (facts in STACK-NOTES), bfloat16 on GPUs
-    dev_mode: bool = True  # vLLM: its dev endpoints, for in-place weight reloads (loopback only)
+    dev_mode: bool = False  # the in-place weight reload endpoints (loopback only, token)
+    reload_root: str | None = None  # reloads from inside this folder only (None: model's parent)
     enforce_eager: bool = False  # vLLM: skip torch.compile / CUDA graphs (faster start-up)
     extra: list[str] = field(default_factory=list)
 
@@ -120,9 +125,11 @@ class ServerSpec:
             raise ServerError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
         if self.dev_mode and not is_loopback(self.host):
             raise ServerError(
-                f"the weight-reload endpoint (dev mode) is served on loopback only, not on "
-                f"{self.host!r}: turn dev mode off to bind another address"
+                f"dev mode (the weight-reload endpoint) is served on loopback only, not on "
+                f"{self.host!r}: drop --dev-mode to bind another address"
             )
+        if self.reload_root is None:
+            self.reload_root = str(Path(self.model).absolute().parent)
 
     @property
     def served_name(self) -> str:
@@ -133,14 +140,21 @@ class ServerSpec:
         return f"http://{self.host}:{self.port}/v1"
 
 
-def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that start ``spec``'s engine."""
+def command(spec: ServerSpec, token: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``spec``'s engine; in dev mode, ``token`` (the
+    launch's reload token) goes into the environment, and nowhere else."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    for key in (TOKEN_ENV, devguard.HOST_ENV, devguard.ROOT_ENV):
+        env.pop(key, None)  # an engine gets the reload settings of its own launch only
+    if spec.dev_mode and token is not None:
+        env[TOKEN_ENV] = token
+        env[devguard.HOST_ENV] = devguard.host_header(spec.host, spec.port)
+        env[devguard.ROOT_ENV] = str(spec.reload_root)
     if spec.engine == "hf":
         argv = [sys.executable, "-m", "serving.server", "--model", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), "--name", spec.served_name]
         if spec.dev_mode:
-            argv.append("--dev-mode")
+            argv += ["--dev-mode", "--reload-root", str(spec.reload_root)]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         return argv + spec.extra, env
     py = vllm_python()
@@ -160,9 +174,13 @@ def command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
         VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         TRANSFORMERS_OFFLINE="1",
     )
+    # the project's packages must not shadow vLLM's environment: its import path gets the
+    # standard-library-only guard of the dev endpoints, and nothing else of webloop
+    env.pop("PYTHONPATH", None)
     if spec.dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    env.pop("PYTHONPATH", None)  # the project's packages must not shadow vLLM's environment
+        env["PYTHONPATH"] = str(Path(devguard.__file__).parent)
+        argv += ["--middleware", "devguard.DevGuard"]
     return argv + spec.extra, env
 
 
@@ -174,13 +192,23 @@ class ModelServer:
     """
 
     def __init__(
-        self, spec: ServerSpec, log: str | Path | None = None, die_with_starter: bool = True
+        self,
+        spec: ServerSpec,
+        log: str | Path | None = None,
+        die_with_starter: bool = True,
+        token: str | None = None,
     ) -> None:
         """``die_with_starter``: the kernel stops the engine when the thread that launched it
         ends, however it ends (SIGKILL included): launch from a thread that lives as long as
-        the server should (pass False from a short-lived one and stop it yourself)."""
+        the server should (pass False from a short-lived one and stop it yourself).
+        ``token``: the bearer token of the dev endpoints (32+ characters; default: a new
+        random one per launch, known to this object only)."""
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            raise ServerError(f"the reload token must have {MIN_TOKEN_CHARS}+ characters")
         self.spec = spec
         self.die_with_starter = die_with_starter
+        self._fixed_token = token
+        self._token: str | None = None  # this launch's
         self.log_path = Path(log) if log else None
         self.proc: subprocess.Popen | None = None
         self._log: IO[str] | None = None
@@ -204,7 +232,11 @@ class ModelServer:
     def launch(self) -> ModelServer:
         """Start the engine's process group and return at once (:meth:`ready` waits for it):
         a caller can do other work while the engine loads."""
-        argv, env = command(self.spec)
+        self._token = None
+        if self.spec.dev_mode:
+            self._token = self._fixed_token or secrets.token_urlsafe(32)
+            register_secret(self._token)  # masked wherever webloop writes or logs text
+        argv, env = command(self.spec, self._token)
         self._t0 = time.monotonic()
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,26 +316,34 @@ class ModelServer:
         self.start(timeout_s)
         return time.monotonic() - t0
 
+    def reload_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of this launch's dev endpoints (ServerError when the
+        server is not running in dev mode)."""
+        if self._token is None:
+            raise ServerError("in-place weight reload needs the server running in dev mode")
+        return {"Authorization": f"Bearer {self._token}"}
+
     def reload_weights(self, path: str, timeout_s: float = 600) -> float:
-        """Load the weights of checkpoint folder ``path`` (same architecture) into the running
-        engine (vLLM: and drop its caches, computed with the old weights); the seconds it took.
-        ServerError when the engine cannot (no dev mode, a failure)."""
+        """Load the weights of checkpoint folder ``path`` (same architecture, inside the spec's
+        ``reload_root``) into the running engine (vLLM: and drop its caches, computed with the
+        old weights); the seconds it took. ServerError when the engine cannot (no dev mode, a
+        path outside the root, a failure)."""
         if not self.spec.dev_mode:
             raise ServerError("in-place weight reload needs the server in dev mode")
-        root = f"http://{self.spec.host}:{self.spec.port}"
+        root, auth = f"http://{self.spec.host}:{self.spec.port}", self.reload_headers()
         t0 = time.monotonic()
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        _post(f"{root}/collective_rpc", body, timeout_s)
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(Path(path).absolute())}}
+        _post(f"{root}/collective_rpc", body, timeout_s, auth)
         if self.spec.engine == "hf":  # webloop's engine keeps no caches across requests
             self.spec = replace(self.spec, model=str(path))
             return time.monotonic() - t0
         # everything computed with the old weights goes: the multimodal input caches of the
         # front end and the engine (the worker's alone would desync them: "cache miss"), the
         # vision encoder outputs (scheduler and worker) and the KV prefix cache
-        _post(f"{root}/reset_mm_cache", None, timeout_s)
-        _post(f"{root}/reset_encoder_cache", None, timeout_s)
+        _post(f"{root}/reset_mm_cache", {}, timeout_s, auth)
+        _post(f"{root}/reset_encoder_cache", {}, timeout_s, auth)
         for _ in range(50):  # fails while blocks are held by running requests: retry
-            if _post(f"{root}/reset_prefix_cache", None, timeout_s).get("success", True):
+            if _post(f"{root}/reset_prefix_cache", {}, timeout_s, auth).get("success", True):
                 break
             time.sleep(0.2)
         else:
@@ -331,10 +371,10 @@ class ModelServer:
         self.stop()
 
 
-def _post(url: str, payload: Any, timeout_s: float) -> dict[str, Any]:
+def _post(url: str, payload: Any, timeout_s: float, headers: dict[str, str]) -> dict[str, Any]:
     """POST for the weight reload; its JSON body ({} when none); ServerError on failure."""
     try:
-        r = httpx.post(url, json=payload, timeout=timeout_s)
+        r = httpx.post(url, json=payload, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ServerError(f"weight reload: {url} failed: {exc}") from exc
     if r.status_code != 200:
@@ -379,11 +419,16 @@ def group_members(pgid: int) -> list[int]:
 
 
 def supervise(
-    spec: ServerSpec, log: str | Path | None = None, echo: Any = print, timeout_s: float = 300
+    spec: ServerSpec,
+    log: str | Path | None = None,
+    echo: Any = print,
+    timeout_s: float = 300,
+    token: str | None = None,
 ) -> int:
     """Run ``spec``'s server in the foreground until Ctrl-C or SIGTERM (then stop its process
-    group) or until the engine dies; the exit status (0 after a requested stop)."""
-    server = ModelServer(spec, log)
+    group) or until the engine dies; the exit status (0 after a requested stop). ``token``: the
+    dev endpoints' bearer token (see :class:`ModelServer`)."""
+    server = ModelServer(spec, log, token=token)
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -395,6 +440,8 @@ def supervise(
         server.start(timeout_s)
         echo(f"serving {spec.served_name} ({spec.engine}), ready in {server.started_s:.1f} s")
         echo(f"base URL: {server.base_url}")
+        if spec.dev_mode:
+            echo(f"dev mode: POST {server.base_url.removesuffix('/v1')}/collective_rpc reloads")
         echo("Ctrl-C stops")
         while server.alive():
             time.sleep(0.5)

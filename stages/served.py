@@ -55,7 +55,11 @@ class Parity:
 @dataclass
 class ServedCheckpoints:
     """The server of one RL run's current checkpoint (see the module doc). ``engine``: ``auto``
-    (vLLM where ``make vllm`` built it, else ``hf``), ``hf`` or ``vllm``."""
+    (vLLM where ``make vllm`` built it, else ``hf``), ``hf`` or ``vllm``. The server runs in
+    dev mode (in-place weight reloads, behind a token only this object holds); ``reload_root``:
+    the folder the run's checkpoints are saved in, the only one reloads may come from (None:
+    the first served checkpoint's parent folder); a checkpoint outside it is served by a
+    restart."""
 
     engine: str = "auto"
     log_dir: Path | None = None
@@ -65,6 +69,7 @@ class ServedCheckpoints:
     parity_tol: float = 0.05
     start_timeout_s: float = 900
     max_model_len: int | None = None  # vLLM: the context limit (None: the model's own)
+    reload_root: Path | None = None  # the run's checkpoint folder
     server: ModelServer | None = None
     timings: dict[str, float] = field(default_factory=dict)  # start_s / sync_s, since taken
 
@@ -97,6 +102,8 @@ class ServedCheckpoints:
             port=free_port(),
             name="policy",
             max_model_len=self.max_model_len,
+            dev_mode=True,  # in-place weight sync (loopback only, the server's token)
+            reload_root=str(self.reload_root.absolute()) if self.reload_root else None,
         )
         self.server = ModelServer(spec, log=log).start(self.start_timeout_s)
         self._add("start_s", self.server.started_s)

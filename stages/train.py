@@ -663,7 +663,9 @@ def _served(cfg: RLConfig, start: Any, out_root: Path) -> ServedCheckpoints | No
     that act by the candidates choice, which scores its candidates in-process)."""
     if cfg.serve == "in-process" or start.policy != "hf" or cfg.rollout.choose != "generate":
         return None
-    return ServedCheckpoints(engine=cfg.serve, log_dir=out_root, parity_tol=cfg.parity_tol)
+    return ServedCheckpoints(
+        engine=cfg.serve, log_dir=out_root, parity_tol=cfg.parity_tol, reload_root=out_root
+    )
 
 
 @dataclass

@@ -154,7 +154,7 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     assert "| RL | " in r["markdown"] and "the VLM" in r["markdown"]
     assert re.search(r"rollout [\d.]+ s, judge [\d.]+ s, update [\d.]+ s", r["markdown"])
     # after a sync the server answers as the saved checkpoint does in-process
-    served = ServedCheckpoints(engine="hf")
+    served = ServedCheckpoints(engine="hf", reload_root=Path(home) / "checkpoints")
     try:
         url, _ = served.endpoint(first["checkpoint"])
         assert served.sync(second["checkpoint"])[0] == "reload"

@@ -92,7 +92,7 @@ def test_model_server_restart_serves_the_new_checkpoint(idefics, tmp_path):
     from training.models import build_tiny_idefics
 
     other = build_tiny_idefics(tmp_path / "other", seed=1)
-    spec = ServerSpec("hf", str(idefics), port=free_port(), name="m")
+    spec = ServerSpec("hf", str(idefics), port=free_port(), name="m", dev_mode=True)
     server = serving.ModelServer(spec, log=tmp_path / "log")
     ask = {"model": "m", "messages": [{"role": "user", "content": "Action:"}], "max_tokens": 6}
 
@@ -110,9 +110,10 @@ def test_model_server_restart_serves_the_new_checkpoint(idefics, tmp_path):
         how, took = server.sync_weights(str(idefics), timeout_s=600)
         assert (how, server.pgid, server.spec.model) == ("reload", pgid, str(idefics))
         assert reply() == before
-        bad = httpx.post(
+        bad = httpx.post(  # a folder inside the reload root (the model's parent), no model
             server.base_url.removesuffix("/v1") + "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}},
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(idefics.parent)}},
+            headers=server.reload_headers(),
             timeout=60,
         )
         assert bad.status_code == 400 and "no config.json" in bad.json()["error"]["message"]
@@ -146,8 +147,8 @@ def test_bad_input_is_refused_clearly(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match="unknown engine 'tgi'"):
         ServerSpec("tgi", "x")
     with pytest.raises(ServerError, match="loopback only"):
-        ServerSpec("hf", "x", host="0.0.0.0")
-    assert ServerSpec("hf", "x", host="0.0.0.0", dev_mode=False).host == "0.0.0.0"
+        ServerSpec("hf", "x", host="0.0.0.0", dev_mode=True)
+    assert ServerSpec("hf", "x", host="0.0.0.0").host == "0.0.0.0"  # dev mode is off by default
     with pytest.raises(ServerError, match=r"no config\.json"):
         serving.resolve_model(str(tmp_path))
     monkeypatch.setattr(serving, "vllm_python", lambda root=serving.ROOT: None)

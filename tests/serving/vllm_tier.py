@@ -23,9 +23,11 @@ NAME = "tiny-idefics"
 
 
 def spec_of(engine: str, model: Path) -> ServerSpec:
-    """The session's server spec of ``engine`` over the tiny model."""
+    """The session's server spec of ``engine`` over the tiny model; vLLM's in dev mode (the
+    weight-sync tests reload checkpoints the tests save in their temporary folders), hf's not."""
     # eager vLLM: torch.compile of a tiny model only costs start-up time
-    return ServerSpec(engine, str(model), port=free_port(), name=NAME, enforce_eager=True)
+    dev = {"dev_mode": True, "reload_root": tempfile.gettempdir()} if engine == "vllm" else {}
+    return ServerSpec(engine, str(model), port=free_port(), name=NAME, enforce_eager=True, **dev)
 
 
 class EarlyVllm:
