@@ -18,6 +18,18 @@ place where the allowlist holds for all of them:
   closes; every response the proxy forwards says ``Connection: close``, so requests come on
   fresh connections and a refusal is recorded once.
 
+An allowed origin's host name is not trusted to stay where its name says: the proxy resolves it
+(the gate's ``resolver``, :func:`socket.getaddrinfo` off the event loop), vets every address
+with :func:`warehouse.urls.address_problem` (the start URLs' policy) and dials a vetted address,
+never the name again (a second lookup could answer otherwise: DNS rebinding). Link-local and
+cloud metadata addresses are always refused; loopback, private and reserved ones only where the
+allowlist names the address itself (an IP literal such as the bundled sites'
+``http://127.0.0.1:PORT``, whose start URLs the collect stage vetted) or the gate was opened with
+``allow_private`` (``webloop collect --allow-private``; by default the calling context's
+:data:`PRIVATE_ALLOWED`). One refused address refuses the host. Such a refusal is recorded like
+the others and answered with a ``403`` whose text names the host, the address and why (the
+origin is allowed, so the browser may show that page at its URL).
+
 One :class:`AllowlistProxy` serves a whole process on its own thread and event loop (a busy
 rollout loop must not hold up every request of every page). Each episode opens a :class:`Gate`:
 its own listening port on 127.0.0.1 with its own allowlist and recorder, so the proxy knows the
@@ -37,10 +49,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ipaddress
+import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
+
+from warehouse.urls import IPAddress, address_problem
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 HEAD_LIMIT = 256 * 1024  # the longest request or response head accepted (as Chromium's)
@@ -56,6 +73,45 @@ _REFUSE_TUNNEL = (
 )
 
 _BAD_GATEWAY = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+Resolver = Callable[..., list[tuple[Any, ...]]]
+"""A host name's addresses, called as ``resolver(host, port, type=socket.SOCK_STREAM)`` and
+answering as :func:`socket.getaddrinfo` does (the address is ``entry[4][0]``); tests inject one."""
+
+PRIVATE_ALLOWED: ContextVar[bool] = ContextVar("webloop_private_allowed", default=False)
+"""Whether gates opened in this context admit allowed names that resolve to loopback or private
+addresses (the collect stage's ``allow_private``): see :func:`private_addresses_allowed`."""
+
+
+@contextlib.contextmanager
+def private_addresses_allowed(allowed: bool = True) -> Iterator[None]:
+    """Within this block (and the asyncio tasks it starts) :meth:`AllowlistProxy.open` admits,
+    or with ``allowed=False`` refuses, loopback and private answers to allowed names."""
+    token = PRIVATE_ALLOWED.set(allowed)
+    try:
+        yield
+    finally:
+        PRIVATE_ALLOWED.reset(token)
+
+
+class AddressRefused(Exception):
+    """An allowed host whose address the proxy may not dial; the message says which and why."""
+
+
+def _refusal(reason: str) -> bytes:
+    """The 403 that answers an address refusal, its text naming host, address and reason."""
+    body = f"refused by the episode's allowlist proxy: {reason}\n".encode()
+    return (
+        b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+def _literal(host: str) -> IPAddress | None:
+    """``host`` as an IP address when it is one (IPv6 without brackets), else None."""
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host)
+    return None
 
 
 def endpoint(url: str) -> tuple[str, str, int] | None:
@@ -170,13 +226,19 @@ def _close(writer: asyncio.StreamWriter) -> None:
 class Gate:
     """One episode's door through the proxy: a listening port on 127.0.0.1, the episode's
     :class:`Allowlist` and ``record`` (called on the proxy's thread, with the refused URL, before
-    the browser learns of the refusal). Made by :meth:`AllowlistProxy.open`; lives on the
-    proxy's loop, closed with :meth:`close` from the caller's loop."""
+    the browser learns of the refusal), and ``allow_private`` (allowed names may resolve to
+    loopback and private addresses). Made by :meth:`AllowlistProxy.open`; lives on the proxy's
+    loop, closed with :meth:`close` from the caller's loop."""
 
     def __init__(
-        self, proxy: AllowlistProxy, allowlist: Allowlist, record: Callable[[str], None]
+        self,
+        proxy: AllowlistProxy,
+        allowlist: Allowlist,
+        record: Callable[[str], None],
+        allow_private: bool = False,
     ) -> None:
         self.proxy, self.allowlist, self.record = proxy, allowlist, record
+        self.allow_private = allow_private
         self.port = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -242,7 +304,15 @@ class Gate:
         if not self.allowlist.allows_url(url):
             self.record(url)  # refused: close without a response (see the module docstring)
             return
-        await self._forward(upstream_request_head(method, url, version, lines), url, reader, writer)
+        ep = endpoint(url)
+        assert ep is not None  # allowed, so an http(s)/ws(s) URL
+        try:
+            addresses = await self._addresses(ep[1])
+        except AddressRefused as exc:
+            await self._refuse(url, str(exc), writer)
+            return
+        head = upstream_request_head(method, url, version, lines)
+        await self._forward(head, addresses, ep[2], reader, writer)
 
     async def _tunnel(
         self, authority: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -253,7 +323,12 @@ class Gate:
             writer.write(_REFUSE_TUNNEL)
             await writer.drain()
             return
-        up = await self._dial(*where)
+        try:
+            addresses = await self._addresses(where[0])
+        except AddressRefused as exc:
+            await self._refuse(f"CONNECT {authority}", str(exc), writer)
+            return
+        up = await self._dial(addresses, where[1])
         if up is None:
             writer.write(_BAD_GATEWAY)
             return
@@ -264,16 +339,38 @@ class Gate:
         finally:
             _close(up_writer)
 
+    async def _refuse(self, what: str, reason: str, writer: asyncio.StreamWriter) -> None:
+        """Record ``what`` (a URL or ``CONNECT host:port``) and answer the address refusal."""
+        self.record(what)
+        writer.write(_refusal(reason))
+        await writer.drain()
+
+    async def _addresses(self, host: str) -> list[IPAddress]:
+        """The vetted addresses of an allowed ``host`` (see the module docstring): the literal
+        itself, or every address its name resolves to; empty when the name does not resolve.
+        Raises :class:`AddressRefused`."""
+        literal = _literal(host)
+        if literal is not None:  # named by the allowlist itself: no lookup to trust
+            problem = address_problem(literal, allow_private=True)
+            if problem:
+                raise AddressRefused(f"the host {host} is {problem}")
+            return [literal]
+        addresses = await self.proxy.resolve(host)
+        for ip in addresses:
+            problem = address_problem(ip, allow_private=self.allow_private)
+            if problem:
+                raise AddressRefused(f"the host {host} resolves to {ip}, {problem}")
+        return addresses
+
     async def _forward(
         self,
         request_head: bytes,
-        url: str,
+        addresses: list[IPAddress],
+        port: int,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        ep = endpoint(url)
-        assert ep is not None  # allowed, so an http(s)/ws(s) URL
-        up = await self._dial(ep[1], ep[2])
+        up = await self._dial(addresses, port)
         if up is None:
             writer.write(_BAD_GATEWAY)
             return
@@ -286,12 +383,15 @@ class Gate:
             _close(up_writer)
 
     async def _dial(
-        self, host: str, port: int
+        self, addresses: list[IPAddress], port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        with contextlib.suppress(OSError, TimeoutError):
-            return await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=HEAD_LIMIT), DIAL_TIMEOUT_S
-            )
+        """A connection to the first of the vetted ``addresses`` that answers (an address, so
+        no lookup happens here); None when none does."""
+        for ip in addresses:
+            with contextlib.suppress(OSError, TimeoutError):
+                return await asyncio.wait_for(
+                    asyncio.open_connection(str(ip), port, limit=HEAD_LIMIT), DIAL_TIMEOUT_S
+                )
         return None
 
 
@@ -314,9 +414,11 @@ class AllowlistProxy:
     """The process's allowlisting proxy: one daemon thread running one event loop that carries
     every :class:`Gate`. Start it with :meth:`start` (or use :func:`shared_proxy`), open a gate per
     episode with :meth:`open` from any event loop, and :meth:`stop` it (closes every gate and
-    connection and joins the thread). Also a context manager."""
+    connection and joins the thread). Also a context manager. ``resolver``: how host names
+    become addresses (default :func:`socket.getaddrinfo`; see :data:`Resolver`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolver: Resolver = socket.getaddrinfo) -> None:
+        self.resolver = resolver
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._gates: set[Gate] = set()
@@ -363,13 +465,43 @@ class AllowlistProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    async def open(self, origins: Iterable[str], record: Callable[[str], None]) -> Gate:
+    async def open(
+        self,
+        origins: Iterable[str],
+        record: Callable[[str], None],
+        *,
+        allow_private: bool | None = None,
+    ) -> Gate:
         """A new :class:`Gate` admitting ``origins`` (URLs or origins; anything but http(s) and
         ws(s) is ignored) and reporting each refusal to ``record`` — called on the proxy's
-        thread: give a thread-safe callable (``list.append`` is)."""
-        gate = Gate(self, Allowlist(origins), record)
+        thread: give a thread-safe callable (``list.append`` is). ``allow_private``: whether
+        allowed names may resolve to loopback and private addresses (None: the calling
+        context's :data:`PRIVATE_ALLOWED`)."""
+        if allow_private is None:
+            allow_private = PRIVATE_ALLOWED.get()
+        gate = Gate(self, Allowlist(origins), record, allow_private)
         await self._call(gate._listen())
         return gate
+
+    async def resolve(self, host: str) -> list[IPAddress]:
+        """Every address ``host`` resolves to, looked up off the event loop (on a worker thread,
+        bounded by :data:`DIAL_TIMEOUT_S`); empty when it does not resolve."""
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.to_thread(self.resolver, host, 0, type=socket.SOCK_STREAM),
+                DIAL_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, UnicodeError):
+            return []
+        addresses: list[IPAddress] = []
+        for entry in answers:
+            try:
+                ip = ipaddress.ip_address(entry[4][0])
+            except ValueError:
+                raise AddressRefused(f"the host {host} resolves to {entry[4][0]!r}") from None
+            if ip not in addresses:
+                addresses.append(ip)
+        return addresses
 
     async def _call(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` on the proxy's loop and wait for it without blocking the caller's."""

@@ -11,6 +11,16 @@ runs; a second collector on the same run waits up to ``lease_wait_s`` and then r
 the holder. With ``workers`` or ``dask_address`` the tasks are sharded across Dask workers
 (:mod:`flows.dask_scale`): the flow process holds the lease and records the run, each worker
 runs its own sites server and browsers and writes its shard to the shared warehouse.
+
+Start URLs are checked again before any browser work (:func:`vet_starts`): a task can reach the
+warehouse without the import's check (write-mode SQL, a team catalog, ``warehouse copy``), so
+each one goes through :func:`warehouse.urls.vet_start_url` — the import's policy, the running
+bundled sites' own origins admitted, loopback and private hosts only with ``allow_private``. A
+refused task is stored as an ``infra_error`` trajectory per sample, without steps, its ``error``
+saying why (``meta.ended_by = "start URL refused"``); the other tasks run. A re-run with
+``--allow-private`` (the same run: the option is operational) redoes them. ``allow_private`` also
+lets the browser's proxy dial allowed names that resolve to loopback or private addresses
+(:func:`rollouts.proxy.private_addresses_allowed`).
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import asyncio
 import dataclasses
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,10 +37,11 @@ from typing import Any, Literal
 import httpx
 
 from rollouts.browser import SharedSlot
-from rollouts.engine import Engine, EngineConfig, Job, Stats, make_jobs
-from rollouts.env import BrowserEnv, EnvConfig, origin_of
+from rollouts.engine import Engine, EngineConfig, Finished, Job, Stats, make_jobs
+from rollouts.env import BrowserEnv, EnvConfig
 from rollouts.policies import expert_action_space, make_policy
 from rollouts.prompts import PromptConfig
+from rollouts.proxy import private_addresses_allowed
 from rollouts.writer import BatchWriter, WriterStats
 from sites.server import SiteServer
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url
@@ -42,10 +53,12 @@ from stages.shards import Session
 from warehouse import Warehouse, WarehouseError
 from warehouse.ids import run_id_for, stable_hash, traj_id_for
 from warehouse.leases import Claim, hold
-from warehouse.records import INFRA_ERROR, Task
+from warehouse.records import INFRA_ERROR, Task, Trajectory, utcnow
 from warehouse.tasks import latest_tasks
+from warehouse.urls import UrlRefused, WebUrl, vet_start_url
 
-VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s")
+VOLATILE = ("concurrency", "run_name", "workers", "dask_address", "lease_wait_s", "allow_private")
+REFUSED = "start URL refused"  # meta.ended_by of a task refused before any browser work
 
 
 class CollectFailed(Exception):
@@ -112,6 +125,12 @@ class CollectConfig:
     )
     allow_origins: tuple[str, ...] = setting(
         (), help="Extra origins the browser may reach (repeatable).", flag="--allow-origin"
+    )
+    allow_private: bool = setting(
+        False,
+        help="Admit start URLs on loopback and private hosts, and allowed names that resolve to "
+        "such addresses (your own intranet or local sites); link-local and cloud-metadata "
+        "addresses stay refused.",
     )
     coords: Literal["pixels", "norm1000"] = setting(
         "pixels", help="pixels or norm1000 (Qwen3-VL style)."
@@ -336,6 +355,61 @@ def stored_statuses(wh: Warehouse, run_id: str) -> dict[str, str]:
     )
 
 
+def vet_starts(
+    tasks: list[Task], server: SiteServer | None, allow_private: bool
+) -> tuple[dict[str, WebUrl], dict[str, str]]:
+    """Each task's start URL as the browser will open it (a bundled one on ``server``), checked
+    again with the import's policy (:func:`warehouse.urls.vet_start_url`; the running sites' own
+    origins admitted): ``(task_id → URL, task_id → why it is refused)``."""
+    urls = server.urls if server is not None else {}
+    starts: dict[str, WebUrl] = {}
+    refused: dict[str, str] = {}
+    for t in tasks:
+        try:
+            url = resolve_start_url(t.start_url, urls) if server is not None else t.start_url
+            starts[t.task_id] = vet_start_url(
+                url, local_origins=urls.values(), allow_private=allow_private
+            )
+        except UrlRefused as exc:
+            hint = "" if allow_private or not _private_only(url) else _PRIVATE_HINT
+            refused[t.task_id] = f"{REFUSED}: {exc}{hint}"
+    return starts, refused
+
+
+_PRIVATE_HINT = " (--allow-private admits loopback and private hosts)"
+
+
+def _private_only(url: str) -> bool:
+    """Whether ``url`` is refused only for a loopback or private host (the opt-in admits it)."""
+    try:
+        vet_start_url(url, allow_private=True)
+    except UrlRefused:
+        return False
+    return True
+
+
+def refused_trajectory(run_id: str, policy: str, job: Job, reason: str) -> Finished:
+    """The record of a job refused before any browser work: ``infra_error``, no steps (a
+    re-run redoes it)."""
+    now = utcnow()
+    traj = Trajectory(
+        traj_id=job.traj_id,
+        run_id=run_id,
+        task_id=job.task.task_id,
+        task_version=job.task.version,
+        policy=policy,
+        status=INFRA_ERROR,
+        group_id=job.group_id,
+        sample_idx=job.sample_idx,
+        error=reason,
+        started_at=now,
+        ended_at=now,
+        duration_s=0.0,
+        meta={"ended_by": REFUSED},
+    )
+    return Finished(traj, [], {})
+
+
 def pending_tasks(tasks: list[Task], run_id: str, samples: int, done: dict[str, str]) -> list[Task]:
     """The tasks with a sample not stored yet (or stored as an infrastructure error)."""
     return [
@@ -495,16 +569,20 @@ async def _collect(
     if own_server:
         server = SiteServer(seed=cfg.site_seed, mode="process").start()
     try:
+        starts, refused = vet_starts(pending, server, cfg.allow_private)
 
         def resolve(t: Task) -> tuple[str, list[str]]:
-            url = resolve_start_url(t.start_url, server.urls) if server else t.start_url
-            return url, [origin_of(url), *cfg.allow_origins]
+            start = starts.get(t.task_id)
+            if start is None:  # refused: never opened
+                return t.start_url, []
+            return start.href, [start.origin, *cfg.allow_origins]
 
         jobs = [
             j
             for j in make_jobs(run_id, pending, cfg.samples, resolve)
             if done.get(j.traj_id) in (None, INFRA_ERROR)
         ]
+        _say_refused(refused)
         engine_cfg = EngineConfig(
             concurrency=cfg.concurrency,
             samples=cfg.samples,
@@ -534,7 +612,7 @@ async def _collect(
             )
             undo = _stop_on_ctrl_c(engine)
             try:
-                stats = await engine.run(jobs)
+                stats = await _run(engine, jobs, refused, put, cfg.allow_private)
             finally:
                 undo()
                 wstats = await writer.close()
@@ -544,6 +622,43 @@ async def _collect(
         if hasattr(policy, "aclose"):
             await policy.aclose()
     return stats, wstats, jobs
+
+
+async def _run(
+    engine: Engine,
+    jobs: list[Job],
+    refused: dict[str, str],
+    put: Callable[[Finished], Awaitable[None]],
+    allow_private: bool,
+) -> Stats:
+    """Store the refused jobs' records (:func:`refused_trajectory`), run the others (none: no
+    browser starts); the run's stats, the refused counted as infrastructure errors."""
+    runnable = []
+    for job in jobs:
+        if job.task.task_id in refused:
+            await put(
+                refused_trajectory(
+                    engine.run_id, engine.policy.name, job, refused[job.task.task_id]
+                )
+            )
+        else:
+            runnable.append(job)
+    with private_addresses_allowed(allow_private):  # (the engine's tasks inherit it)
+        stats = await engine.run(runnable) if runnable else Stats()
+    n = len(jobs) - len(runnable)
+    stats.total += n
+    stats.finished += n
+    if n:
+        stats.by_status[INFRA_ERROR] = stats.by_status.get(INFRA_ERROR, 0) + n
+    return stats
+
+
+def _say_refused(refused: dict[str, str]) -> None:
+    """One line per refused task on stderr (the first few; each is stored with its reason)."""
+    for task_id, reason in list(refused.items())[:5]:
+        print(f"task {task_id}: {reason}", file=sys.stderr)
+    if len(refused) > 5:
+        print(f"… and {len(refused) - 5} more tasks refused (trajectories.error)", file=sys.stderr)
 
 
 def _interrupted_line(run_id: str, stats: Stats, written: int) -> str:

@@ -24,16 +24,23 @@ What is refused, and why:
   names that never reach the public internet (``localhost`` and ``*.localhost``, one-label names
   such as ``intranet``, ``*.local``, ``*.internal``, ``*.home.arpa``): a third-party task file
   must not point the agent at services on the collection machine or its network. The bundled
-  sites do not pass through here (their tasks start at ``bundled://<site>/…``, resolved to the
-  local server when a run starts), so refusing loopback costs them nothing.
+  sites' tasks start at ``bundled://<site>/…``, resolved to the local server when a run starts,
+  and that server's own origins are admitted (:func:`vet_start_url`), so refusing loopback costs
+  them nothing.
 
-Host names are not resolved: a public name whose DNS answer is private is the browser
-environment's to stop (its allowed origins), not an import's.
+Host names are not resolved here: a public name whose DNS answer is private is stopped where the
+name is resolved, by the rollout browser's proxy (:mod:`rollouts.proxy`), which vets every address
+a name resolves to with :func:`address_problem` (the same rules) and dials only vetted addresses.
+
+The policy holds at every door, not only at import: a task can also arrive through write-mode
+SQL, a team catalog or ``warehouse copy``, so the collect stage re-checks each start URL with
+:func:`vet_start_url` before any browser work (the running bundled sites' own origins admitted).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ada_url import URL, HostType
@@ -106,7 +113,14 @@ def host_problem(host: str, host_type: HostType, *, allow_private: bool = False)
     """Why a parsed host may not be a start URL's, or ``None``: see the module docstring."""
     if host_type == HostType.DEFAULT:
         return _name_problem(host.rstrip("."), allow_private)
-    ip = ipaddress.ip_address(host.strip("[]"))
+    return address_problem(ipaddress.ip_address(host.strip("[]")), allow_private=allow_private)
+
+
+def address_problem(ip: IPAddress, *, allow_private: bool = False) -> str | None:
+    """Why an agent's browser may not reach address ``ip`` (a host's own, or one its name
+    resolves to), or ``None``: link-local and cloud metadata addresses never, loopback, private
+    and reserved ones only with ``allow_private`` (also inside an IPv4-mapped, NAT64 or 6to4
+    IPv6 address)."""
     embedded = _embedded_ipv4(ip)
     addresses = [ip] if embedded is None else [ip, embedded]
     if any(a.is_link_local or a in METADATA_ADDRESSES for a in addresses):
@@ -114,6 +128,19 @@ def host_problem(host: str, host_type: HostType, *, allow_private: bool = False)
     if allow_private or all(a.is_global for a in addresses):
         return None
     return "a loopback, private or reserved address (not on the public internet)"
+
+
+def vet_start_url(
+    value: str, *, local_origins: Iterable[str] = (), allow_private: bool = False
+) -> WebUrl:
+    """A stored start URL checked again before a browser opens it (a task may have bypassed the
+    import: write-mode SQL, a team catalog, ``warehouse copy``): :func:`parse_web_url`'s policy,
+    where ``local_origins`` (the running bundled sites' own, e.g. ``http://127.0.0.1:41234``)
+    are admitted on loopback without ``allow_private``. Raises :class:`UrlRefused`."""
+    url = parse_web_url(value, allow_private=True)  # never link-local, metadata, credentials
+    if url.origin in set(local_origins):
+        return url
+    return parse_web_url(value, allow_private=allow_private)
 
 
 def _name_problem(name: str, allow_private: bool) -> str | None:

@@ -1,5 +1,7 @@
 """The origin allowlist holds below the page: redirect hops, WebSockets and WebRTC cannot reach
-another origin, and each refusal is recorded in the episode's ``blocked`` list.
+another origin, and each refusal is recorded in the episode's ``blocked`` list. An allowed name
+is not trusted to resolve where it says: the proxy vets every address (a resolver injected here,
+mapping ``allowed.example`` onto a loopback server) and dials only vetted ones.
 
 Two real loopback origins: A (allowed; a Starlette app with redirects, a frame, a WebSocket
 endpoint and a page whose buttons fetch and open sockets) and B (forbidden; a raw TCP server that
@@ -29,7 +31,14 @@ from rollouts.actions import parse_action
 from rollouts.browser import SharedSlot
 from rollouts.env import BrowserEnv, EnvConfig
 from rollouts.localserver import ThreadedServer
-from rollouts.proxy import Allowlist, AllowlistProxy, endpoint
+from rollouts.proxy import (
+    Allowlist,
+    AllowlistProxy,
+    Gate,
+    Resolver,
+    endpoint,
+    private_addresses_allowed,
+)
 
 browser = pytest.mark.browser
 B_MARK = "B-SECRET-0451"
@@ -385,3 +394,158 @@ def test_the_proxy_forwards_refuses_and_stops_without_leaving_anything_behind(b)
         socket.create_connection(("127.0.0.1", open_gate.port), timeout=1)
     with pytest.raises(RuntimeError):
         asyncio.run(proxy.open([], refused.append))
+
+
+# -- addresses: an allowed name is not trusted to resolve where it says ----------------------
+
+
+def resolving(answers: dict[str, list[str]], asked: list[str] | None = None) -> Resolver:
+    """A resolver shaped like :func:`socket.getaddrinfo` that answers ``answers`` (name →
+    addresses) and nothing else (``socket.gaierror``), noting each name asked in ``asked``."""
+
+    def resolve(host: str, port: int, *args: Any, **kw: Any) -> list[tuple[Any, ...]]:
+        if asked is not None:
+            asked.append(host)
+        if host not in answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        family = {4: socket.AF_INET, 6: socket.AF_INET6}
+        return [
+            (family[6 if ":" in a else 4], socket.SOCK_STREAM, 6, "", (a, port))
+            for a in answers[host]
+        ]
+
+    return resolve
+
+
+async def through_gate(
+    proxy: AllowlistProxy, origin: str, host_port: str, **open_kw: Any
+) -> tuple[bytes, bytes, list[str]]:
+    """A plain GET of ``origin``/x and a CONNECT to ``host_port`` (a GET of /tunnelled sent
+    through it at once) through a gate allowing ``origin``: both answers and what the gate
+    recorded as refused."""
+    refused: list[str] = []
+    gate = await proxy.open([origin], refused.append, **open_kw)
+    try:
+        request = f"GET {origin}/x HTTP/1.1\r\nHost: {host_port}\r\n\r\n"
+        plain = await exchange(gate.port, request.encode())
+        connect = f"CONNECT {host_port} HTTP/1.1\r\n\r\nGET /tunnelled HTTP/1.1\r\n\r\n"
+        tunnel = await exchange(gate.port, connect.encode())
+    finally:
+        await gate.close()
+    return plain, tunnel, refused
+
+
+def test_an_allowed_name_that_resolves_to_loopback_is_refused_and_never_dialled(b):
+    origin, host_port = f"http://allowed.example:{b.port}", f"allowed.example:{b.port}"
+    with AllowlistProxy(resolving({"allowed.example": ["127.0.0.1"]})) as proxy:
+        plain, tunnel, refused = asyncio.run(through_gate(proxy, origin, host_port))
+    assert b.hits == []  # the loopback server behind the name saw no connection at all
+    why = b"the host allowed.example resolves to 127.0.0.1, a loopback, private or reserved"
+    for answer in (plain, tunnel):
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden") and why in answer
+        assert B_MARK.encode() not in answer
+    assert refused == [f"{origin}/x", f"CONNECT {host_port}"]
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [
+        ["169.254.169.254"],  # AWS, GCP, Azure metadata
+        ["169.254.170.2"],  # ECS task credentials (link-local)
+        ["fd00:ec2::254"],  # AWS metadata over IPv6
+        ["fe80::1"],  # IPv6 link-local
+        ["::ffff:169.254.169.254"],  # the same, IPv4-mapped
+        ["100.100.100.200"],  # Alibaba Cloud metadata
+        ["93.184.216.34", "169.254.169.254"],  # one bad answer among good ones
+    ],
+)
+def test_metadata_and_link_local_answers_are_refused_even_with_private_allowed(
+    addresses: list[str], monkeypatch
+):
+    dialled: list[Any] = []
+
+    async def dial(self: Gate, *args: Any) -> None:
+        dialled.append(args)  # (never dials: the refusal must come first)
+
+    monkeypatch.setattr(Gate, "_dial", dial)
+    origin, host_port = "http://allowed.example", "allowed.example:80"
+    with AllowlistProxy(resolving({"allowed.example": addresses})) as proxy:
+        plain, tunnel, refused = asyncio.run(
+            through_gate(proxy, origin, host_port, allow_private=True)
+        )
+    assert dialled == []
+    for answer in (plain, tunnel):
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden")
+        assert b"a link-local or cloud metadata address" in answer
+        assert b"allowed.example resolves to" in answer
+    assert refused == [f"{origin}/x", f"CONNECT {host_port}"]
+
+
+def test_an_allowlisted_metadata_address_is_refused_without_a_lookup(monkeypatch):
+    dialled: list[Any] = []
+
+    async def dial(self: Gate, *args: Any) -> None:
+        dialled.append(args)
+
+    monkeypatch.setattr(Gate, "_dial", dial)
+    asked: list[str] = []
+    origin, host_port = "http://169.254.169.254", "169.254.169.254:80"
+    with AllowlistProxy(resolving({}, asked)) as proxy:
+        plain, tunnel, _ = asyncio.run(through_gate(proxy, origin, host_port, allow_private=True))
+    assert dialled == [] and asked == []
+    for answer in (plain, tunnel):
+        assert answer.startswith(b"HTTP/1.1 403") and b"169.254.169.254 is a link-local" in answer
+
+
+def test_with_private_allowed_the_loopback_answer_is_dialled_by_address(b):
+    """``allowed.example`` does not resolve on this machine: only the vetted address can have
+    reached the server, and the name was looked up once per connection (no second lookup
+    between check and connect). The bundled sites' kind of origin, a loopback address the
+    allowlist names itself, needs no opt-in and no lookup."""
+    asked: list[str] = []
+    origin, host_port = f"http://allowed.example:{b.port}", f"allowed.example:{b.port}"
+    with AllowlistProxy(resolving({"allowed.example": ["127.0.0.1"]}, asked)) as proxy:
+        plain, _, refused = asyncio.run(through_gate(proxy, origin, host_port, allow_private=True))
+        assert asked == ["allowed.example", "allowed.example"]
+
+        async def in_context() -> tuple[bytes, bytes, list[str]]:
+            with private_addresses_allowed():  # the collect stage's --allow-private
+                return await through_gate(proxy, origin, host_port)
+
+        by_context, _, _ = asyncio.run(in_context())
+        literal, _, literal_refused = asyncio.run(through_gate(proxy, b.url, f"127.0.0.1:{b.port}"))
+    for answer in (plain, by_context, literal):
+        assert answer.startswith(b"HTTP/1.1 200") and B_MARK.encode() in answer
+    assert refused == literal_refused == []
+    assert "127.0.0.1" not in asked  # the literal is not looked up
+    assert b.hits == [b"GET /x HTTP/1.1", b"GET /tunnelled HTTP/1.1"] * 3
+
+
+@browser
+def test_a_browser_gets_the_refusal_for_a_name_on_loopback_and_the_page_with_the_opt_in(
+    b, chromium
+):
+    """Through a real Chromium: the allowed start page's name resolves to the loopback server B;
+    the browser shows the proxy's refusal (B never hears of it) unless private addresses are
+    allowed, and then B's page."""
+    start = f"http://allowed.example:{b.port}/"
+
+    async def go(proxy: AllowlistProxy) -> tuple[Any, list[str], list[bytes], Any]:
+        env = BrowserEnv(SharedSlot(chromium.browser), EnvConfig(action_timeout_s=5), proxy=proxy)
+        try:
+            refused_obs, _ = await env.reset(options={"start_url": start})
+            blocked, hits = list(env.blocked), list(b.hits)
+            with private_addresses_allowed():
+                served_obs, _ = await env.reset(options={"start_url": start})
+        finally:
+            await env.close()
+        return refused_obs, blocked, hits, served_obs
+
+    with AllowlistProxy(resolving({"allowed.example": ["127.0.0.1"]})) as proxy:
+        refused_obs, blocked, hits, served_obs = chromium.run(go(proxy))
+    assert hits == []
+    assert start in blocked
+    assert "allowed.example resolves to 127.0.0.1" in refused_obs.a11y
+    assert B_MARK not in refused_obs.a11y
+    assert served_obs.title == "B page" and B_MARK in served_obs.a11y
+    assert b.hits and b.hits[0] == b"GET / HTTP/1.1"
