@@ -77,11 +77,20 @@ def register(app: typer.Typer) -> None:
     def datasets_push(
         ref: Annotated[str, typer.Argument(help="Dataset id or name (a name: its newest).")],
         repo: Annotated[str, typer.Option(help="Hub dataset repository, e.g. me/my-dataset.")],
-        private: Annotated[bool, typer.Option(help="Create the repository private.")] = False,
+        private: Annotated[
+            bool,
+            typer.Option(
+                "--private/--public",
+                help="Private (the default): a new repository is created private, an existing "
+                "public one is made private before the upload (or nothing is pushed). --public: "
+                "a new repository is created public; an existing one keeps its visibility.",
+            ),
+        ] = True,
     ) -> None:
         """Upload a dataset's export (data card, Parquet files, recipe) to the Hugging Face Hub;
-        it then loads with datasets.load_dataset(REPO, "sft"). The token is huggingface_hub's
-        (HF_TOKEN, or hf auth login); HF_ENDPOINT names another Hub."""
+        it then loads with datasets.load_dataset(REPO, "sft"). Private unless --public. The
+        token is huggingface_hub's (HF_TOKEN, or hf auth login); HF_ENDPOINT names another
+        Hub."""
         from curation.hub import PushError, push_folder
 
         with _open(read_only=True) as wh:
@@ -95,7 +104,8 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(1) from None
         console.print(
-            f"pushed {row['name']} ({row['dataset_id']}): {len(res.files)} files to {repo}\n"
+            f"pushed {row['name']} ({row['dataset_id']}): {len(res.files)} files to {repo} "
+            f"({'private' if res.private else 'public'})\n"
             f"  {res.commit_url}",
             soft_wrap=True,
             markup=False,

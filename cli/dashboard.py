@@ -7,6 +7,7 @@ The app reads the warehouse of ``WEBLOOP_HOME`` / ``WEBLOOP_WAREHOUSE`` (and
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import signal
@@ -17,13 +18,26 @@ from typing import Annotated
 
 import typer
 
-from cli.common import ConfigError, console
+from cli.common import ConfigError, console, err
 from dashboards import access
 from serving.children import run_child
 from warehouse import WarehouseConfig
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 PASSED = ("WEBLOOP_HOME", "WEBLOOP_WAREHOUSE", "WEBLOOP_DATA_PATH", "WEBLOOP_BLOBS")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (what ``--address`` names) listens on this machine only: a loopback
+    IP (127.0.0.0/8, ``::1``) or ``localhost``. Every other name or address, ``0.0.0.0`` and
+    ``::`` (every interface) included, can be reached from elsewhere."""
+    name = address.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def dashboard_command(
@@ -33,13 +47,22 @@ def dashboard_command(
     address: str = "127.0.0.1",
     headless: bool = True,
     auth: bool = True,
+    insecure_public: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """The ``streamlit run`` command line and environment that serve the app on ``port``.
 
     ``auth``: the app requires an access token (:mod:`dashboards.access`): the environment's
-    ``WEBLOOP_DASHBOARD_TOKEN``, else a new random one, in the returned environment."""
+    ``WEBLOOP_DASHBOARD_TOKEN``, else a new random one, in the returned environment. Without
+    it, an address other than loopback (:func:`is_loopback`) is a :class:`ConfigError` unless
+    ``insecure_public``: anyone who reaches the port would read the warehouse and label it."""
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: a TCP port is 1-65535")
+    if not auth and not insecure_public and not is_loopback(address):
+        raise ConfigError(
+            f"--no-auth with --address {address} serves the warehouse without a token to "
+            "anyone who can reach this machine: keep the token (drop --no-auth), listen on "
+            "127.0.0.1, or pass --insecure-public to do it anyway"
+        )
     env = dict(os.environ)
     if home is not None:
         env["WEBLOOP_HOME"] = str(home.expanduser().absolute())
@@ -102,12 +125,32 @@ def register(app: typer.Typer) -> None:
                 "fixes it; default: a new one each start).",
             ),
         ] = True,
+        insecure_public: Annotated[
+            bool,
+            typer.Option(
+                "--insecure-public",
+                help="Allow --no-auth on an address other than loopback (anyone who reaches "
+                "the port reads the warehouse).",
+            ),
+        ] = False,
     ) -> None:
         """Start the review app: trajectories step by step, labels, groups, judges, datasets,
         training and evaluations, read-only SQL."""
         argv, env = dashboard_command(
-            port, home=home, address=address, headless=not open_browser, auth=auth
+            port,
+            home=home,
+            address=address,
+            headless=not open_browser,
+            auth=auth,
+            insecure_public=insecure_public,
         )
+        if not auth and not is_loopback(address):  # --insecure-public: said, once more
+            err.print(
+                f"warning: no access token on {address}: anyone who reaches port {port} reads "
+                "the warehouse",
+                markup=False,
+                highlight=False,
+            )
         if not port_free(port, address):
             raise ConfigError(f"port {port} on {address} is in use: choose another with --port")
         shown = WarehouseConfig.from_env(home=env.get("WEBLOOP_HOME")).describe()  # no password

@@ -5,6 +5,13 @@ kind's Parquet file), the Parquet files, the recipe and the metadata; the ``save
 folders stay local. On the Hub the repository then loads as the folder does:
 ``datasets.load_dataset("<repo>", "sft", split="train")``.
 
+Pushes are private unless asked otherwise (``private=False``, the CLI's ``--public``): a new
+repository is created private, and an existing public one is made private (the Hub's settings
+call, :meth:`~huggingface_hub.HfApi.update_repo_settings`) before anything is uploaded; where
+the Hub refuses that, nothing is uploaded and :class:`PushError` says why. ``--public`` creates
+a new repository public and leaves an existing one's visibility as it is (a private repository
+is made public on the Hub, by its owner, not by a push).
+
 The token is huggingface_hub's own (the ``HF_TOKEN`` environment variable, or a ``hf auth
 login``); webloop never reads, prints or stores it. ``HF_ENDPOINT`` points the client at another
 Hub (a mirror, an enterprise Hub).
@@ -26,23 +33,27 @@ class PushError(RuntimeError):
 
 @dataclass(frozen=True)
 class PushResult:
-    """Where the dataset went: the repository, the commit, the files uploaded."""
+    """Where the dataset went: the repository, the commit, the files uploaded, and whether the
+    repository is private (as the Hub reported it before the upload)."""
 
     repo_id: str
     commit_url: str
     files: tuple[str, ...]
+    private: bool
 
 
 def push_folder(
     folder: str | Path,
     repo_id: str,
     *,
-    private: bool = False,
+    private: bool = True,
     message: str | None = None,
     api: Any = None,
 ) -> PushResult:
-    """Create the dataset repository ``repo_id`` if needed and upload ``folder``'s Hub files in
-    one commit. :class:`PushError` says why when the Hub cannot be reached or refuses."""
+    """Create the dataset repository ``repo_id`` if needed (private unless ``private=False``),
+    make an existing public one private when ``private`` (see the module docstring), and upload
+    ``folder``'s Hub files in one commit. :class:`PushError` says why when the Hub cannot be
+    reached or refuses."""
     import httpx
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
@@ -56,6 +67,7 @@ def push_folder(
     api = api or HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        is_private = _visibility(api, repo_id, private)
         info = api.upload_folder(
             folder_path=str(folder),
             repo_id=repo_id,
@@ -71,7 +83,27 @@ def push_folder(
         raise PushError(f"the Hub refused the push to {repo_id}: {_first_line(exc)}") from None
     except (httpx.TransportError, OSError) as exc:  # connection refused, DNS, timeouts
         raise PushError(f"cannot reach the Hub to push {repo_id}: {_first_line(exc)}") from None
-    return PushResult(repo_id, str(info.commit_url), tuple(str(f) for f in files))
+    return PushResult(repo_id, str(info.commit_url), tuple(str(f) for f in files), is_private)
+
+
+def _visibility(api: Any, repo_id: str, private: bool) -> bool:
+    """Whether the repository is private once this is done: when ``private``, a repository the
+    Hub does not report private is made so; a refusal is a :class:`PushError` (nothing
+    uploaded)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    is_private = api.repo_info(repo_id, repo_type="dataset").private is True
+    if not private or is_private:
+        return is_private
+    refusal = f"{repo_id} is public and the Hub did not make it private"
+    advice = "nothing was pushed; make it private on the Hub, or pass --public to publish to it"
+    try:
+        api.update_repo_settings(repo_id, repo_type="dataset", private=True)
+    except HfHubHTTPError as exc:
+        raise PushError(f"{refusal} ({_first_line(exc)}): {advice}") from None
+    if api.repo_info(repo_id, repo_type="dataset").private is not True:  # accepted, not done
+        raise PushError(f"{refusal}: {advice}")
+    return True
 
 
 def _offline() -> bool:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ada_url import URL
 
 from rollouts.actions import (
     Action,
@@ -28,7 +31,6 @@ from rollouts.actions import (
 )
 
 CHROMIUM_ARGS = [
-    "--no-sandbox",
     "--disable-gpu",
     "--disable-dev-shm-usage",
     "--disable-background-networking",
@@ -61,11 +63,39 @@ def chromium_executable(headless: bool = True) -> str | None:
     return next((p for p in candidates if Path(p).exists()), None)
 
 
+ROOT_WARNING = (
+    "warning: running as root, so Chromium browses without its sandbox (it cannot sandbox as "
+    "root): a page that exploits the renderer runs with root's rights; run webloop as a "
+    "non-root user"
+)
+_warned_root = False
+
+
+def launch_options(uid: int) -> dict[str, Any]:
+    """The sandbox part of ``playwright.chromium.launch``'s keyword arguments for a process
+    running as ``uid``: ``chromium_sandbox`` and ``args``.
+
+    Rollout browsers open third-party pages, so Chromium's sandbox stays on (Playwright's
+    ``chromium_sandbox=True``: Playwright adds ``--no-sandbox`` unless it is set). The exception
+    is root (``uid == 0``), where Chromium refuses to start sandboxed; there the sandbox is off
+    (``--no-sandbox``) and :func:`launch` warns once."""
+    root = uid == 0
+    return {
+        "chromium_sandbox": not root,
+        "args": (["--no-sandbox"] if root else []) + CHROMIUM_ARGS,
+    }
+
+
 async def launch(playwright: Any, *, headless: bool = True) -> Any:
-    """Launch Chromium with the flags this environment needs (no sandbox as root, no network
-    chatter)."""
+    """Launch Chromium with the flags this environment needs: the sandbox on unless running as
+    root (:func:`launch_options`; as root, a one-time warning on stderr), no network chatter."""
+    global _warned_root
+    options = launch_options(os.geteuid())
+    if not options["chromium_sandbox"] and not _warned_root:
+        _warned_root = True
+        print(ROOT_WARNING, file=sys.stderr)
     return await playwright.chromium.launch(
-        executable_path=chromium_executable(headless), headless=headless, args=CHROMIUM_ARGS
+        executable_path=chromium_executable(headless), headless=headless, **options
     )
 
 
@@ -208,7 +238,7 @@ async def _apply(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecRe
             except Exception:
                 await loc.select_option(value=value, timeout=timeout_ms)
         case Goto(url=url):
-            await page.goto(url, timeout=timeout_ms)
+            await page.goto(goto_url(url), timeout=timeout_ms)
         case Back():
             await page.go_back(timeout=timeout_ms)
         case Wait(seconds=s):
@@ -217,6 +247,26 @@ async def _apply(page: Any, a: Action, coords: str, timeout_ms: float) -> ExecRe
             raise ActionError(f"unsupported action {a!r}")
     await _settle(page, timeout_ms)
     return ExecResult()
+
+
+GOTO_SCHEMES = ("http:", "https:")
+
+
+def goto_url(url: str) -> str:
+    """The URL a ``goto`` opens: ``url`` parsed the way the browser parses it (the WHATWG
+    standard, through ``ada_url``: case, surrounding spaces, tabs and newlines hide nothing)
+    and serialised. Anything but an absolute http(s) URL is an :class:`ActionError` (an action
+    error on the step; the episode goes on): ``file:`` reads the machine's files,
+    ``chrome:`` the browser's internals, ``javascript:`` and ``data:`` run script outside the
+    origin allowlist's view."""
+    shown = url if len(url) <= 80 else url[:77] + "..."
+    try:
+        parsed = URL(url)
+    except ValueError:
+        raise ActionError(f"goto needs an absolute http or https URL, not {shown!r}") from None
+    if parsed.protocol not in GOTO_SCHEMES:
+        raise ActionError(f"goto refuses {parsed.protocol} URLs (only http and https): {shown!r}")
+    return parsed.href
 
 
 async def _settle(page: Any, timeout_ms: float) -> None:

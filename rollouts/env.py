@@ -20,7 +20,9 @@ route handler aborts the requests the page starts (by full URL, before they reac
 and the context's proxy (:mod:`rollouts.proxy`: every connection of the context, loopback
 included) refuses what a route never sees — a redirect's next hop, WebSocket and WebRTC-over-TCP
 tunnels (recorded as ``CONNECT host:port``). WebRTC's UDP is off (Chromium's
-``disable_non_proxied_udp``, :data:`rollouts.browser.CHROMIUM_ARGS`). A :class:`BrowserSlot`
+``disable_non_proxied_udp``, :data:`rollouts.browser.CHROMIUM_ARGS`). The context refuses
+downloads (a link's ``download``, an attachment: cancelled, no file written), and ``goto``
+opens only http(s) URLs (:func:`rollouts.browser.goto_url`). A :class:`BrowserSlot`
 owns one Chromium and relaunches it when it crashed or has served ``contexts_per_browser``
 episodes, so a crash only takes down the episode running in it.
 """
@@ -231,6 +233,7 @@ class BrowserEnv:
                     "height": self.config.viewport_height,
                 },
                 proxy=self.gate.playwright_proxy(),
+                accept_downloads=False,  # a page cannot write files on this machine
             )
             await self.context.route("**/*", self._route)
             await self.context.add_init_script(_REQUESTS_JS)

@@ -68,7 +68,8 @@ def test_curate_then_list_show_and_diff(
 
 def _push(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``webloop datasets push`` to a local stand-in of the Hub's upload endpoints: the newest
-    cli-set goes up; the token is sent, never printed; offline, a one-line error and exit 1."""
+    cli-set goes up, to a private repository unless --public; the token is sent, never printed;
+    offline, a one-line error and exit 1."""
     from tests.curation.hub_stand_in import HubStandIn
 
     monkeypatch.setenv("HF_TOKEN", "hf_cli_secret")
@@ -76,6 +77,11 @@ def _push(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with HubStandIn(tmp_path / "hub", "hf_cli_secret") as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         res = webloop(home, "datasets", "push", "cli-set", "--repo", "me/cli-set")
+        public = webloop(home, "datasets", "push", "cli-set", "--repo", "me/open", "--public")
+        visibility = dict(hub.repos)
+    assert visibility == {"me/cli-set": True, "me/open": False}
+    assert "5 files to me/cli-set (private)" in res.stdout
+    assert "5 files to me/open (public)" in public.stdout
     assert "pushed cli-set (dataset-" in res.stdout and "5 files to me/cli-set" in res.stdout
     assert "hf_cli_secret" not in res.stdout + res.stderr
     assert (tmp_path / "hub" / "me" / "cli-set" / "parquet" / "sft.parquet").is_file()

@@ -229,3 +229,56 @@ def test_a_push_uploads_the_files_that_load_as_the_folder_does(built, tmp_path, 
     assert _rows(loaded) == _rows(datasets.load_from_disk(str(path / "sft")))
     with pytest.raises(PushError, match="offline mode"):
         push_folder(path, "me/webloop-sft")
+
+
+def test_a_push_is_private_unless_public_is_asked_and_makes_a_public_repo_private(
+    built, tmp_path, monkeypatch
+):
+    """Through huggingface_hub's own client to the stand-in, which keeps each repository's
+    visibility: a new repository is created private by default and public only when asked; an
+    existing public one is made private (the Hub's settings call) before the upload, and where
+    the Hub refuses that, nothing is uploaded; ``private=False`` leaves an existing private
+    repository private."""
+    from curation.hub import PushError, push_folder
+    from tests.curation.hub_stand_in import HubStandIn
+
+    path = Path(built["first"].export_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_tok")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    existing = {"me/was-public": False, "me/was-private": True}
+    with HubStandIn(tmp_path / "hub", "hf_tok", repos=existing) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        results = {
+            "me/new": push_folder(path, "me/new"),
+            "me/new-public": push_folder(path, "me/new-public", private=False),
+            "me/was-public": push_folder(path, "me/was-public"),
+            "me/was-private": push_folder(path, "me/was-private", private=False),
+        }
+        visibility = dict(hub.repos)
+        settings_calls = [r for r in hub.requests if r.endswith("/settings")]
+    assert visibility == {
+        "me/new": True,
+        "me/new-public": False,
+        "me/was-public": True,
+        "me/was-private": True,
+    }
+    assert {repo: res.private for repo, res in results.items()} == visibility
+    assert settings_calls == ["/api/datasets/me/was-public/settings"]  # only where needed
+    for repo in results:
+        assert (tmp_path / "hub" / repo / "parquet").is_dir()
+
+    with HubStandIn(
+        tmp_path / "hub2", "hf_tok", repos={"me/open": False}, refuse_settings=True
+    ) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(PushError) as refused:
+            push_folder(path, "me/open")
+        assert hub.repos == {"me/open": False}
+        assert not any("/commit/" in r for r in hub.requests)
+    assert str(refused.value).startswith(
+        "me/open is public and the Hub did not make it private (403 "
+    )
+    assert str(refused.value).endswith(
+        "nothing was pushed; make it private on the Hub, or pass --public to publish to it"
+    )
+    assert not (tmp_path / "hub2" / "me" / "open").exists()

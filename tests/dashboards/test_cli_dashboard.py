@@ -72,6 +72,40 @@ def test_a_busy_port_is_refused(monkeypatch):
     assert f"port {port} on 127.0.0.1 is in use" in str(res.exception)
 
 
+def test_no_auth_off_loopback_is_refused_unless_insecure_public(monkeypatch, tmp_path):
+    """Through ``webloop`` itself (its one-line errors and exit codes): ``--no-auth`` on an
+    address others can reach starts nothing and exits 2 with one line; on loopback, or with
+    ``--insecure-public`` (said again on stderr), it starts."""
+    from tests.cli.cli_runner import webloop
+
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(
+        cli_dashboard, "run_child", lambda argv, env: calls.append((argv, env)) or 0
+    )
+    monkeypatch.setattr(cli_dashboard, "port_free", lambda port, address: True)
+    for address in ("0.0.0.0", "::", "192.168.1.20", "dashboards.example.com"):
+        res = webloop(tmp_path, "dashboard", "--address", address, "--no-auth", ok=False)
+        assert res.returncode == 2 and not calls, address
+        assert res.stderr.strip().splitlines() == [
+            f"error: --no-auth with --address {address} serves the warehouse without a token "
+            "to anyone who can reach this machine: keep the token (drop --no-auth), listen on "
+            "127.0.0.1, or pass --insecure-public to do it anyway"
+        ]
+    for address in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        webloop(tmp_path, "dashboard", "--address", address, "--no-auth")
+    webloop(tmp_path, "dashboard", "--address", "0.0.0.0")  # with its token
+    res = webloop(tmp_path, "dashboard", "--address", "0.0.0.0", "--no-auth", "--insecure-public")
+    assert "warning: no access token on 0.0.0.0" in res.stderr
+    started = [(argv[argv.index("--server.address") + 1], env) for argv, env in calls]
+    assert [a for a, _ in started] == ["127.0.0.1", "127.0.0.2", "::1", "localhost"] + [
+        "0.0.0.0"
+    ] * 2
+    assert ["WEBLOOP_DASHBOARD_TOKEN" in env for _, env in started] == [False] * 4 + [
+        True,
+        False,
+    ]
+
+
 def test_a_bad_port_is_refused():
     res = CliRunner().invoke(app(), ["dashboard", "--port", "70000"])
     assert res.exit_code == 2 and "'--port'" in res.output
