@@ -2,7 +2,8 @@
 (``python -m training.launch JOB``).
 
 The launcher writes the job (model to load, turns, trainer config, output folder) next to the
-checkpoints, starts N ranks of this module on this machine (``RANK``, ``WORLD_SIZE``,
+checkpoints, in ``.launch/job.json`` (JSON: reading it runs no code; see :func:`job_to_json`),
+starts N ranks of this module on this machine (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` = 127.0.0.1 …, as ``torchrun`` sets them; each rank dies with the launcher), and
 watches them. Rank 0 alone writes the checkpoints and reports each step's metrics, each
 checkpoint and its progress as JSON lines in ``.launch/events.jsonl``; the launcher passes them
@@ -17,16 +18,24 @@ last checkpoint, on any number of processes.
 
 The worker reads the standard variables, so ``torchrun --nproc_per_node N -m training.launch
 JOB`` (or ``accelerate launch``) runs a job file too, across nodes.
+
+``.launch`` is private to the user who runs the launcher (mode 0700, fixed when it was not; a
+link or another user's folder is refused), and every file in it is created anew, never
+written through a link planted at its name (a new file, or a temporary one renamed over it).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
-import pickle
+import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -42,6 +51,7 @@ from training.parallel import ParallelConfig
 from training.trainer import (
     CheckpointFn,
     CheckpointMismatch,
+    CheckpointRefused,
     FitResult,
     LogFn,
     ProgressFn,
@@ -53,10 +63,13 @@ from warehouse.processes import die_with_parent
 
 LAUNCH_DIR = ".launch"
 EVENTS = "events.jsonl"
+JOB_FILE = "job.json"
+_JOB_FORMAT = 1
 # errors a rank raises that the launcher raises again as they are (the caller's usage errors)
 _RERAISED: dict[str, type[Exception]] = {
     "DataMismatch": DataMismatch,
     "CheckpointMismatch": CheckpointMismatch,
+    "CheckpointRefused": CheckpointRefused,
     "FloatingPointError": FloatingPointError,
     "ValueError": ValueError,
 }
@@ -65,6 +78,10 @@ _RERAISED: dict[str, type[Exception]] = {
 class RankFailed(RuntimeError):
     """A training rank ended without finishing (killed, crashed): one line saying which, how,
     where the run stopped and what was kept."""
+
+
+class LaunchFolderRefused(RuntimeError):
+    """``.launch`` cannot be made private (a link, not a folder, another user's)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,144 @@ class Job:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     ref_model: ModelSpec | None = None
     anchor: list[Turn] = field(default_factory=list)
+
+
+# -- the job file: JSON, rebuilt field by field ---------------------------------------------------
+
+
+def _init_fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def job_to_json(job: Job) -> dict[str, Any]:
+    """``job`` as JSON values: each record's fields by name (``model``/``ref_model``:
+    :class:`ModelSpec`, ``cfg``: :class:`TrainConfig`, ``parallel``: :class:`ParallelConfig`,
+    ``turns``/``anchor``: :class:`Turn` s whose ``images`` are sha256 hashes) and ``images``,
+    each distinct image once (hash → base64). Floats keep every bit (JSON writes their repr)."""
+    images: dict[str, str] = {}
+
+    def turn(t: Turn) -> dict[str, Any]:
+        hashes = []
+        for data in t.images:
+            digest = hashlib.sha256(data).hexdigest()
+            images.setdefault(digest, base64.b64encode(data).decode("ascii"))
+            hashes.append(digest)
+        return {**_init_fields(t), "images": hashes}
+
+    return {
+        "format": _JOB_FORMAT,
+        "model": _init_fields(job.model),
+        "ref_model": None if job.ref_model is None else _init_fields(job.ref_model),
+        "cfg": _init_fields(job.cfg),
+        "out_dir": job.out_dir,
+        "parallel": _init_fields(job.parallel),
+        "turns": [turn(t) for t in job.turns],
+        "anchor": [turn(t) for t in job.anchor],
+        "images": images,
+    }
+
+
+def job_from_json(data: Any) -> Job:
+    """The :class:`Job` of :func:`job_to_json`'s values: only these record types are built, by
+    their constructors (which check their values); anything else raises ``ValueError``."""
+    try:
+        if data.get("format") != _JOB_FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, not {_JOB_FORMAT}")
+        images = {h: base64.b64decode(v, validate=True) for h, v in data["images"].items()}
+        if any(hashlib.sha256(v).hexdigest() != h for h, v in images.items()):
+            raise ValueError("an image does not match its hash")
+
+        def turn(d: dict[str, Any]) -> Turn:
+            return Turn(**{**d, "images": tuple(images[h] for h in d["images"])})
+
+        ref = data["ref_model"]
+        return Job(
+            model=ModelSpec(**data["model"]),
+            turns=[turn(t) for t in data["turns"]],
+            cfg=TrainConfig(**data["cfg"]),
+            out_dir=str(data["out_dir"]),
+            parallel=ParallelConfig(**data["parallel"]),
+            ref_model=None if ref is None else ModelSpec(**ref),
+            anchor=[turn(t) for t in data["anchor"]],
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a training job file ({type(exc).__name__}: {exc})") from None
+
+
+def read_job(path: Path) -> Job:
+    """The job in ``path`` (a :func:`write_job` file): JSON, so reading it runs no code."""
+    try:
+        return job_from_json(json.loads(path.read_bytes()))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a training job file ({exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def write_job(job: Job) -> Path:
+    """Make ``out_dir/.launch`` private, clear what an earlier launch left there and write the
+    job file in it; its path."""
+    launch = private_folder(Path(job.out_dir) / LAUNCH_DIR)
+    stale = (*launch.glob("rank-*"), *launch.glob(".tmp-*"), launch / EVENTS, launch / "job.pkl")
+    for old in stale:
+        old.unlink(missing_ok=True)  # a link goes, not what it points to
+    job_path = launch / JOB_FILE
+    data = json.dumps(job_to_json(job), default=str)  # meta values JSON has no type for: text
+    replace_file(job_path, data.encode())
+    return job_path
+
+
+# -- files no link can redirect -------------------------------------------------------------------
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` as a folder only this user can enter (mode 0700), created if need be; the
+    mode of one that exists is fixed. A link at ``path``, a file, or a folder of another user
+    raise :class:`LaunchFolderRefused`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # (a link there too: refused below)
+        path.mkdir(mode=0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
+        raise LaunchFolderRefused(
+            f"{path}: not a folder of its own ({exc.strerror}): a link or a file is in the "
+            "way of the launcher's private folder; remove it and run again"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise LaunchFolderRefused(
+                f"{path}: belongs to user {st.st_uid}, not to you ({os.getuid()}): the "
+                "launcher's folder must be yours alone; remove it and run again"
+            )
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def create_file(path: Path, append: bool = False) -> int:
+    """A file descriptor of ``path`` opened for writing, mode 0600, never through a link at
+    ``path`` (``O_NOFOLLOW``): a new file (``O_EXCL``: whatever is at ``path`` is refused), or
+    with ``append`` the existing file or a new one."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_APPEND if append else os.O_EXCL
+    return os.open(path, flags, 0o600)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new temporary file beside ``path`` and rename it over ``path``
+    (a link at ``path`` is replaced, never followed)."""
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with os.fdopen(create_file(tmp), "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # -- the launcher ---------------------------------------------------------------------------------
@@ -98,12 +253,8 @@ def fit_processes(
     in rank order, once they are started (a supervisor's, or a test's that kills one)."""
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
-    launch = Path(job.out_dir) / LAUNCH_DIR
-    launch.mkdir(parents=True, exist_ok=True)
-    for old in (*launch.glob("rank-*"), launch / EVENTS):
-        old.unlink(missing_ok=True)
-    job_path = launch / "job.pkl"
-    job_path.write_bytes(pickle.dumps(job))
+    job_path = write_job(job)
+    launch = job_path.parent
     procs = _start(job_path, num_processes)
     if on_start is not None:
         on_start([p.pid for p in procs])
@@ -144,14 +295,16 @@ def _start(job_path: Path, n: int) -> list[subprocess.Popen]:
             "OMP_NUM_THREADS": threads,
             "PYTHONUNBUFFERED": "1",
         }
-        out = (job_path.parent / f"rank-{rank}.log").open("wb")
+        out = create_file(job_path.parent / f"rank-{rank}.log")
         argv = [sys.executable, "-m", "training.launch", str(job_path)]
-        procs.append(
-            subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        try:
+            procs.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                )
             )
-        )
-        out.close()
+        finally:
+            os.close(out)
     return procs
 
 
@@ -256,7 +409,7 @@ class _Reporter:
     """Rank 0's reports: one JSON line each, flushed."""
 
     def __init__(self, path: Path) -> None:
-        self.f = path.open("a", encoding="utf-8")
+        self.f = os.fdopen(create_file(path, append=True), "a", encoding="utf-8")
 
     def __call__(self, event: str, **values: Any) -> None:
         self.f.write(json.dumps({"event": event, **values}) + "\n")
@@ -267,7 +420,7 @@ def worker(job_path: Path) -> None:
     """Run one rank of the job at ``job_path`` (rank and world from the environment)."""
     import torch
 
-    job: Job = pickle.loads(job_path.read_bytes())
+    job = read_job(job_path)
     rank = int(os.environ.get("RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -315,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(job_path)
     except BaseException as exc:
         error = {"type": type(exc).__name__, "message": str(exc)}
-        (job_path.parent / f"rank-{rank}.error.json").write_text(json.dumps(error))
+        replace_file(job_path.parent / f"rank-{rank}.error.json", json.dumps(error).encode())
         traceback.print_exc()
         return 1
     finally:

@@ -11,7 +11,8 @@ optimizer update is one *step*, numbered from 1.
 
 Checkpoints: ``out_dir/checkpoint-<step>/`` holds ``model.save(dir)`` (the path's own
 loadable folder), ``module.pt`` (``model.module.state_dict()``: what a resume restores, whatever
-the path's save format), ``optimizer.pt``, ``rng.pt`` (torch / numpy / python RNG states),
+the path's save format), ``optimizer.pt``, ``rng.json`` (torch / numpy / python RNG states as
+JSON: no pickle; the ``rng.pt`` of older checkpoints is read without running code, or refused),
 ``old_logprobs.pt`` (PPO: the frozen behaviour log-probs) and ``trainer_state.json`` (step,
 epoch, batch position, config and data fingerprints, last metrics). A checkpoint is written to a
 temporary folder and renamed into place, so a folder named ``checkpoint-<step>`` is complete.
@@ -67,6 +68,11 @@ ANCHOR_STREAM = 0xA2C4  # the anchor's data order: a seed stream apart from the 
 
 class CheckpointMismatch(ValueError):
     """``out_dir`` holds checkpoints of another run (other config, data or model)."""
+
+
+class CheckpointRefused(ValueError):
+    """A checkpoint file that is not what the trainer writes (changed, planted, or cut short):
+    it is not loaded; the message names the file and what to do."""
 
 
 @dataclass(frozen=True)
@@ -229,24 +235,198 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+# -- RNG states: JSON, never a pickle ------------------------------------------------------------
+
+RNG_FILE = "rng.json"
+LEGACY_RNG_FILE = "rng.pt"
+_RNG_FORMAT = 1
+_MOVE_IT = (
+    "move {0} out of its folder to resume from the checkpoint before it (or to start afresh "
+    "when it is the only one)"
+)
+
+
 def _rng_state() -> dict[str, Any]:
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+    """The RNG states a resume restores, as JSON values: ``torch`` (the CPU generator's state
+    bytes, hex), ``cuda`` (one hex string per device, when CUDA is there), ``numpy`` (the
+    legacy global ``np.random`` state: ``[algorithm, 624 key words, pos, has_gauss,
+    cached_gaussian]``) and ``python`` (``random.getstate()`` with its tuple as a list)."""
+    alg, key, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "format": _RNG_FORMAT,
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+        "numpy": [alg, key.tolist(), pos, has_gauss, cached],
+        "python": [version, list(internal), gauss],
     }
     if torch.cuda.is_available():  # dropout on a GPU draws from the CUDA generators
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [s.cpu().numpy().tobytes().hex() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`_rng_state`'s values (checked by :func:`_parse_rng_state`)."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def _parse_rng_state(raw: Any, path: Path) -> dict[str, Any]:
+    """:func:`_rng_state`'s JSON values as the objects the RNGs take; a value of another type or
+    size raises :class:`CheckpointRefused` naming ``path``."""
+    try:
+        alg, key, pos, has_gauss, cached = raw["numpy"]
+        version, internal, gauss = raw["python"]
+        ints = [*key, pos, has_gauss, version, *internal]
+        if not all(type(v) is int for v in ints) or not isinstance(alg, str):
+            raise TypeError("a state word is not an integer")
+        if not 0 <= pos <= len(key) or has_gauss not in (0, 1):  # numpy checks neither
+            raise ValueError(f"numpy position {pos} / has_gauss {has_gauss} out of range")
+        state = {
+            "torch": _byte_tensor(raw["torch"]),
+            "numpy": (alg, np.array(key, dtype=np.uint32), pos, has_gauss, float(cached)),
+            "python": (version, tuple(internal), None if gauss is None else float(gauss)),
+        }
+        if raw.get("cuda") is not None:
+            state["cuda"] = [_byte_tensor(s) for s in raw["cuda"]]
+        # the generators check sizes and values themselves: try them on scratch copies
+        torch.Generator().set_state(state["torch"])
+        np.random.RandomState().set_state(state["numpy"])
+        random.Random().setstate(state["python"])
+    except (TypeError, ValueError, KeyError, OverflowError, RuntimeError) as exc:
+        raise CheckpointRefused(
+            f"{path}: not RNG states this trainer wrote ({exc}); {_MOVE_IT.format(path.parent)}"
+        ) from None
+    return state
+
+
+def _byte_tensor(text: Any) -> torch.Tensor:
+    if not isinstance(text, str):
+        raise TypeError(f"expected a hex string, got {type(text).__name__}")
+    return torch.frombuffer(bytearray.fromhex(text), dtype=torch.uint8).clone()
+
+
+def _read_rng_state(checkpoint: Path) -> dict[str, Any]:
+    """The RNG states of ``checkpoint``: ``rng.json``, or the ``rng.pt`` of checkpoints written
+    before it (see :func:`_read_legacy_rng`)."""
+    path = checkpoint / RNG_FILE
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            msg = f"{path}: not JSON ({exc}); {_MOVE_IT.format(checkpoint)}"
+            raise CheckpointRefused(msg) from None
+        if not isinstance(raw, dict) or raw.get("format") != _RNG_FORMAT:
+            raise CheckpointRefused(
+                f"{path}: not RNG states this trainer wrote; {_MOVE_IT.format(checkpoint)}"
+            )
+        return _parse_rng_state(raw, path)
+    legacy = checkpoint / LEGACY_RNG_FILE
+    if legacy.is_file():
+        return _parse_rng_state(_read_legacy_rng(legacy), legacy)
+    raise CheckpointRefused(
+        f"{checkpoint}: no {RNG_FILE} (an incomplete checkpoint): {_MOVE_IT.format(checkpoint)}"
+    )
+
+
+class _LegacyArray:
+    """Stands in for ``numpy.ndarray`` while an old ``rng.pt`` is read: keeps its pickled state
+    (version, shape, dtype, Fortran order, raw bytes) and runs nothing."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+class _LegacyDtype:
+    """Stands in for ``numpy.dtype`` (the arguments and state it was pickled with)."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args, self.state = args, None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _legacy_reconstruct(subtype: Any, shape: Any, dtype: Any) -> _LegacyArray:
+    if subtype is not _LegacyArray:
+        raise TypeError(f"not an ndarray: {subtype!r}")
+    return _LegacyArray()
+
+
+# the only globals an old rng.pt names beside torch's own: numpy's array reconstruction,
+# mapped to the stand-ins above (never to numpy itself)
+_LEGACY_GLOBALS = [
+    (_legacy_reconstruct, "numpy._core.multiarray._reconstruct"),  # written by numpy 2
+    (_legacy_reconstruct, "numpy.core.multiarray._reconstruct"),  # written by numpy 1
+    (_LegacyArray, "numpy.ndarray"),
+    (_LegacyDtype, "numpy.dtype"),
+]
+
+
+def _read_legacy_rng(path: Path) -> dict[str, Any]:
+    """An ``rng.pt`` of the format before ``rng.json`` (``{"torch": ByteTensor, "numpy":
+    np.random.get_state(), "python": random.getstate(), "cuda": [ByteTensor]}``), as
+    :func:`_rng_state`'s JSON values. It is read by torch's weights-only unpickler, which calls
+    nothing but tensor rebuilds and the stand-ins of ``_LEGACY_GLOBALS`` (they only store their
+    arguments); the one array in it must be 624 ``uint32`` words. Anything else — a pickle
+    that names another global (code it would run), another structure — raises
+    :class:`CheckpointRefused` naming the file and what to do."""
+    try:
+        with torch.serialization.safe_globals(_LEGACY_GLOBALS):
+            raw = torch.load(path, weights_only=True, map_location="cpu")
+        alg, key, pos, has_gauss, cached = raw["numpy"]
+        version, internal, gauss = raw["python"]
+        state = {
+            "format": _RNG_FORMAT,
+            "torch": _legacy_bytes(raw["torch"]),
+            "numpy": [alg, _legacy_words(key), pos, has_gauss, cached],
+            "python": [version, list(internal), gauss],
+        }
+        if raw.get("cuda") is not None:
+            state["cuda"] = [_legacy_bytes(s) for s in raw["cuda"]]
+        extra = set(raw) - {"torch", "numpy", "python", "cuda"}
+        if extra:
+            raise ValueError(f"unexpected entries {sorted(extra)}")
+    except Exception as exc:  # an unpickling error, or another structure than the old format's
+        raise CheckpointRefused(
+            f"{path}: refused: not the RNG states an earlier webloop wrote ({_reason(exc)}); "
+            "unpickling it could run code: do not load it with torch.load(weights_only=False); "
+            f"{_MOVE_IT.format(path.parent)}"
+        ) from None
+    return state
+
+
+def _reason(exc: Exception) -> str:
+    """The gist of a load error: the weights-only unpickler's own line, the global it refused
+    (the message around it advises loading the file with ``weights_only=False``: never)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    found = [ln for ln in lines if "GLOBAL " in ln or "WeightsUnpickler error:" in ln]
+    gist = (found or lines or [""])[0].removeprefix("WeightsUnpickler error: ")
+    return f"{type(exc).__name__}: {gist.split(' Please use', 1)[0][:200]}"
+
+
+def _legacy_bytes(t: Any) -> str:
+    if type(t) is not torch.Tensor or t.dtype != torch.uint8 or t.dim() != 1:
+        raise TypeError("an RNG state is not a 1-d uint8 tensor")
+    return t.numpy().tobytes().hex()
+
+
+def _legacy_words(arr: Any) -> list[int]:
+    """The 624 key words of an old numpy state, from the stand-in's pickled state."""
+    if type(arr) is not _LegacyArray:
+        raise TypeError("the numpy key is not an array")
+    version, shape, dtype, fortran, data = arr.state
+    if type(dtype) is not _LegacyDtype or dtype.args[:1] != ("u4",) or dtype.state is None:
+        raise TypeError("the numpy key is not uint32")
+    order = dtype.state[1]
+    if shape != (624,) or order not in ("<", ">", "=", "|") or type(data) is not bytes:
+        raise TypeError("the numpy key is not 624 uint32 words")
+    if len(data) != 624 * 4 or fortran not in (True, False) or version != 1:
+        raise TypeError("the numpy key is not 624 uint32 words")
+    return np.frombuffer(data, dtype=np.dtype("u4").newbyteorder(order)).tolist()
 
 
 def _check_fingerprints(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -594,7 +774,7 @@ def _restore(run: _Run, path: Path) -> None:
     run.engine.load_optimizer_state(run.opt, opt_state)
     if (path / "old_logprobs.pt").exists():
         run.old_logprobs = torch.load(path / "old_logprobs.pt", weights_only=True)
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    _set_rng_state(_read_rng_state(path))
 
 
 def _trainable(turns: list[Turn], cfg: TrainConfig) -> list[Turn]:
@@ -626,7 +806,7 @@ def _write_checkpoint(run: _Run, out_dir: Path, step: int, state: dict[str, Any]
                 run.model.save(tmp)
         torch.save(module_state, tmp / "module.pt")
         torch.save(opt_state, tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
+        (tmp / RNG_FILE).write_text(json.dumps(_rng_state()), encoding="utf-8")
         if run.old_logprobs is not None:
             torch.save(run.old_logprobs, tmp / "old_logprobs.pt")
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
@@ -702,6 +882,7 @@ def fit(
 
     Raises :class:`DataMismatch` (from ``model.check_data`` or when nothing is trainable) before
     any step, :class:`CheckpointMismatch` when ``out_dir`` belongs to another run,
+    :class:`CheckpointRefused` when its latest checkpoint holds files the trainer did not write,
     ``FloatingPointError`` on a non-finite loss (naming the batch's turn keys)."""
     turns, anchor = list(turns), list(anchor)
     _check_inputs(model, turns, cfg, ref_model, anchor)

@@ -14,6 +14,11 @@ snapshot (datasets, pins, ``--snapshot N``, time travel) reads the same rows in 
    the source's, the data path set to the new one. Until then the destination names no file
    that is not yet copied, and an interrupted copy leaves it as it was.
 
+Every path the catalog names (schema, table and file paths) must stay below the data path: a
+``..`` component, an absolute path or a backslash, or a path that resolves outside its folder
+(a link) is refused with the catalog row that names it, before anything is read or written (the
+catalog is copied whole, so a bad row cannot be left out of it: the copy does not start).
+
 Re-running resumes (copied files and blobs are skipped) and a copy that has nothing left to do
 says so. The source is only read. A destination that has snapshots of its own (someone wrote
 to it) is refused: a copy never overwrites history that is not the source's. The result is
@@ -24,6 +29,7 @@ every pinned one, and every blob present.
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,7 +94,7 @@ def copy_warehouse(
         )
     report = CopyReport()
     with Warehouse.open(src, read_only=True) as wh:
-        files = data_files(wh)
+        files = data_files(wh, roots=(src.data_path, dst.data_path))
         report.snapshots = current_snapshot(wh)
         report.pinned = sorted(pinned_snapshots(wh))
         src_counts = counts(wh, [None, *report.pinned])
@@ -106,16 +112,21 @@ def copy_warehouse(
 # -- data files ---------------------------------------------------------------------------------
 
 
-def data_files(wh: Warehouse) -> dict[str, int]:
+def data_files(wh: Warehouse, roots: tuple[str, ...] = ()) -> dict[str, int]:
     """Every Parquet file the catalog names (data and delete files, any snapshot), relative
-    to the data path, with its size."""
+    to the data path, with its size. A path that would leave the data path (see
+    :func:`path_problem`), or that resolves outside any of the data paths ``roots``, raises
+    :class:`CopyError` naming it and its catalog row (every such row, before any copy)."""
     meta = f"__ducklake_metadata_{LAKE}"
     rows = wh.con.execute(
         f"""
         WITH files AS (
-            SELECT table_id, path, path_is_relative, file_size_bytes FROM {meta}.ducklake_data_file
+            SELECT 'ducklake_data_file' AS tbl, 'data_file_id' AS id_name, data_file_id AS id,
+                   table_id, path, path_is_relative, file_size_bytes
+            FROM {meta}.ducklake_data_file
             UNION ALL
-            SELECT table_id, path, path_is_relative, file_size_bytes
+            SELECT 'ducklake_delete_file', 'delete_file_id', delete_file_id,
+                   table_id, path, path_is_relative, file_size_bytes
             FROM {meta}.ducklake_delete_file
         ),
         tables AS (
@@ -123,17 +134,67 @@ def data_files(wh: Warehouse) -> dict[str, int]:
                    t.path AS table_path, t.path_is_relative AS t_rel
             FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
         )
-        SELECT f.path, f.path_is_relative, t.schema_path, t.s_rel, t.table_path, t.t_rel,
-               f.file_size_bytes
+        SELECT f.tbl, f.id_name, f.id, f.table_id, f.path, f.path_is_relative, t.schema_path,
+               t.s_rel, t.table_path, t.t_rel, f.file_size_bytes
         FROM files f LEFT JOIN tables t USING (table_id)
+        ORDER BY f.tbl, f.id
         """
     ).fetchall()
     out: dict[str, int] = {}
-    for path, rel, schema_path, s_rel, table_path, t_rel, size in rows:
+    bad: list[str] = []
+    for r in rows:
+        tbl, id_name, row_id, table_id = r[:4]
+        path, rel, schema_path, s_rel, table_path, t_rel, size = r[4:]
+        parts = [p for p in (schema_path, table_path, path) if p]
+        joined = "".join(parts)
         if not (rel and (t_rel in (None, True)) and (s_rel in (None, True))):
-            raise CopyError(f"data file {path}: an absolute path (not under the data path)")
-        out[f"{schema_path or ''}{table_path or ''}{path}"] = int(size)
+            problem: str | None = "an absolute path (not under the data path)"
+        else:
+            problem = next(filter(None, map(path_problem, [*parts, joined])), None)
+            problem = problem or next(filter(None, (_outside(d, joined) for d in roots)), None)
+        if problem:
+            bad.append(
+                f"{tbl} row {id_name}={row_id} (table_id {table_id}) names {joined!r}: {problem}"
+            )
+        else:
+            out[joined] = int(size)
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise CopyError(
+            f"{len(bad)} catalog {'path' if len(bad) == 1 else 'paths'} would leave the data "
+            "path; nothing was copied: "
+            + "; ".join(bad[:5])
+            + more
+            + ". A catalog path must be relative, without '..' or '\\', below the data path"
+        )
     return out
+
+
+def path_problem(rel: str) -> str | None:
+    """Why ``rel``, a path the catalog names below a data path, may not be used (None: it
+    may): absolute, a backslash (another system's separator), a ``..`` component, a NUL."""
+    if rel.startswith("/"):
+        return "an absolute path"
+    if "\\" in rel:
+        return "a backslash in it"
+    if ".." in rel.split("/"):
+        return "a '..' component"
+    if "\x00" in rel:
+        return "a NUL character in it"
+    return None
+
+
+def _outside(root: str, rel: str) -> str | None:
+    """Why ``root`` + ``rel`` is not below ``root`` once resolved (links followed, for a
+    folder; the normalised key, for object storage), or None."""
+    base = root.rstrip("/") + "/"
+    if is_object_url(root):  # keys: no links, only the text
+        key = posixpath.normpath(rel)
+        inside = key != ".." and not key.startswith(("../", "/"))
+        return None if inside else f"outside {base}"
+    folder = Path(base).resolve()
+    target = Path(base + rel).resolve()
+    return None if target.is_relative_to(folder) else f"resolves to {target}, outside {folder}"
 
 
 class _Files:
@@ -148,6 +209,12 @@ class _Files:
             self.base = f"{bucket}/{prefix}".rstrip("/") + "/"
             self.fs: Any = S3Settings.from_env().filesystem()
 
+    def check(self, rel: str) -> None:
+        """Raise :class:`CopyError` unless ``rel`` stays below this root."""
+        problem = path_problem(rel) or _outside(self.root, rel)
+        if problem:
+            raise CopyError(f"data file {rel!r} under {self.root}: {problem}")
+
     def size(self, rel: str) -> int | None:
         if self.remote:
             try:
@@ -161,7 +228,9 @@ class _Files:
         """(the file's path, a temporary name beside it) in this folder."""
         target = Path(self.root + rel)
         target.parent.mkdir(parents=True, exist_ok=True)
-        return target, target.with_name(f".tmp-{target.name}")
+        tmp = target.with_name(f".tmp-{target.name}")
+        tmp.unlink(missing_ok=True)  # (a link left there is not written through)
+        return target, tmp
 
 
 def _copy_one(a: _Files, b: _Files, rel: str, size: int) -> None:
@@ -191,6 +260,8 @@ def copy_files(src: str, dst: str, files: dict[str, int], say: Progress) -> tupl
     a, b = _Files(src), _Files(dst)
     copied = present = 0
     for i, (rel, size) in enumerate(sorted(files.items()), start=1):
+        a.check(rel)  # (data_files checked every path before any copy)
+        b.check(rel)
         try:
             if b.size(rel) == size:
                 present += 1

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import random
+import shlex
 
+import numpy as np
 import pytest
 import torch
 
 from tests.training.toy_policy import REPLIES, ToyPolicy
 from training.interface import DataMismatch, Turn
-from training.trainer import CheckpointMismatch, TrainConfig, fit, list_checkpoints
+from training.trainer import (
+    CheckpointMismatch,
+    CheckpointRefused,
+    TrainConfig,
+    fit,
+    list_checkpoints,
+)
 
 PROMPTS = [f"Task: toy {i}. Current page: p{i}" for i in range(6)]
 
@@ -80,8 +90,9 @@ def test_sft_loss_falls_and_checkpoints_and_progress(tmp_path):
     assert [s for s, _ in list_checkpoints(tmp_path)] == [10, 20, 30, 40, 45]
     final = res.final_checkpoint
     assert final == tmp_path / "checkpoint-45" and ckpts[-1][1] == final
-    for name in ("module.pt", "optimizer.pt", "rng.pt", "toy.pt", "config.json"):
+    for name in ("module.pt", "optimizer.pt", "rng.json", "toy.pt", "config.json"):
         assert (final / name).is_file(), name
+    assert not (final / "rng.pt").exists()  # the RNG states are JSON: no pickle to load
     state = json.loads((final / "trainer_state.json").read_text())
     assert state["step"] == 45 and state["epoch"] == 14 and state["batch_position"] == 2
     assert state["config"]["lr"] == 0.05 and len(state["data_fingerprint"]) == 64
@@ -261,3 +272,107 @@ def test_non_finite_loss_names_the_batch(tmp_path):
     cfg = TrainConfig(objective="sft", batch_size=2)
     with pytest.raises(FloatingPointError, match=r"non-finite loss nan on the batch \['t"):
         fit(model, sft_turns(), cfg, tmp_path)
+
+
+# -- RNG states: a checkpoint runs no code ----------------------------------------------------
+
+
+def old_format_rng(state: dict) -> dict:
+    """``rng.json``'s states as webloop pickled them to ``rng.pt`` before (a numpy array in
+    it): what ``torch.save(_rng_state(), "rng.pt")`` wrote."""
+    alg, key, pos, has_gauss, cached = state["numpy"]
+    version, internal, gauss = state["python"]
+    return {
+        "torch": torch.frombuffer(bytearray.fromhex(state["torch"]), dtype=torch.uint8),
+        "numpy": (alg, np.array(key, dtype=np.uint32), pos, has_gauss, cached),
+        "python": (version, tuple(internal), gauss),
+    }
+
+
+class Payload:
+    """What a planted checkpoint carries: unpickling it runs code (here: creates ``marker``)."""
+
+    def __init__(self, how: str, marker) -> None:
+        self.how, self.marker = how, str(marker)
+
+    def __reduce__(self):
+        if self.how == "exec":
+            return (exec, (f"open({self.marker!r}, 'w').close()",))
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+@pytest.mark.parametrize(("how", "global_name"), [("exec", "exec"), ("system", "posix.system")])
+def test_a_planted_rng_pickle_is_refused_and_runs_nothing(tmp_path, how, global_name):
+    """A copied or planted checkpoint whose ``rng.pt`` (the old format's name) is a pickle that
+    would run code: the resume refuses it, naming the file and what to do; the code never ran."""
+    cfg = TrainConfig(objective="sft", epochs=1, lr=0.05, batch_size=6)
+    fit(ToyPolicy(), sft_turns(), cfg, tmp_path / "out")
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    state = json.loads((ckpt / "rng.json").read_text())
+    (ckpt / "rng.json").unlink()
+    marker = tmp_path / "marker"
+    planted = {**old_format_rng(state), "python": Payload(how, marker)}  # all else looks right
+    torch.save(planted, ckpt / "rng.pt")
+    with pytest.raises(CheckpointRefused) as err:
+        fit(ToyPolicy(), sft_turns(), cfg, tmp_path / "out")
+    assert not marker.exists()
+    msg = str(err.value)
+    assert msg.startswith(f"{ckpt / 'rng.pt'}: refused") and f"GLOBAL {global_name} " in msg
+    assert f"move {ckpt} out of its folder to resume from the checkpoint before it" in msg
+
+
+def test_an_old_format_rng_pt_resumes_exactly_with_every_state(tmp_path):
+    """Checkpoints written before ``rng.json`` keep resuming: their ``rng.pt`` (tensors and one
+    numpy array) is read without unpickling anything else, and the run goes on exactly."""
+    cfg = TrainConfig(objective="sft", epochs=2, lr=0.05, batch_size=4, save_every=2)
+    full_model, full = _run(tmp_path / "full", cfg)
+    stopped = TrainConfig(**{**cfg.__dict__, "max_steps": 4})
+    _run(tmp_path / "old", stopped)
+    ckpt = tmp_path / "old" / "checkpoint-4"
+    state = json.loads((ckpt / "rng.json").read_text())
+    (ckpt / "rng.json").unlink()
+    torch.save(old_format_rng(state), ckpt / "rng.pt")
+    model, resumed = _run(tmp_path / "old", cfg, seed=99)  # the toy's dropout draws from torch
+    assert resumed.resumed_from == 4 and resumed.steps_run == full.total_steps - 4
+    for k, v in params(full_model).items():
+        assert torch.equal(params(model)[k], v), k
+
+    # numpy's and python's states come back too (a cached Gaussian included)
+    _run(tmp_path / "states", stopped)
+    ckpt = tmp_path / "states" / "checkpoint-4"
+    random.seed(11), np.random.seed(12), torch.manual_seed(13), np.random.normal()
+    saved = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    saved["python"] = random.getstate()
+    torch.save(saved, ckpt / "rng.pt")  # as the old trainer wrote it
+    (ckpt / "rng.json").unlink()
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    _, again = _run(tmp_path / "states", stopped)
+    assert again.resumed_from == 4 and again.steps_run == 0
+    assert random.getstate() == saved["python"] and torch.equal(
+        torch.get_rng_state(), saved["torch"]
+    )
+    alg, key, *rest = np.random.get_state()
+    assert alg == "MT19937" and np.array_equal(key, saved["numpy"][1])
+    assert rest == list(saved["numpy"][2:]) and rest[1] == 1  # has_gauss
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda s: {**s, "numpy": [*s["numpy"][:2], 10**6, *s["numpy"][3:]]}, "out of range"),
+        (lambda s: {**s, "torch": "00ff"}, "not RNG states this trainer wrote"),
+        (lambda s: {**s, "python": [3, ["x"] * 625, None]}, "not an integer"),
+        (lambda s: "not json {", "not JSON"),
+    ],
+)
+def test_rng_json_of_another_shape_is_refused(tmp_path, change, reason):
+    """``rng.json`` values go to the generators only once checked (numpy itself does not check
+    the position: one past the key would read out of bounds)."""
+    cfg = TrainConfig(objective="sft", epochs=1, lr=0.05, batch_size=6)
+    fit(ToyPolicy(), sft_turns(), cfg, tmp_path)
+    path = tmp_path / "checkpoint-3" / "rng.json"
+    bad = change(json.loads(path.read_text()))
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    with pytest.raises(CheckpointRefused, match=reason) as err:
+        fit(ToyPolicy(), sft_turns(), cfg, tmp_path)
+    assert str(err.value).startswith(str(path))
