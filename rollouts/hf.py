@@ -73,12 +73,23 @@ def load_model(path: str | Path) -> tuple[Any, Any]:
 
 
 def decode_image(url: str) -> Any:
-    """A PIL image from a ``data:image/...;base64,`` URL."""
+    """A PIL image from a ``data:image/...;base64,`` URL, decoded under the warehouse's pixel
+    budget (:func:`warehouse.images.validate_image`): a decompression bomb or corrupt pixel data
+    is a ``ValueError`` saying why, before the image is allocated."""
     from PIL import Image
 
-    if not url.startswith("data:"):
+    from warehouse.images import validate_image
+
+    if not isinstance(url, str) or not url.startswith("data:"):
         raise ValueError("only data: image URLs are accepted (no network fetches)")
-    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+    try:
+        data = base64.b64decode(url.split(",", 1)[1], validate=True)
+    except (IndexError, ValueError):
+        raise ValueError("an image URL is not valid base64 data") from None
+    problem = validate_image(data)
+    if problem:
+        raise ValueError(f"refusing an image: {problem}")
+    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def split_messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:

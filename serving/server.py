@@ -59,6 +59,11 @@ from serving.standalone.devguard import (
 )
 
 MAX_N = 16
+#: Per-request caps: a request past one is refused before the model sees it (413 for the body,
+#: 400 otherwise). Images are decoded under the warehouse's pixel budget (rollouts/hf.py).
+MAX_BODY_BYTES = 64 << 20
+MAX_IMAGES = 16
+MAX_PROMPT_CHARS = 256_000
 # parameters with the value that means "not used"; any other value is refused with a 400
 _NEUTRAL: dict[str, Any] = {
     "tools": None,
@@ -339,6 +344,39 @@ async def text_chunks(
     yield "data: [DONE]\n\n"
 
 
+class TooLarge(BadRequest):
+    """A request body past :data:`MAX_BODY_BYTES` (answered with a 413)."""
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request body, read no further than :data:`MAX_BODY_BYTES`."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TooLarge(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_caps(messages: list[Any]) -> None:
+    """Refuse a chat request with more than :data:`MAX_IMAGES` images or more than
+    :data:`MAX_PROMPT_CHARS` characters of text, naming the cap."""
+    images = chars = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for c in parts:
+            if isinstance(c, dict) and c.get("type") == "image_url":
+                images += 1
+            elif isinstance(c, dict):
+                chars += len(str(c.get("text") or ""))
+    if images > MAX_IMAGES:
+        raise BadRequest(f"{images} images in one request: at most {MAX_IMAGES} are accepted")
+    if chars > MAX_PROMPT_CHARS:
+        raise BadRequest(f"the messages are longer than {MAX_PROMPT_CHARS:,} characters")
+
+
 def _prompts(body: dict[str, Any]) -> list[str]:
     prompt = body.get("prompt")
     prompts = [prompt] if isinstance(prompt, str) else prompt
@@ -375,8 +413,9 @@ def build_app(
     served = name or model_path
 
     async def body_of(request: Request) -> dict[str, Any]:
+        raw = await _bounded_body(request)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             raise BadRequest("the request body is not JSON") from None
         if not isinstance(body, dict):
@@ -389,9 +428,12 @@ def build_app(
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequest("'messages' must be a non-empty list")
+            check_caps(messages)
             p = Params(body, 64)
             logprobs = bool(body.get("logprobs"))
             outs = await _generate(gen, messages, p)
+        except TooLarge as exc:
+            return _error(str(exc), status=413)
         except ValueError as exc:  # BadRequest, and the model's refusals (e.g. a bad image)
             return _error(f"bad request: {exc}")
         if body.get("return_tokens_as_token_ids"):
@@ -407,9 +449,13 @@ def build_app(
         try:
             body = await body_of(request)
             prompts = _prompts(body)
+            if sum(map(len, prompts)) > MAX_PROMPT_CHARS:
+                raise BadRequest(f"the prompts are longer than {MAX_PROMPT_CHARS:,} characters")
             p = Params(body, 16)
             logprobs = _completion_logprobs(body)
             groups = await asyncio.gather(*(_generate(gen, x, p) for x in prompts))
+        except TooLarge as exc:
+            return _error(str(exc), status=413)
         except ValueError as exc:
             return _error(f"bad request: {exc}")
         outs = [g for group in groups for g in group]
