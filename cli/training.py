@@ -15,7 +15,7 @@ from cli.options import config_command
 from stages.evaluate import EvalConfig, EvalResult
 from stages.train import RLConfig, SFTConfig
 
-ESTIMATORS = ("grpo", "step_grpo", "step_awr", "awr", "turn")
+ESTIMATORS = ("grpo", "step_grpo", "step_awr", "step_best", "awr", "turn")
 
 
 def _estimator(value: str) -> str:

@@ -292,6 +292,39 @@ def _fraction(criteria: list[dict[str, Any]]) -> float:
     return sum(1 for c in criteria if c.get("passed")) / len(criteria) if criteria else 0.0
 
 
+def reference_label(state: State) -> str | None:
+    """The reference's next step at ``state`` as the rollout's labeller recorded it
+    (``meta.reference_labels``, :mod:`rollouts.labeller`); None where it recorded none."""
+    labels = state.traj.meta.get("reference_labels") or []
+    return labels[state.step_idx] if state.step_idx < len(labels) else None
+
+
+@register("reference")
+class ReferenceScorer:
+    """Exact and free on bundled tasks: a state on the reference's path was labelled during the
+    rollout with the reference's next step, grounded on the live page (``label_reference``,
+    :mod:`rollouts.labeller`); a candidate scores 1 when it is that action (compared parsed) and
+    0 otherwise. No replay, no browser. A state without a label (off the path; a run collected
+    without labels) is a scorer error, stored, never a score."""
+
+    name, version = "reference", "1"
+
+    async def score(self, state: State, cands: Sequence[Proposal]) -> list[ScoreResult]:
+        from rollouts.labeller import same_action
+
+        label = reference_label(state)
+        if label is None:
+            error = (
+                "no reference label at this state (off the reference's path, or collected "
+                "without label_reference)"
+            )
+            return [ScoreResult(None, error=error) for _ in cands]
+        return [
+            ScoreResult(1.0 if same_action(c.action_text, label) else 0.0, {"label": label})
+            for c in cands
+        ]
+
+
 @register("exact")
 class ExactScorer:
     """Ground truth on the bundled sites: replay, take the candidate, finish with the reference,

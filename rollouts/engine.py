@@ -47,6 +47,7 @@ from rollouts.actions import ParseError, check_bounds, format_action, to_dict
 from rollouts.env import BrowserCrashed, BrowserEnv, BrowserSlot, EnvConfig, Observation
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import Turn, render
+from rollouts.labeller import ReferenceLabeller
 from rollouts.stop_rules import ANSWERED, after_action, after_invalid_action, repeat_key
 from warehouse.blobs import sha256_hex
 from warehouse.ids import make_id, stable_hash, traj_id_for
@@ -80,6 +81,15 @@ class EngineConfig:
         default=False,
         metadata={
             "help": "Grade after every step; the share of criteria met goes to meta.progress."
+        },
+    )
+    label_reference: bool = field(
+        default=False,
+        metadata={
+            "help": "Tasks with a reference solution: label each state on the reference's path "
+            "with its next step, grounded on the live page (rollouts.labeller); the labels go to "
+            "meta.reference_labels, the first state where the policy did otherwise to "
+            "meta.first_error."
         },
     )
 
@@ -361,6 +371,7 @@ class Engine:
         )
         turns: list[Turn] = []
         ctx = self._policy_context(env, job, turns)
+        labeller = self._labeller(env, job, turns)
         tally = _Tally()
         answer, stop = None, None
         while stop is None:
@@ -377,14 +388,20 @@ class Engine:
             if not isinstance(action, ParseError):
                 action = check_bounds(action, *self._screen(), text=out.text)
             step = self._step_row(job, obs, out, action, blobs, t_model)
+            if labeller is not None:
+                await labeller.label(step.action_text)
             if isinstance(action, ParseError):
                 stop = self._invalid_step(step, action, turns, steps, tally)
             else:
                 obs, answer, stop = await self._run_action(
                     env, job, obs, step, action, turns, steps, tally
                 )
+            if labeller is not None:
+                labeller.moved(obs.url, obs.a11y)
         if stop != ANSWERED:
             meta["ended_by"] = stop
+        if labeller is not None:
+            meta.update(labeller.meta(len(steps)))
         return await self._graded(env, job, obs, answer, steps, blobs, meta, started, tally)
 
     def _policy_context(self, env: Any, job: Job, turns: list[Turn]) -> PolicyContext:
@@ -398,6 +415,21 @@ class Engine:
             page=getattr(env, "page", None),  # the expert grounds its plan in it
             # (an environment without a config, like the simulated one, waits on no page)
             action_timeout_s=getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
+        )
+
+    def _labeller(self, env: Any, job: Job, turns: list[Turn]) -> ReferenceLabeller | None:
+        """The episode's reference labeller (``label_reference`` on, a task with a reference
+        and a live page), else None."""
+        page = getattr(env, "page", None)
+        if not self.config.label_reference or not job.task.reference or page is None:
+            return None
+        return ReferenceLabeller(
+            job.task.task_id,
+            job.task.instruction,
+            list(job.task.reference),
+            turns,
+            page,
+            getattr(getattr(env, "config", None), "action_timeout_s", 10.0),
         )
 
     def _invalid_step(

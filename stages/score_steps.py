@@ -25,6 +25,7 @@ import httpx
 from judging.base import load_views
 from judging.prm import (
     ExactScorer,
+    reference_label,
     PrefixEnded,
     Proposal,
     ScoreSummary,
@@ -56,7 +57,11 @@ from warehouse.ids import run_id_for
 class ScoreStepsConfig:
     """Which states, which candidate policy, which scorer."""
 
-    scorer: str = setting("exact", help="exact (bundled replay) or vlm.")
+    scorer: str = setting(
+        "exact",
+        help="exact (bundled replay), reference (the labels a label_reference rollout "
+        "recorded: free) or vlm.",
+    )
     k: int = setting(4, help="Candidate actions per state (at least 2).", min=2, max=64)
     run: str | None = setting(None, help="Only trajectories of this run.")
     policy: str = setting(
@@ -86,10 +91,12 @@ class ScoreStepsConfig:
     scorer_model: str | None = setting(None, help="vlm scorer model.")
     every: int = setting(1, help="Score every n-th step.", min=1, max=1000)
     max_states: int | None = setting(None, help="At most this many states.", min=1)
-    select: Literal["failures_first", "first"] = setting(
+    select: Literal["failures_first", "first", "first_error"] = setting(
         "failures_first",
-        help="Which states --max-states keeps: failures_first (unsuccessful trajectories' "
-        "states first, seeded shuffle) or first (trajectory-id order).",
+        help="Which states: failures_first (--max-states keeps unsuccessful trajectories' "
+        "states first, seeded shuffle), first (trajectory-id order) or first_error (only "
+        "unsuccessful trajectories' states from their first error on: meta.first_error of a "
+        "label_reference rollout).",
     )
     seed: int = setting(0, help="Seed of the state selection.", min=0, max=2**32 - 1)
     concurrency: int = setting(
@@ -116,8 +123,8 @@ class ScoreStepsConfig:
             d.pop("prompt_mode")
         if d["candidates"] == "sample":
             d.pop("candidates")
-        if d["max_states"] is None or d["select"] == "first":  # (selects what it did before)
-            d.pop("select")
+        if d["select"] != "first_error" and (d["max_states"] is None or d["select"] == "first"):
+            d.pop("select")  # (selects what it did before)
         if not d["expert_candidate"]:  # added later: runs without it keep their ids
             d.pop("expert_candidate")
         return d
@@ -128,14 +135,14 @@ def check_config(cfg: ScoreStepsConfig) -> None:
     check_fields(cfg)
     if cfg.k < 2:
         raise ConfigError("--k must be at least 2 (advantages compare candidates)")
-    if cfg.scorer not in ("exact", "vlm"):
-        raise ConfigError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
+    if cfg.scorer not in ("exact", "reference", "vlm"):
+        raise ConfigError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm")
     if cfg.scorer == "vlm" and not (cfg.scorer_base_url and cfg.scorer_model):
         raise ConfigError("--scorer vlm needs --scorer-base-url and --scorer-model")
-    if cfg.expert_candidate and cfg.scorer != "exact":
+    if cfg.expert_candidate and cfg.scorer not in ("exact", "reference"):
         raise ConfigError(
-            "--expert-candidate needs --scorer exact (the expert's action comes from replaying "
-            "the state against the bundled task's reference)"
+            "--expert-candidate needs --scorer exact or reference (the expert's action comes "
+            "from the bundled task's reference)"
         )
 
 
@@ -156,9 +163,20 @@ def select_states(
     states = [
         State(v, i) for v in load_views(wh, ids) for i in range(0, len(v.steps), max(1, cfg.every))
     ]
+    if cfg.scorer == "reference":  # only the states the rollout labelled can be scored
+        states = [s for s in states if reference_label(s) is not None]
+    if cfg.select == "first_error":
+        states = [s for s in states if after_first_error(s)]
     if cfg.max_states and cfg.max_states < len(states):
         states = prioritised(states, cfg.select, cfg.seed)[: cfg.max_states]
     return [s for s in states if s.traj.traj_id in only] if only is not None else states
+
+
+def after_first_error(state: State) -> bool:
+    """Whether ``state`` is of an unsuccessful trajectory, at or after its first error (the
+    first state where the policy did not take the reference's labelled step)."""
+    first = state.traj.meta.get("first_error")
+    return state.traj.status != "success" and first is not None and state.step_idx >= first
 
 
 def prioritised(states: list[State], select: str, seed: int) -> list[State]:
@@ -283,6 +301,11 @@ async def _expert_at(expert: Expert, state: State) -> tuple[State, str | None]:
         return state, None
 
 
+async def _labelled(state: State) -> tuple[State, str | None]:
+    """The reference scorer's expert candidate: the label the rollout recorded at ``state``."""
+    return state, reference_label(state)
+
+
 async def _located(locate: Locate | None, state: State) -> State:
     """``state`` aligned by ``locate``; unaligned when its prefix already answered (the scorer
     reports that state as an error)."""
@@ -349,6 +372,12 @@ async def _score(
             scorer = await _exact_scorer(stack, cfg, seed, server, browser)
             locate = scorer.locate if aligning and cfg.policy == "expert" else None
             expert = scorer.expert_action if aligning and cfg.expert_candidate else None
+        elif cfg.scorer == "reference":
+            scorer = make_scorer("reference")
+            done = done_states(wh, scorer, states, cfg.k)
+            todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
+            locate = None
+            expert = _labelled if cfg.expert_candidate else None
         elif cfg.scorer == "vlm":
             if not cfg.scorer_base_url or not cfg.scorer_model:
                 raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
@@ -358,7 +387,9 @@ async def _score(
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
             locate = expert = None
         else:
-            raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, vlm")
+            raise WarehouseError(
+                f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm"
+            )
         cands = await ensure_candidates(wh, cfg, states, run_id, locate, expert)
         if not todo:
             return ScoreSummary()

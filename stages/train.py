@@ -427,13 +427,21 @@ _PRM_SET += ("action_timeout_s", "workers", "dask_address")
 class RLConfig:
     """On-policy RL from a checkpoint (id, training run id or folder): collect G samples per
     task (``rollout``, a collect config), advantages, update, repeat. ``step_grpo`` and
-    ``step_awr`` also take K candidates at each visited state and score them (``prm``, a
-    score-steps config) before each update; ``awr`` and ``step_awr`` update by weighted
-    regression, the others by PPO-clip."""
+    ``step_awr`` / ``step_best`` also take K candidates at each visited state and score them
+    (``prm``, a score-steps config) before each update; ``awr``, ``step_awr`` and ``step_best``
+    update by weighted regression, the others by PPO-clip. ``prm.scorer: reference`` labels the
+    states during the rollouts themselves (the reference's next step on the live page, bundled
+    tasks) and scores candidates against those labels, with no replay; ``buffer`` trains each
+    iteration on every iteration's scored states so far (DAgger's aggregate)."""
 
     policy: str = setting(help="Start checkpoint (id, training run or folder).")
     estimator: str = setting(
-        "grpo", help="Advantage estimator: grpo, step_grpo, step_awr, awr or turn."
+        "grpo", help="Advantage estimator: grpo, step_grpo, step_awr, step_best, awr or turn."
+    )
+    buffer: bool = setting(
+        False,
+        help="Step-level estimators: each update trains on the scored states of every "
+        "iteration so far, not only this one's (DAgger's aggregated data set).",
     )
     iterations: int = setting(2, help="On-policy iterations.", min=1, max=10_000)
     horizon: tuple[int, ...] = setting(
@@ -482,6 +490,7 @@ class RLConfig:
             "candidates",
             "max_states",
             "expert_candidate",
+            "select",
             "scorer_base_url",
             "scorer_model",
         ),
@@ -534,6 +543,8 @@ class RLConfig:
             d.pop("anchor_coef")
         if not self.task_pool:  # likewise
             d.pop("task_pool")
+        if not self.buffer:  # likewise
+            d.pop("buffer")
         d.pop("judge")
         d.pop("compute")  # how the update runs names no run
         d.pop("serve")  # where rollouts run and how closely they are checked name no run
@@ -569,11 +580,16 @@ class RLConfig:
                 "serve: vllm needs the vLLM environment: run `make vllm` first (or serve: auto, "
                 "which takes webloop's hf engine without it)"
             )
-        exact = self.estimator in STEP_LEVEL and self.prm.scorer == "exact"
+        exact = self.estimator in STEP_LEVEL and self.prm.scorer in ("exact", "reference")
         if exact and self.rollout.suite != "bundled":
             raise ConfigError(
-                f"prm.scorer: exact replays the bundled sites' reference solutions; suite "
-                f"{self.rollout.suite!r} has none (use the vlm scorer, or estimator grpo)"
+                f"prm.scorer: {self.prm.scorer} needs the bundled sites' reference solutions; "
+                f"suite {self.rollout.suite!r} has none (use the vlm scorer, or estimator grpo)"
+            )
+        if self.buffer and self.estimator not in STEP_LEVEL:
+            raise DataMismatch(
+                f"buffer: keeps the scored states of earlier iterations, for the step-level "
+                f"estimators ({', '.join(sorted(STEP_LEVEL))}); not {self.estimator!r}"
             )
         if self.task_pool and self.task_pool <= self.n_tasks:
             raise DataMismatch(
@@ -721,7 +737,10 @@ class _Loop:
         served_from = self.served.serving if self.served is not None else None
         t0 = time.monotonic()
         judge = await _judge_rollouts(wh, cfg, it, col.run_id, say)
-        turns, stats = prepare(wh, [col.run_id], cfg.estimator, judge=judge, **options)
+        sources = [col.run_id]
+        if cfg.buffer:  # DAgger: every iteration's scored states so far
+            sources = [*(r.collect_run for r in self.rounds), col.run_id]
+        turns, stats = prepare(wh, sources, cfg.estimator, judge=judge, **options)
         timing["judge_s"] = time.monotonic() - t0
         say(
             f"  rl iteration {it + 1}: {stats['trajectories']} trajectories, mean reward "
@@ -930,6 +949,8 @@ def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> Collect
     engine = dict(cfg.rollout.engine)
     if cfg.estimator == "turn":  # the turn estimator's credit: the share of criteria met
         engine["record_progress"] = True
+    if cfg.estimator in STEP_LEVEL and cfg.prm.scorer == "reference":
+        engine["label_reference"] = True  # the states' labels, taken during the rollouts
     return dataclasses.replace(
         cfg.rollout,
         policy=policy.policy,

@@ -18,6 +18,8 @@ Estimators (formulas in each docstring):
 * ``grpo`` — trajectory-level group-relative (OpenWebRL / WebGym GRPO).
 * ``step_grpo`` — step-level group-relative over PRM-scored candidates at a state (PRO-CUA).
 * ``step_awr`` — those step-level advantages as AWR weights (weighted regression, no clipping).
+* ``step_best`` — regression onto each state's best-scored candidate (AWR's β → 0 limit;
+  DAgger's update with 0/1 reference labels).
 * ``awr`` — advantage-weighted regression with a learned value baseline (DigiRL);
   :func:`fit_value_baseline` fits that baseline.
 * ``turn`` — turn-level credit from rubric progress (ERA-style shaping).
@@ -228,6 +230,31 @@ def step_awr(
         .otherwise(0.0)
         .alias("weight")
     )
+    return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
+
+
+@register("step_best")
+def step_best(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
+    """Step-level regression onto the best-scored candidate (AWR's β → 0 limit).
+
+    Columns: ``traj_id``, ``step_idx``, ``score``. ``A(s, a)`` is :func:`step_grpo`'s advantage;
+
+    ``weight(s, a) = 1`` for the candidates with the state's highest score where the state's
+    candidates score differently, ``0`` otherwise.
+
+    The update (weighted regression, ``−Σ w·log π(a|s)``) is cross-entropy toward the best
+    action at each state, however unlikely the policy found it: one iteration can make a
+    candidate the policy ranked fifth its first choice, which neither PPO-clip (a ratio capped
+    at 1 + ε) nor :func:`step_awr` (positive weights on the worse candidates too) does. With
+    the reference scorer's 0/1 labels it is DAgger's update on the labelled states."""
+    frame = _drop_produced(frame, ["advantage", "weight"])
+    out = _prepare(frame, "step_best", ["traj_id", "step_idx", "score"])
+    kept = out.filter(pl.col(_KEEP))
+    state = ["traj_id", "step_idx"]
+    score = pl.col("score").cast(pl.Float64)
+    values = kept.with_columns(group_relative(score, state, eps).alias("advantage"))
+    best = varies(score, state) & (score == score.max().over(state))
+    values = values.with_columns(pl.when(best).then(1.0).otherwise(0.0).alias("weight"))
     return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
 
 

@@ -23,6 +23,7 @@ from training.stats import (
     diff_interval,
     mcnemar_exact,
     ppi_mean,
+    stratified_bootstrap,
     wilson,
 )
 from warehouse.ids import make_id
@@ -299,7 +300,10 @@ def compare_evaluations(
     in both is a pair (one scored in one only, an infrastructure error, is left out and counted
     in ``unpaired_tasks``); ``diff`` is the mean of B's minus A's per-task success; the 95%
     interval is a percentile bootstrap that resamples task templates whole (tasks of a template
-    succeed or fail together: per-task resampling would overstate the precision); with one
+    succeed or fail together: per-task resampling would overstate the precision for new
+    templates); ``within_low`` / ``within_high``: the percentile bootstrap that resamples tasks
+    within each template (the templates fixed: the interval for new tasks of these templates,
+    the primary one for a fixed suite, beside McNemar); with one
     outcome per task and evaluation, ``mcnemar_p`` is the exact McNemar test over the pairs
     only A solved (``a_only``) and only B solved (``b_only``). ``by_site`` / ``by_template``:
     the same per group. Otherwise (different task sets): :func:`compare`'s Newcombe interval
@@ -361,7 +365,9 @@ def _paired(both: pl.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
     binary = bool((both["n"] == 1).all() and (both["n_b"] == 1).all())
     a_only = int(((both["success"] == 1) & (both["success_b"] == 0)).sum())
     b_only = int(((both["success"] == 0) & (both["success_b"] == 1)).sum())
-    lo, hi = cluster_bootstrap(d, both["template"].to_list(), n_boot=n_boot, seed=seed)
+    templates = both["template"].to_list()
+    lo, hi = cluster_bootstrap(d, templates, n_boot=n_boot, seed=seed)
+    w_lo, w_hi = stratified_bootstrap(d, templates, n_boot=n_boot, seed=seed)
     return {
         "n_pairs": both.height,
         "clusters": both["template"].n_unique(),
@@ -370,6 +376,8 @@ def _paired(both: pl.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
         "diff": float(sum(d) / len(d)),
         "ci_low": lo,
         "ci_high": hi,
+        "within_low": w_lo,
+        "within_high": w_hi,
         "a_only": a_only,
         "b_only": b_only,
         "mcnemar_p": mcnemar_exact(a_only, b_only) if binary else None,

@@ -8,6 +8,8 @@
   ``step_scores``, e.g. from ``webloop score-steps``): each candidate is a turn whose reply is the
   candidate's output, advantage its score normalised within the state.
 * ``step_awr``: the same candidates and advantages, as AWR weights (weighted regression).
+* ``step_best``: the same candidates; weight 1 on each state's best-scored ones (regression onto
+  the best action: DAgger's update with the ``reference`` scorer's labels).
 * ``turn``: per-turn rubric progress, from the ``progress`` list a collect run records in each
   trajectory's ``meta`` (bundled sites: share of the task's criteria met after each step).
 
@@ -33,11 +35,12 @@ ESTIMATOR_OPTIONS = {
     "awr": ("gamma", "beta", "w_max"),
     "step_grpo": ("eps",),
     "step_awr": ("beta", "w_max", "eps"),
+    "step_best": ("eps",),
     "turn": ("gamma", "eps"),
 }
-STEP_LEVEL = frozenset({"step_grpo", "step_awr"})
+STEP_LEVEL = frozenset({"step_grpo", "step_awr", "step_best"})
 """Estimators over PRM-scored candidates at the visited states (the RL loop scores them first)."""
-WEIGHTED = frozenset({"awr", "step_awr"})
+WEIGHTED = frozenset({"awr", "step_awr", "step_best"})
 """Estimators whose update is weighted regression (objective ``awr``), not PPO."""
 
 

@@ -11,7 +11,8 @@ error of the difference between correlated proportions or percentages", Psychome
 (exact form: the binomial test on the discordant pairs); B. Efron and R. Tibshirani (1993), An
 Introduction to the Bootstrap, ch. 13 (percentile intervals), resampling whole clusters
 (tasks of one template succeed or fail together) as in A. C. Davison and D. V. Hinkley (1997),
-Bootstrap Methods and their Application, §3.8; A. N. Angelopoulos, S. Bates, C. Fannjiang,
+Bootstrap Methods and their Application, §3.8 (and, templates fixed, resampling tasks within
+each template: the stratified bootstrap of §3.7); A. N. Angelopoulos, S. Bates, C. Fannjiang,
 M. I. Jordan and T. Zrnic (2023), "Prediction-powered inference", Science 382:669-674 (the
 mean estimator with its rectifier: a judge's verdicts debiased by a random labelled subset).
 """
@@ -147,6 +148,37 @@ def cluster_bootstrap(
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(names), size=(n_boot, len(names)))
     means = sums[draws].sum(1) / counts[draws].sum(1)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def stratified_bootstrap(
+    values: Sequence[float],
+    strata: Sequence[str],
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of the mean of ``values`` resampling WITHIN each stratum: every draw
+    keeps each stratum (a task template) with its own count and resamples its values (the tasks)
+    with replacement. The strata are then fixed, not a sample: the interval speaks of new tasks
+    of these templates (the population a fixed task suite measures), and is narrower than
+    :func:`cluster_bootstrap`'s, which speaks of new templates. Deterministic for a ``seed``."""
+    if len(values) != len(strata) or not len(values):
+        raise ValueError(
+            f"stratified_bootstrap: need as many strata as values (> 0), "
+            f"got {len(values)} values and {len(strata)} strata"
+        )
+    v = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(n_boot)
+    for name in sorted(set(strata)):
+        group = v[[i for i, s in enumerate(strata) if s == name]]
+        draws = rng.integers(0, len(group), size=(n_boot, len(group)))
+        totals += group[draws].sum(1)
+    means = totals / len(v)
     alpha = (1 - level) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return float(low), float(high)

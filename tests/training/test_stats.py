@@ -23,6 +23,7 @@ from training.stats import (
     diff_interval,
     mcnemar_exact,
     ppi_mean,
+    stratified_bootstrap,
     wilson,
 )
 
@@ -113,6 +114,26 @@ def test_cluster_bootstrap_against_the_enumerable_case_and_wider_for_moving_clus
     )
     with pytest.raises(ValueError, match="as many clusters as values"):
         cluster_bootstrap([1.0], ["a", "b"])
+
+
+def test_stratified_bootstrap_keeps_templates_fixed_and_is_narrower_than_the_clustered():
+    # a template whose tasks all agree contributes no variance: every draw keeps it whole
+    assert stratified_bootstrap([1.0, 1.0, 0.0, 0.0], list("aabb")) == (0.5, 0.5)
+    # one stratum of two tasks (+1, 0): means 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4
+    assert stratified_bootstrap([1.0, 0.0], ["a", "a"], n_boot=4000) == (0.0, 1.0)
+    # a gain concentrated in 3 of 10 templates: the clustered interval reaches 0, the
+    # within-template one (templates fixed, tasks the sample) does not
+    values = [1.0] * 3 + [0.0] * 7 + [1.0] * 3 + [0.0] * 7 + [1.0] * 3 + [0.0] * 7 + [0.0] * 70
+    templates = [f"t{i // 10}" for i in range(100)]
+    within = stratified_bootstrap(values, templates)
+    clustered = cluster_bootstrap(values, templates)
+    assert within[0] > 0.0 and clustered[0] <= 0.0 + 1e-12
+    assert within[0] < 0.09 < within[1]
+    assert stratified_bootstrap(values, templates, seed=2) == stratified_bootstrap(
+        values, templates, seed=2
+    )
+    with pytest.raises(ValueError, match="as many strata as values"):
+        stratified_bootstrap([1.0], ["a", "b"])
 
 
 def test_ppi_mean_against_its_closed_form():
