@@ -443,6 +443,33 @@ def test_train_rl_step_awr_regresses_on_the_scored_candidates(home: str, sft: tu
     assert out.checkpoint_id != sft[0].checkpoint_id
 
 
+def test_train_rl_dagger_labels_states_while_rolling_out_and_keeps_them(home: str, sft: tuple):
+    # step_best by the reference scorer: the rollouts label their states with the reference's
+    # next step on the live page; candidates are scored against the labels (no replay); the
+    # update regresses onto the best candidate; buffer: iteration 2 trains on both iterations'
+    cfg = _rl(sft, estimator="step_best", samples=1, n_tasks=2, seed=5, iterations=2,
+              buffer=True, prm={"scorer": "reference", "k": 2, "candidates": "top_k",
+                                "expert_candidate": True, "max_states": 6})  # fmt: skip
+    out, _ = run(train_rl_flow, cfg, home)
+    first, second = out.iterations
+    metas = sql(
+        home,
+        "SELECT meta FROM trajectories WHERE run_id IN (?, ?)",
+        [first.collect_run, second.collect_run],
+    )
+    labels = [lab for (m,) in metas for lab in _json(m)["reference_labels"]]
+    assert labels and any(lab is not None for lab in labels)
+    scored = sql(
+        home,
+        "SELECT t.run_id, count(*), count(DISTINCT s.score) FROM step_scores s "
+        "JOIN trajectories t USING (traj_id) WHERE s.scorer = 'reference' GROUP BY 1",
+    )
+    assert {r for r, *_ in scored} >= {first.collect_run} and all(d == 2 for *_, d in scored)
+    assert first.nonzero_advantage > 0 and first.steps_run > 0
+    assert second.turns >= first.turns + 2  # the first iteration's states are kept
+    assert out.checkpoint_id != sft[0].checkpoint_id
+
+
 def test_maintain_warehouse(home: str):
     before = sql(home, "SELECT count(*) FROM trajectories")[0][0]
     out, fr = run(maintain_warehouse, keep_recent_minutes=0.0, home=home)

@@ -12,7 +12,7 @@ from training.advantages import ESTIMATORS, compute_advantages, fit_value_baseli
 
 
 def test_registry_names_and_options():
-    assert ESTIMATORS.names() == ["awr", "grpo", "step_awr", "step_grpo", "turn"]
+    assert ESTIMATORS.names() == ["awr", "grpo", "step_awr", "step_best", "step_grpo", "turn"]
     with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
         ESTIMATORS.make("nope")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['gama'\]"):
@@ -86,6 +86,18 @@ def test_step_awr_hand_values():
         compute_advantages("step_awr", frame, beta=0.0)
 
 
+def test_step_best_weighs_only_the_best_candidates_of_states_with_a_signal():
+    out = compute_advantages("step_best", SCORED)
+    # advantages as step_grpo; weight 1 only on (a,0)'s best candidate (score 3): the worse
+    # ones, the timeout row, the lone candidate of (a,1) and the equal ones of (b,0) weigh 0
+    expected = [-1.224745, 1.224745, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert out["advantage"].to_list() == pytest.approx(expected, abs=1e-5)
+    assert out["weight"].to_list() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # two candidates tied at the top both weigh 1 (a reference label matched twice)
+    tied = pl.DataFrame({"traj_id": ["a"] * 3, "step_idx": [0] * 3, "score": [1.0, 0.0, 1.0]})
+    assert compute_advantages("step_best", tied)["weight"].to_list() == [1.0, 0.0, 1.0]
+
+
 def test_step_estimators_see_no_signal_in_equal_scores():
     # seven candidates scoring 0.1: polars' std of them is 1.4e-17, and "std > 0" gave them
     # weight exp(~0) = 1 each; equal scores are no signal: advantage 0, weight 0
@@ -93,6 +105,7 @@ def test_step_estimators_see_no_signal_in_equal_scores():
     assert compute_advantages("step_grpo", frame)["advantage"].to_list() == [0.0] * 7
     out = compute_advantages("step_awr", frame)
     assert out["advantage"].to_list() == [0.0] * 7 and out["weight"].to_list() == [0.0] * 7
+    assert compute_advantages("step_best", frame)["weight"].to_list() == [0.0] * 7
 
 
 def test_awr_hand_values():
