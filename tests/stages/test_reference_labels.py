@@ -66,10 +66,10 @@ def test_the_flawless_expert_follows_every_label(tmp_path, sites, chromium):
 def test_a_noisy_policy_gets_its_first_error_and_the_reference_scorer_scores_it(
     tmp_path, sites, chromium
 ):
-    tasks = generate(12, 0, templates=["shop_add_to_cart", "mail_compose"])
+    tasks = generate(8, 0, templates=["shop_add_to_cart", "mail_compose"])
     with Warehouse.open(WarehouseConfig.from_env(home=tmp_path)) as wh:
         put_tasks(wh, tasks)
-        rows = _collect(wh, sites, chromium, "noisy", n_tasks=12, noise=0.6, seed=4)
+        rows = _collect(wh, sites, chromium, "noisy", n_tasks=8, noise=0.6, seed=4)
         erred = 0
         for traj_id, _, m in rows:
             meta, actions = _meta(m), _actions(wh, traj_id)
