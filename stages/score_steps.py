@@ -284,7 +284,8 @@ async def ensure_candidates(
                 if len(rows) >= 512:
                     wh.write(rows)
                     rows = []
-            wh.write(rows)
+            if rows:  # (the last batch may have been written as it reached 512)
+                wh.write(rows)
         finally:
             if hasattr(policy, "aclose"):
                 await policy.aclose()
