@@ -45,9 +45,9 @@ from typing import Any
 
 from rollouts.actions import ParseError, check_bounds, format_action, to_dict
 from rollouts.env import BrowserCrashed, BrowserEnv, BrowserSlot, EnvConfig, Observation
+from rollouts.labeller import ReferenceLabeller
 from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import Turn, render
-from rollouts.labeller import ReferenceLabeller
 from rollouts.stop_rules import ANSWERED, after_action, after_invalid_action, repeat_key
 from warehouse.blobs import sha256_hex
 from warehouse.ids import make_id, stable_hash, traj_id_for

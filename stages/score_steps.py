@@ -25,7 +25,6 @@ import httpx
 from judging.base import load_views
 from judging.prm import (
     ExactScorer,
-    reference_label,
     PrefixEnded,
     Proposal,
     ScoreSummary,
@@ -34,6 +33,7 @@ from judging.prm import (
     make_scorer,
     propose,
     ranking_agreement,
+    reference_label,
     score_states,
 )
 from rollouts.browser import SharedSlot
@@ -388,9 +388,7 @@ async def _score(
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
             locate = expert = None
         else:
-            raise WarehouseError(
-                f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm"
-            )
+            raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm")
         cands = await ensure_candidates(wh, cfg, states, run_id, locate, expert)
         if not todo:
             return ScoreSummary()

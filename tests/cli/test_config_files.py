@@ -231,7 +231,8 @@ def test_settings_that_cannot_work_together_are_refused_naming_the_line(
         "judge:\n  judge: rubric_vlm\n  base_url: http://127.0.0.1:9/v1\n  model: m\n"
     )
     res = webloop(home, "train", "rl", "--config", str(file), ok=False)
-    assert res.returncode == 2 and "prm.scorer: exact replays the bundled" in res.stderr
+    assert res.returncode == 2
+    assert "prm.scorer: exact needs the bundled sites' reference" in res.stderr
     res = webloop(home, "eval", "--policy", "expert", "--suite", "om2w", "--judge", "programmatic",
                   ok=False)  # fmt: skip
     assert res.returncode == 2 and "--judge: programmatic needs tasks with checkers" in res.stderr

@@ -34,9 +34,9 @@ def _collect(wh: Warehouse, sites, chromium, name: str, **changes) -> list[tuple
 
 
 def _actions(wh: Warehouse, traj_id: str) -> list[str | None]:
-    return wh.sql(
-        "SELECT action_text FROM steps WHERE traj_id = ? ORDER BY step_idx", [traj_id]
-    )["action_text"].to_list()
+    return wh.sql("SELECT action_text FROM steps WHERE traj_id = ? ORDER BY step_idx", [traj_id])[
+        "action_text"
+    ].to_list()
 
 
 def _meta(m) -> dict:
@@ -74,7 +74,8 @@ def test_a_noisy_policy_gets_its_first_error_and_the_reference_scorer_scores_it(
         for traj_id, _, m in rows:
             meta, actions = _meta(m), _actions(wh, traj_id)
             labels, first = meta["reference_labels"], meta["first_error"]
-            off = [i for i, (a, lab) in enumerate(zip(actions, labels)) if lab and a != lab]
+            pairs = enumerate(zip(actions, labels, strict=True))
+            off = [i for i, (a, lab) in pairs if lab and a != lab]
             # the first error is the first labelled state where the policy did otherwise
             assert first == (off[0] if off else None), (actions, labels)
             erred += first is not None
@@ -93,7 +94,7 @@ def test_a_noisy_policy_gets_its_first_error_and_the_reference_scorer_scores_it(
             "cand_idx) JOIN trajectories t USING (traj_id) WHERE s.scorer = 'reference'"
         ).rows()
     assert got
-    for traj_id, step, policy, action, score, status, m in got:
+    for _traj_id, step, policy, action, score, status, m in got:
         meta = _meta(m)
         label = meta["reference_labels"][step]
         assert status != "success" and step >= meta["first_error"]  # first_error selection
