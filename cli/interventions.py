@@ -17,6 +17,7 @@ from stages.intervene import InterveneConfig
 class TeacherName(StrEnum):
     expert = "expert"
     openai = "openai"
+    labels = "labels"
 
 
 def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None) -> None:
@@ -28,7 +29,8 @@ def _check_teacher(teacher: TeacherName, base_url: str | None, model: str | None
 
 def intervene(cfg: InterveneConfig) -> None:
     """Find the first error of failed trajectories, propose one correction with a teacher and
-    verify it by replay in Chromium (the `intervene` Prefect flow); resumable."""
+    verify it by replay in Chromium (the `intervene` Prefect flow); resumable. ``--teacher
+    labels`` takes both from the reference labels a ``label_reference`` rollout recorded."""
     from cli.common import console
     from cli.progress import LiveProgress
     from flows.intervene import intervene as run_flow

@@ -563,3 +563,48 @@ def intervention_record(
 def replay_traj_id(run_id: str, traj_id: str, teacher: str) -> str:
     """The id of the replay trajectory of ``traj_id``'s intervention by ``teacher``."""
     return make_id("traj", run_id, "intervention", traj_id, teacher)
+
+
+#: The proposer name of interventions taken from a rollout's reference labels.
+LABELS_TEACHER = "labels"
+LABELLED = "labelled"  # verified_outcome of a label's correction: exact by alignment, not replayed
+
+
+def label_intervention(
+    traj_id: str, meta: dict[str, Any], n_steps: int, run_id: str | None
+) -> Intervention | str:
+    """The correction a ``label_reference`` rollout recorded for itself: at ``meta.first_error``
+    (the first state on the reference's path where the policy did otherwise,
+    :mod:`rollouts.labeller`) the reference's next step, ``meta.reference_labels[first_error]``.
+
+    No replay: the label is the reference's own step at a page state aligned with its path, so
+    it is exact by construction (``verified`` true, outcome :data:`LABELLED`). A trajectory that
+    never left the path is a :data:`NO_ERROR_FOUND` row (settled, like the replay teacher's);
+    one without labels, or whose label is not an action, is the reason as a string (nothing
+    stored)."""
+    labels = meta.get("reference_labels")
+    if not isinstance(labels, list):
+        return f"{traj_id}: no reference labels (collect with engine label_reference)"
+    at = meta.get("first_error")
+    base = dict(traj_id=traj_id, proposer=LABELS_TEACHER, reference="task", run_id=run_id)
+    if at is None:
+        return Intervention(
+            intervention_id=intervention_id(traj_id, LABELS_TEACHER, None),
+            verified_outcome=NO_ERROR_FOUND,
+            detail={"source": "meta.reference_labels", "why": "the policy never left the path"},
+            **base,
+        )
+    label = labels[at] if isinstance(at, int) and 0 <= at < min(len(labels), n_steps) else None
+    action = parse_action(label) if isinstance(label, str) else None
+    if action is None or isinstance(action, ParseError):
+        return f"{traj_id}: first_error {at!r} has no parseable label ({label!r})"
+    text = format_action(action)
+    return Intervention(
+        intervention_id=intervention_id(traj_id, LABELS_TEACHER, text),
+        first_error_step=at,
+        proposed_action={**to_dict(action), "text": text},
+        verified=True,
+        verified_outcome=LABELLED,
+        detail={"source": "meta.reference_labels", "label": label},
+        **base,
+    )

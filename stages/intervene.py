@@ -26,6 +26,7 @@ from typing import Any, Literal
 import httpx
 
 from curation.interventions import (
+    LABELS_TEACHER,
     NO_ERROR_FOUND,
     RETRIED_OUTCOMES,
     TEACHER_ERROR,
@@ -33,6 +34,7 @@ from curation.interventions import (
     Reference,
     first_error,
     intervention_record,
+    label_intervention,
     make_teacher,
     record_path,
     reference_for,
@@ -67,8 +69,10 @@ class InterveneConfig:
     """Which failed trajectories, which teacher. All but ``concurrency``, ``max_trajectories``,
     ``run_name`` and ``action_timeout_s`` name the run."""
 
-    teacher: Literal["expert", "openai"] = setting(
-        "expert", help="expert (bundled sites) or openai (any compatible model)."
+    teacher: Literal["expert", "openai", "labels"] = setting(
+        "expert",
+        help="expert (bundled sites: replay), openai (any compatible model) or labels (the "
+        "reference labels a label_reference rollout recorded: no browser, no replay).",
     )
     run: str | None = setting(None, help="Only failed trajectories of this run.")
     base_url: str | None = setting(None, help="openai teacher: endpoint URL.")
@@ -93,7 +97,7 @@ class InterveneConfig:
 
     @property
     def teacher_name(self) -> str:
-        return "expert" if self.teacher == "expert" else f"openai:{self.model}"
+        return self.teacher if self.teacher != "openai" else f"openai:{self.model}"
 
 
 def replay_sample_idx(corrected: str) -> int:
@@ -407,6 +411,8 @@ async def run_intervene_async(
     check_config(wh, cfg)
     run_id = run_id_for("intervene", cfg.identity(), cfg.run_name)
     views = load_views(wh, select_failed(wh, cfg))
+    if cfg.teacher == LABELS_TEACHER:
+        return from_labels(wh, cfg, run_id, views, progress)
     items, skipped = plan_items(wh, views, cfg.action_timeout_s)
     summary: dict[str, Any] = {
         "run_id": run_id,
@@ -440,6 +446,34 @@ async def run_intervene_async(
             client = await stack.enter_async_context(httpx.AsyncClient())
             verifier = Verifier(wh, cfg, run_id, server, browser, client)
             await _run_items(wh, verifier, items, summary, cfg.concurrency, progress)
+    return InterveneResult(**summary)
+
+
+def from_labels(
+    wh: Warehouse,
+    cfg: InterveneConfig,
+    run_id: str,
+    views: list[TrajectoryView],
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> InterveneResult:
+    """The ``labels`` teacher: each failed trajectory's own reference labels give its first
+    error and the correction there (:func:`curation.interventions.label_intervention`); one
+    write, no server or browser. Trajectories without labels are skipped, with the reason."""
+    summary: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS, 0)
+    summary.update(run_id=run_id, selected=len(views), skipped=[], error_examples=[])
+    records: list[Intervention] = []
+    for v in views:
+        rec = label_intervention(v.traj_id, v.meta, len(v.steps), run_id)
+        if isinstance(rec, str):
+            summary["skipped"].append(rec)
+            continue
+        records.append(rec)
+        _count(summary, rec)
+    if records:
+        with recorded_run(wh, run_id, "intervene", dataclasses.asdict(cfg), cfg.run_name):
+            wh.write(records)
+    if progress:
+        progress(summary)
     return InterveneResult(**summary)
 
 

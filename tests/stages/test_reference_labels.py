@@ -63,7 +63,7 @@ def test_the_flawless_expert_follows_every_label(tmp_path, sites, chromium):
             assert sum(lab is not None for lab in labels) >= len(actions) - 1 >= 2
 
 
-def test_a_noisy_policy_gets_its_first_error_and_the_reference_scorer_scores_it(
+def test_a_noisy_policy_gets_its_first_error_which_the_scorer_and_the_labels_teacher_use(
     tmp_path, sites, chromium
 ):
     tasks = generate(8, 0, templates=["shop_add_to_cart", "mail_compose"])
@@ -102,3 +102,61 @@ def test_a_noisy_policy_gets_its_first_error_and_the_reference_scorer_scores_it(
         if policy == "expert-reference":
             assert action == label and score == 1.0
     assert {s for *_, s, _, _ in got} == {0.0, 1.0}
+    _labels_teacher(tmp_path, run_id)
+
+
+def _labels_teacher(home, run_id: str) -> None:
+    """``intervene --teacher labels``: each failure's first error and the label there, no
+    browser; resumable; a dataset of the prefixes plus those corrections."""
+    import pyarrow.parquet as pq
+
+    from curation.build import build_dataset
+    from curation.recipe import parse_recipe
+    from stages.intervene import InterveneConfig, run_intervene
+    from training.data import find_dataset
+
+    with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+        cfg = InterveneConfig(teacher="labels", run=run_id)
+        res = run_intervene(wh, cfg)
+        failed = wh.sql(
+            "SELECT traj_id, meta FROM trajectories WHERE run_id = ? AND status = 'failure'",
+            [run_id],
+        ).rows()
+        assert res.selected == len(failed) > 0 and res.errors == 0
+        iv = {
+            r[0]: r[1:]
+            for r in wh.sql(
+                "SELECT traj_id, first_error_step, proposed_action, verified, verified_outcome "
+                "FROM interventions WHERE proposer = 'labels'"
+            ).rows()
+        }
+        corrected = {}
+        for traj_id, m in failed:
+            meta = _meta(m)
+            step, proposed, verified, outcome = iv[traj_id]
+            if meta["first_error"] is None:
+                assert outcome == "no_error_found" and step is None and verified is None
+                continue
+            label = meta["reference_labels"][meta["first_error"]]
+            assert (step, _meta(proposed)["text"], verified) == (meta["first_error"], label, True)
+            corrected[traj_id] = (step, label)
+        assert res.verified == len(corrected) >= 3
+        assert run_intervene(wh, cfg).selected == 0  # settled: a re-run selects nothing
+        recipe = parse_recipe(
+            "name: corrected\n"
+            f"sources: {{splits: [train, test, ood], runs: [{run_id}]}}\n"
+            "filters: [{before_first_error: {}}]\n"
+            "include: {interventions: true}\n"
+            "output: {sft: true, rl_groups: false, preferences: false, k_images: 1}\n"
+            "gates: {success_rate: [0.0, 1.0]}\n",
+            "corrected.yaml",
+        )
+        ds = build_dataset(wh, recipe, out_dir=home / "ds", blobs=wh.blobs, progress=None)
+        export = find_dataset(wh, ds.dataset_id).export_path
+    rows = pq.read_table(export / "parquet" / "sft.parquet").to_pylist()
+    fixes = {(r["traj_id"], r["step_idx"]): r["completion"] for r in rows}
+    for traj_id, (step, label) in corrected.items():
+        # the failure's steps before its first error, then the label where it erred
+        assert fixes[(traj_id, step)].endswith(f"Action: {label}")
+        kept = sorted(i for t, i in fixes if t == traj_id)
+        assert kept == list(range(step + 1))
