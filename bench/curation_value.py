@@ -1,45 +1,45 @@
-"""Curation value benchmark: does filtering the data make a better policy, when the noise is
-structured? On 2 cores.
+"""Curation value benchmark: does curating a policy's own rollouts make a better policy than
+training on all of them? On 2 cores.
 
-Random slips of a scripted expert (the learning bench's ``--noise 0.1``) barely hurt a policy
-trained on them: each wrong action is rare at its state, so the argmax learns the right one and
-the curated and unfiltered SFT checkpoints come out level. Real demonstrations err in habits: the
-same wrong move at the same kind of state. This bench makes that noise and measures each arm:
+The flywheel's data is mostly its own policy's rollouts, and their failures repeat the policy's
+own mistakes: the ones a learner of the same class would copy. (A noisy expert's slips are not:
+the ranker never copies a rare slip, so filtering them only removes rows — the earlier setting of
+this bench, in the benchmark notes.) This bench builds that pool and curates it:
 
-1. data: the scripted expert with ``--noise-kind habit`` on ``--collect`` ``train`` tasks: in a
-   ``--noise`` share of episodes the task template's one wrong habit (``rollouts.policies.habit``:
-   skip a given step, or click the neighbouring element of the same role there, then carry on),
-   graded by the programmatic judge;
-2. interventions (InT): for each failed trajectory, its first error found by page-state
-   replay, the expert teacher's correction there (the reference's next action from the aligned
-   position), verified by replaying prefix + correction + the expert's continuation
-   (``stages.intervene``; ``--interventions N`` caps how many trajectories, 0: none);
-3. arms, datasets of the SAME trajectories: ``unfiltered`` (every graded trajectory),
-   ``success`` (the filtered-BC recipe: judged successes, invalid steps and loops dropped,
-   deduplicated), ``success+interventions`` (that, plus one example per verified
-   intervention: the failed prefix as the prompt, the correction as the target) and
-   ``prefixes`` (a step-level filter: every success whole, and each failure's steps before the
-   first error the interventions located, ``before_first_error``; a failure without one is
-   dropped);
-4. training: the ranker by SFT on each arm for the SAME number of gradient steps (``--steps``
-   of ``--batch``: a smaller dataset gets more epochs), so an arm wins on its data, not on more
-   updates;
-5. evaluation: each checkpoint greedy on the same ``--eval-n`` ``test`` tasks (deterministic
-   sites, so paired); the pairs of :data:`PAIRS`, overall (template-clustered bootstrap
-   interval, exact McNemar) and per template, beside each template's failed share of the
-   training trajectories (the habits' footprint).
+1. a weak policy of the learner's class: the ranker by SFT on ``--demos`` flawless expert
+   demonstrations of ``train`` tasks (``--weak-steps`` gradient steps);
+2. the pool: that policy greedy on ``--pool`` other ``train`` tasks, judged by the programmatic
+   judge, with the engine's ``label_reference`` on (each state's reference action grounded on the
+   live page, and each trajectory's first error: where the policy first did otherwise);
+3. first-error corrections: ``intervene --teacher labels`` turns each failure's first error and
+   the reference's action there into a verified intervention (no replay, no server);
+4. arms, datasets of the SAME pool trajectories (nothing of the demonstrations):
+   ``unfiltered`` (all steps), ``success`` (the filtered-BC recipe: judged successes, invalid
+   steps and loops dropped, deduplicated), ``prefixes`` (every success whole and each failure's
+   steps before its first error, ``before_first_error``) and ``corrected`` (that, plus one
+   example per intervention: the failure's state at its first error, the reference's action as
+   the target);
+5. training: the ranker by SFT on each arm from scratch for the SAME number of gradient steps
+   (``--steps`` of ``--batch``: a smaller dataset gets more epochs), so an arm wins on its data,
+   not on more updates; ``--seed`` sets the demonstrations' and the pool's tasks and every SFT's
+   initialisation and order;
+6. evaluation: each checkpoint greedy on the same ``--eval-n`` ``test`` tasks (deterministic
+   sites, so paired): every pair of :data:`PAIRS`, the exact McNemar test and the bootstrap
+   intervals resampling tasks within templates (the suite's templates are fixed) and whole
+   templates (new templates); per template, beside the pool's failures there.
 
-Everything is the product's own code path (collect / judge / curate / train / evaluate), in one
-process with one sites server and one Chromium, into a fresh warehouse; a results file as the
-other benches write. The aim (issue 32): success-filtered beats unfiltered with the paired
-interval excluding 0, under 20 minutes.
+Pre-registered primary comparison (issue 50): ``corrected − unfiltered`` on ``test``; the aims
+— at least +3 points, McNemar p < 0.05, the within-template interval's lower bound above 0, at
+least 300 paired tasks, at most 30 minutes — are printed as met or missed, never asserted. The
+other pairs are reported beside it.
 
-    python bench/curation_value.py [--quick] [--noise 0.4] [--collect 360] [--steps 400]
+    python bench/curation_value.py [--quick] [--seed 0] [--demos 40] [--pool 320] [--steps 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -54,26 +54,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bench import learning  # (after the path and offline settings)
 
 FULL = dict(
-    suite_version="2",
+    seed=0,
+    suite_version="3",
     tasks=2400,
-    collect=360,
-    noise=0.4,
-    interventions=360,
-    steps=400,
+    demos=40,  # flawless expert demonstrations that make the weak policy
+    weak_steps=150,
+    pool=320,  # train tasks the weak policy rolls out: the pool every arm curates
+    pool_max_steps=24,
+    steps=300,
     batch=32,
-    eval_n=300,
+    eval_n=320,
     eval_max_steps=30,
 )
-QUICK = dict(FULL, tasks=160, collect=12, interventions=2, steps=20, batch=8, eval_n=3)
-QUICK["eval_max_steps"] = 8
+QUICK = dict(FULL, tasks=160, demos=6, weak_steps=30, pool=8, pool_max_steps=8, steps=20, batch=8)
+QUICK.update(eval_n=3, eval_max_steps=8)
 
-WITH_INTERVENTIONS = learning.CURATED.replace("bench-curated", "value-success-interventions")
-WITH_INTERVENTIONS = WITH_INTERVENTIONS.replace(
-    "output:", "include: {{interventions: true}}\noutput:"
-).replace("(filtered BC)", "(filtered BC) and verified interventions on the failures")
 PREFIXES = """
 name: value-prefixes
-description: "Every success whole, every failure up to its first error (a step-level filter)."
+description: "The pool's successes whole and each failure up to its first error."
 sources: {{splits: [train], runs: [{run}]}}
 filters:
   - before_first_error: {{}}
@@ -83,128 +81,170 @@ filters:
 output: {{sft: true, rl_groups: false, preferences: false, k_images: 1}}
 gates: {{success_rate: [0.0, 1.0]}}
 """
+CORRECTED = (
+    PREFIXES.replace("value-prefixes", "value-corrected")
+    .replace("first error.", "first error, and the reference's action there.")
+    .replace("output:", "include: {{interventions: true}}\noutput:")
+)
 ARMS = {
-    "unfiltered": learning.UNFILTERED.replace("bench-unfiltered", "value-unfiltered"),
-    "success": learning.CURATED.replace("bench-curated", "value-success"),
-    "success+interventions": WITH_INTERVENTIONS,
+    "unfiltered": learning.UNFILTERED.replace("bench-unfiltered", "value-unfiltered").replace(
+        "of the noisy expert", "of the weak policy's pool"
+    ),
+    "success": learning.CURATED.replace("bench-curated", "value-success").replace(
+        "of the noisy expert", "of the weak policy's pool"
+    ),
     "prefixes": PREFIXES,
+    "corrected": CORRECTED,
 }
-#: The paired comparisons reported, (A, B): B − A.
-PAIRS = [
-    ("unfiltered", "success"),
-    ("success", "success+interventions"),
-    ("unfiltered", "success+interventions"),
-    ("unfiltered", "prefixes"),
-]
+#: The pre-registered primary comparison (A, B): B − A.
+PRIMARY = ("unfiltered", "corrected")
+#: The paired comparisons reported, (A, B): B − A; the primary first.
+PAIRS = [PRIMARY, ("unfiltered", "success"), ("unfiltered", "prefixes"), ("prefixes", "corrected")]
 
 say = learning.say
 
 
-async def intervene(b: Any, run: str) -> None:
-    """Verified interventions of the expert teacher on the run's failed trajectories."""
+def split_tasks(b: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``--demos`` and then ``--pool`` distinct ``train`` tasks, in the seed's stable order."""
+    from stages.collect import CollectConfig, select_tasks
+
+    n = b.a.demos + b.a.pool
+    tasks = select_tasks(b.wh, CollectConfig(split="train", n_tasks=n, seed=b.a.seed))
+    ids = tuple(t.task_id for t in tasks)
+    if len(ids) < n:
+        raise SystemExit(f"{len(ids)} train tasks, fewer than --demos + --pool = {n}")
+    return ids[: b.a.demos], ids[b.a.demos :]
+
+
+async def pool_run(b: Any, checkpoint: str, task_ids: tuple[str, ...]) -> str:
+    """The weak policy greedy on ``task_ids`` with reference labels, judged; its run id."""
+    from stages.collect import CollectConfig, run_collect
+    from stages.judge import JudgeConfig, run_judge
+    from training.load import resolve_policy
+
+    t0 = time.perf_counter()
+    policy = resolve_policy(b.wh, "ranker", checkpoint)
+    cfg = CollectConfig(
+        split="train",
+        n_tasks=len(task_ids),
+        task_ids=task_ids,
+        policy=policy.policy,
+        model=policy.model,
+        prompt_mode="a11y",
+        max_steps=b.a.pool_max_steps,
+        action_timeout_s=1.5,
+        concurrency=8,
+        seed=b.a.seed,
+        engine={"label_reference": True},
+        run_name=f"value-pool-seed{b.a.seed}",
+    )
+    res = await run_collect(b.wh, cfg, server=b.server, browser=b.browser)
+    judged = await asyncio.to_thread(
+        run_judge, b.wh, JudgeConfig(judge="programmatic", run=res.run_id)
+    )
+    b.timed("pool", t0)
+    say(
+        f"pool (weak policy, greedy, label_reference): {res.ran + res.skipped} trajectories, "
+        f"{res.steps} steps, outcomes {res.by_status}; judged {judged.judged}"
+    )
+    return res.run_id
+
+
+async def corrections(b: Any, run: str) -> None:
+    """The labels teacher's interventions at the pool's first errors."""
     from stages.intervene import InterveneConfig, run_intervene_async
 
-    if not b.a.interventions:
-        say("interventions: none asked for (--interventions 0)")
-        return
     t0 = time.perf_counter()
-    cfg = InterveneConfig(
-        teacher="expert",
-        run=run,
-        max_trajectories=b.a.interventions,
-        concurrency=4,
-        action_timeout_s=1.5,
-    )
-    res = await run_intervene_async(b.wh, cfg, server=b.server, browser=b.browser)
+    res = await run_intervene_async(b.wh, InterveneConfig(teacher="labels", run=run))
     b.timed("intervene", t0)
     say(
-        f"interventions (expert teacher): {res.selected} failed trajectories, "
-        f"{res.intervened} intervened, {res.verified} verified, {res.not_verified} not, "
-        f"{res.no_error_found} without an error found, {res.errors} errors"
+        f"first-error corrections (labels teacher): {res.selected} failed trajectories, "
+        f"{res.intervened} corrected, {res.no_error_found} without a first error, "
+        f"{len(res.skipped)} without labels"
     )
 
 
 def by_template(b: Any, run: str) -> dict[str, dict[str, int]]:
-    """Per template of the run's trajectories: how many, and how many succeeded (the failures
-    are mostly the habit's: the expert makes no other mistake)."""
-    df = b.wh.sql("SELECT task_id, status FROM trajectories WHERE run_id = ?", [run])
+    """Per template of the pool: how many trajectories, and how many succeeded (judged)."""
+    from training.evaluate import run_outcomes
+
     out: dict[str, dict[str, int]] = {}
-    for task_id, status in df.iter_rows():
-        template = task_id.split("/")[1] if task_id.count("/") >= 2 else task_id
-        row = out.setdefault(template, {"n": 0, "success": 0})
+    df = run_outcomes(b.wh, run, "programmatic")
+    for template, success in df.select("template", "success").iter_rows():
+        row = out.setdefault(str(template), {"n": 0, "success": 0})
         row["n"] += 1
-        row["success"] += status == "success"
+        row["success"] += int(success or 0)
     return out
 
 
 async def run_all(b: Any, home: Path) -> None:
     learning.generate(b)
-    run = await learning.expert_run(
-        b, "value-habit-expert", n=b.a.collect, noise=b.a.noise, noise_kind="habit"
-    )
-    train = by_template(b, run)
-    await intervene(b, run)
+    demo_ids, pool_ids = split_tasks(b)
+    demos = await learning.expert_run(b, "value-demos", n=len(demo_ids), task_ids=demo_ids)
+    demo_ds = learning.build(b, learning.CURATED.format(run=json.dumps(demos)), home / "datasets")
+    weak = learning.sft(b, demo_ds, "weak", max_steps=b.a.weak_steps, seed=b.a.seed)
+    run = await pool_run(b, weak.checkpoint, pool_ids)
+    pool = by_template(b, run)
+    await corrections(b, run)
     data = {
         arm: learning.build(b, text.format(run=json.dumps(run)), home / "datasets")
         for arm, text in ARMS.items()
     }
     checkpoints = {
-        arm: learning.sft(b, ds, arm, max_steps=b.a.steps).checkpoint for arm, ds in data.items()
+        arm: learning.sft(b, ds, arm, max_steps=b.a.steps, seed=b.a.seed).checkpoint
+        for arm, ds in data.items()
     }
     say(f"evaluation (ranker, greedy, {b.a.eval_n} test tasks, max {b.a.eval_max_steps} steps):")
     for arm, checkpoint in checkpoints.items():
         await learning.evaluate(b, arm, checkpoint, "test")
-    report(b, train)
+    learning.differences(b, PAIRS)
+    per_template(b, pool)
+    aims(b)
 
 
-def report(b: Any, train: dict[str, dict[str, int]]) -> None:
-    """Each pair of :data:`PAIRS`, paired on the same tasks, overall and per template (with the
-    template's failed share of the training trajectories: the habits' footprint)."""
-    from training.evaluate import compare_evaluations
-
-    say(
-        "differences (B - A, paired on the same test tasks: 95% bootstrap interval resampling "
-        "templates, exact McNemar p):"
-    )
-    for a, c in PAIRS:
-        d = compare_evaluations(b.wh, b.evals[(a, "test")]["row"], b.evals[(c, "test")]["row"])
-        if d["method"] != "paired":
-            raise SystemExit(f"{c} vs {a}: not paired ({d.get('unpaired_because')})")
-        p = d["mcnemar_p"]
-        say(
-            f"  {c} - {a}: {d['diff']:+.1%} [{d['ci_low']:+.1%}, {d['ci_high']:+.1%}] paired on "
-            f"{d['n_pairs']} tasks ({d['clusters']} templates), only A {d['a_only']} / only B "
-            f"{d['b_only']}, McNemar p " + (f"{p:.3g}" if p is not None else "n/a")
-        )
-        if learning.RESULTS is not None:
-            keep = ("diff", "ci_low", "ci_high", "n_pairs", "a_only", "b_only", "mcnemar_p")
-            figures = learning.RESULTS.figures.setdefault("differences", {})
-            figures[f"{c} - {a}"] = {
-                **{k: d.get(k) for k in keep},
-                "by_template": {str(g["template"]): g for g in d["by_template"]},
-            }
-    per_template(b, train)
-
-
-def per_template(b: Any, train: dict[str, dict[str, int]]) -> None:
-    """Solved per template and arm on the same test tasks, beside the training failures."""
+def per_template(b: Any, pool: dict[str, dict[str, int]]) -> None:
+    """Solved per template and arm on the same test tasks, beside the pool's failures."""
     solved: dict[str, dict[str, int]] = {}
     n: dict[str, int] = {}
     for arm in ARMS:
         for template, (k, m) in learning.solved_by_template(b, arm, "test").items():
             solved.setdefault(template, {})[arm] = k
             n[template] = m
-    say(f"per template (test solved: {' / '.join(ARMS)} of n; train: failed of trajectories):")
+    say(f"per template (test solved: {' / '.join(ARMS)} of n; pool: failed of trajectories):")
     for template in sorted(solved):
-        h = train.get(template, {"n": 0, "success": 0})
+        h = pool.get(template, {"n": 0, "success": 0})
         counts = " / ".join(f"{solved[template].get(arm, 0):>3}" for arm in ARMS)
         failed = h["n"] - h["success"]
-        say(f"  {template:<24} {counts} of {n.get(template, 0):<4} train {failed}/{h['n']} failed")
+        say(f"  {template:<24} {counts} of {n.get(template, 0):<4} pool {failed}/{h['n']} failed")
     if learning.RESULTS is not None:
         learning.RESULTS.figures["per_template"] = {
-            t: {"test_n": n.get(t, 0), "test_solved": solved[t], "train": train.get(t)}
+            t: {"test_n": n.get(t, 0), "test_solved": solved[t], "pool": pool.get(t)}
             for t in solved
         }
+
+
+def aims(b: Any) -> None:
+    """The issue's aims for the primary comparison, each said as met or missed."""
+    a, c = PRIMARY
+    figures = learning.RESULTS.figures if learning.RESULTS is not None else {}
+    r = figures.get("differences", {}).get(f"test/{c} - {a}")
+    if r is None:
+        say(f"aims: no paired test comparison of {c} and {a}")
+        return
+    p = r["mcnemar_p"]
+    elapsed = time.perf_counter() - b.started
+    checks = {
+        "diff >= +3 points": (r["diff"] >= 0.03, f"{r['diff']:+.1%}"),
+        "McNemar p < 0.05": (p is not None and p < 0.05, f"p {p:.3g}" if p is not None else "n/a"),
+        "within-template lower bound > 0": (r["within_low"] > 0, f"{r['within_low']:+.1%}"),
+        ">= 300 test tasks": (r["n_pairs"] >= 300, f"{r['n_pairs']} pairs"),
+        "<= 30 minutes": (elapsed <= 1800, f"{elapsed / 60:.1f} min"),
+    }
+    say(f"aims ({c} - {a} on test, pre-registered):")
+    for name, (ok, figure) in checks.items():
+        say(f"  {'met   ' if ok else 'MISSED'} {name}: {figure}")
+    if learning.RESULTS is not None:
+        figures["aims"] = {k: {"met": ok, "figure": f} for k, (ok, f) in checks.items()}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -194,6 +194,7 @@ class Bench:
         self.times: dict[str, float] = {}
         self.evals: dict[tuple[str, str], dict[str, Any]] = {}
         self.variants: list[str] = []  # the RL configurations tried, in order
+        self.started = time.perf_counter()
 
     def timed(self, name: str, start: float) -> None:
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
