@@ -28,8 +28,8 @@ BENCHES: dict[str, str] = {
     "(variants chosen on `val`) → paired evaluation on `test`, with the ranker policy.",
     "learning_vlm": "Does a generative vision-language policy learn here, from scratch? "
     "Tokenizer + small Idefics3, SFT with and without the screenshot, GRPO, closed loop.",
-    "curation_value": "Does curation make a better policy when demonstrations err in "
-    "habits? Unfiltered / success-filtered / + interventions / step-filtered, equal steps.",
+    "curation_value": "Does curating a weak policy's own rollouts pay? All steps / successes / "
+    "prefixes before the first error / + first-error corrections, equal steps, paired.",
     "ood": "A few-shot curve on the held-out travel site (0 / 5 / 20 demonstrations).",
     "training": "The trainer on 1 against 2 processes (gloo), and the GPU check where there is "
     "one.",

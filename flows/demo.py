@@ -114,6 +114,28 @@ def run_demo(
         return {**flywheel_flow(cfg, home, own), "state": state}
 
 
+def corrections_line(intervened: dict[str, Any] | None) -> str:
+    """What the round's teacher corrected (nothing when the round ran no interventions)."""
+    if not intervened:
+        return ""
+    if not intervened.get("selected"):
+        return f"corrections: none new ({intervened.get('settled', 0)} stored); "
+    return (
+        f"corrections: {intervened.get('intervened', 0)} of {intervened['selected']} failures "
+        f"({intervened.get('verified', 0)} verified); "
+    )
+
+
+def change_line(r: dict[str, Any]) -> str:
+    """The round's change against the round before it (round 1: the untrained ranker)."""
+    d = r.get("delta") or {}
+    if "diff" not in d:
+        return "no comparison with the round before"
+    before = "the untrained ranker" if r["round"] == 1 else f"round {r['round'] - 1}"
+    how = f"paired, {d['a_only']} lost / {d['b_only']} gained" if "a_only" in d else "unpaired"
+    return f"{100 * d['diff']:+.1f} points against {before} ({how})"
+
+
 def summary_lines(out: dict[str, Any]) -> list[str]:
     """The demo's closing summary, one line each."""
     where, rounds = out["warehouse"], out["rounds"]
@@ -134,10 +156,11 @@ def summary_lines(out: dict[str, Any]) -> list[str]:
         ds = r["dataset"]
         c = ds["counts"]
         lines.append(
-            f"round {r['round']}: rollouts {col}; dataset {ds['name']}: "
+            f"round {r['round']}: rollouts {col}; {corrections_line(r.get('intervened'))}"
+            f"dataset {ds['name']}: "
             f"{c.get('trajectories', 0)} trajectories, {c.get('sft', 0)} SFT rows; "
             f"checkpoint {r['trained']['checkpoint_id']} ({r['steps_run']} steps now); "
-            f"held-out success {eval_line(r['after'])}"
+            f"held-out success {eval_line(r['after'])}; {change_line(r)}"
         )
     u, f, d = out["untrained"], out["final"], out["overall"]
     lines += [

@@ -84,6 +84,25 @@ gates: {success_rate: [1.0, 1.0]}
 """
 
 
+# The default recipe with the ``labels`` teacher (whose policy rollouts carry reference labels):
+# the successes whole, each failure's steps before its first error, and the reference's action
+# at that error (bench/curation_value.py: +19 points over all steps of a weak policy's pool).
+CORRECTED_RECIPE = """
+name: flywheel
+description: "Successes whole, failures up to their first error, and the correction there."
+sources: {splits: [train]}
+filters:
+  - before_first_error: {}
+  - drop_invalid_steps: {noop: false}
+  - drop_loops: {max_repeats: 2}
+  - dedup_trajectories: {}
+curriculum: {weights: none, horizon: [10, 20]}
+include: {interventions: true}
+output: {sft: true, rl_groups: false, preferences: false, k_images: 1}
+gates: {success_rate: [0.0, 1.0]}
+"""
+
+
 class FlywheelError(ConfigError):
     """A flywheel configuration that cannot run (names the option)."""
 
@@ -352,9 +371,14 @@ class FlywheelConfig:
         return make_id("flywheel", self.identity())
 
     def load_recipe(self) -> Recipe:
-        """The configured recipe, or the default one keeping the successes of ``judge``."""
+        """The configured recipe, or the default one: with the ``labels`` teacher and the
+        checkers as the judge, the first-error-corrected one (:data:`CORRECTED_RECIPE`: its
+        step filter reads the checkers' outcomes), else the one keeping the successes of
+        ``judge`` (:data:`DEFAULT_RECIPE`)."""
         if self.recipe is not None:
             return load_recipe(Path(self.recipe))
+        if self.teacher.teacher == "labels" and self.judge.judge == "programmatic":
+            return parse_recipe(CORRECTED_RECIPE, "stages/flywheel.py:CORRECTED_RECIPE")
         recipe = parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
         filters = tuple(_judged_by(f, self.judge.judge) for f in recipe.filters)
         update: dict[str, Any] = {"filters": filters}
@@ -475,6 +499,17 @@ def _check_suites(cfg: FlywheelConfig) -> None:
             f"teacher.teacher: the expert teacher corrects bundled tasks only, not suite "
             f"{suites['rollout']!r}: use openai (teacher base_url/model), or interventions: 0"
         )
+    if cfg.interventions and cfg.teacher.teacher == "labels":
+        if suites["rollout"] != "bundled":
+            raise FlywheelError(
+                f"teacher.teacher: the labels teacher reads the bundled reference's labels, "
+                f"suite {suites['rollout']!r} has none: use openai, or interventions: 0"
+            )
+        if not cfg.rollout.engine.get("label_reference"):
+            raise FlywheelError(
+                "teacher.teacher: the labels teacher needs the policy's rollouts to record "
+                "reference labels: set rollout.engine.label_reference: true"
+            )
     if cfg.teacher.teacher == "openai" and not (cfg.teacher.base_url and cfg.teacher.model):
         raise FlywheelError("teacher.base_url: the openai teacher needs base_url and model")
     if cfg.prm.scorer == "vlm" and cfg.prm_states and not cfg.prm.scorer_base_url:

@@ -11,6 +11,10 @@ import pytest
 
 from warehouse.ids import run_id_for
 
+# The demo preset before its flywheel corrected every failure with the labels teacher (the
+# ids pinned here are of that configuration, which users' warehouses hold)
+OLD_DEMO = {"interventions": 2, "teacher": {"teacher": "expert"}, "rollout": {"engine": {}}}
+
 
 def _ids() -> dict[str, str]:
     from flows.demo import demo_config
@@ -83,18 +87,21 @@ def _ids() -> dict[str, str]:
         "eval": run_id_for(
             "collect", collect_config(EvalConfig(checkpoint="c"), "/ck", "a11y").identity()
         ),
-        "flywheel": demo_config().flywheel_id,
+        "flywheel": demo_config(**OLD_DEMO).flywheel_id,
         "flywheel seed 1": demo_config(
+            interventions=2,
+            teacher={"teacher": "expert"},
             seed=1,
             rounds=3,
-            rollout={"temperature": 0.7},
+            rollout={"temperature": 0.7, "engine": {}},
             eval={"max_steps": 20},
             expert={"max_steps": 22},
         ).flywheel_id,
         "flywheel timeout": demo_config(
+            teacher={"teacher": "expert"},
             bundled_tasks=60,
             expert={"n_tasks": 4, "noise": 0.12, "action_timeout_s": 1.0},
-            rollout={"n_tasks": 3, "action_timeout_s": 1.0},
+            rollout={"n_tasks": 3, "action_timeout_s": 1.0, "engine": {}},
             eval={"n_tasks": 3, "max_steps": 10, "action_timeout_s": 1.0},
             prm_states=2,
             prm_k=2,

@@ -25,6 +25,17 @@ def test_demo_config_is_the_cpu_scale_flywheel():
     with pytest.raises(ConfigError, match="rounds: 0 is below the minimum 1"):
         demo_config(rounds=0)
     assert (cfg.expert.n_tasks, cfg.rollout.samples, cfg.eval.n_tasks) == (40, 2, 24)
+    # every failure of the policy's labelled rollouts corrected, curated by the corrected recipe
+    assert (cfg.teacher.teacher, cfg.rollout.engine, cfg.interventions) == (
+        "labels",
+        {"label_reference": True},
+        16,
+    )
+    names = [f.name for f in cfg.load_recipe().filters]
+    assert names[0] == "before_first_error" and "verdict" not in names
+    assert cfg.load_recipe().include.interventions
+    judged = demo_config(teacher={"teacher": "expert"}).load_recipe()
+    assert judged.filters[0].name == "verdict"  # the other teachers: successes
 
 
 RUBRIC = {"judge": "rubric_vlm", "base_url": "http://127.0.0.1:9/v1", "model": "j"}
@@ -43,8 +54,16 @@ BOTH = {"prompt_mode": "both"}
         ({"policy": {"model": "x"}}, r"policy\.model: the ranker starts fresh"),
         ({"rollout": {"suite": "om2w"}}, r"judge: programmatic needs tasks with checkers"),
         (
-            {"rollout": {"suite": "om2w"}, "judge": RUBRIC, "interventions": 1},
+            {"rollout": {"suite": "om2w"}, "judge": RUBRIC, "teacher": {"teacher": "expert"}},
             r"teacher\.teacher: the expert teacher corrects bundled tasks only",
+        ),
+        (
+            {"rollout": {"suite": "om2w"}, "judge": RUBRIC},
+            r"teacher\.teacher: the labels teacher reads the bundled reference's labels",
+        ),
+        (
+            {"rollout": {"engine": {}}},
+            r"teacher\.teacher: the labels teacher needs the policy's rollouts to record",
         ),
         ({"expert": {"suite": "om2w"}}, r"expert\.policy: the scripted expert plays the bundled"),
         (

@@ -9,6 +9,7 @@ leaves are checked on that resumed run, against what an uninterrupted run holds 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,6 +184,14 @@ def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
     sft = out["rounds"][1]["dataset"]["counts"]["sft"]
     assert f"{sft} SFT rows" in text and resumed["home"] in text
     assert "webloop dashboard" in text and "prefect server start" in text
+    # and what each round changed: its corrections and its paired change against the one before
+    r2 = out["rounds"][1]
+    assert re.search(r"round 2: .*; corrections: ", text)
+    d = r2["delta"]
+    assert (
+        f"{100 * d['diff']:+.1f} points against round 1 (paired, {d['a_only']} lost / "
+        f"{d['b_only']} gained)"
+    ) in text
 
 
 def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
