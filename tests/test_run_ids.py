@@ -13,7 +13,11 @@ from warehouse.ids import run_id_for
 
 # The demo preset before its flywheel corrected every failure with the labels teacher (the
 # ids pinned here are of that configuration, which users' warehouses hold)
-OLD_DEMO = {"interventions": 2, "teacher": {"teacher": "expert"}, "rollout": {"engine": {}}}
+OLD_DEMO = {
+    "interventions": 2,
+    "teacher": {"teacher": "expert"},
+    "rollout": {"engine": {}, "n_tasks": 8},
+}
 
 
 def _ids() -> dict[str, str]:
@@ -93,7 +97,7 @@ def _ids() -> dict[str, str]:
             teacher={"teacher": "expert"},
             seed=1,
             rounds=3,
-            rollout={"temperature": 0.7, "engine": {}},
+            rollout={"temperature": 0.7, "engine": {}, "n_tasks": 8},
             eval={"max_steps": 20},
             expert={"max_steps": 22},
         ).flywheel_id,
