@@ -87,20 +87,17 @@ gates: {success_rate: [1.0, 1.0]}
 # The default recipe with the ``labels`` teacher (whose policy rollouts carry reference labels):
 # the successes whole, each failure's steps before its first error, and the reference's action
 # at that error (bench/curation_value.py: +19 points over all steps of a weak policy's pool).
-CORRECTED_RECIPE = """
-name: flywheel
-description: "Successes whole, failures up to their first error, and the correction there."
-sources: {splits: [train]}
-filters:
-  - before_first_error: {}
-  - drop_invalid_steps: {noop: false}
-  - drop_loops: {max_repeats: 2}
-  - dedup_trajectories: {}
-curriculum: {weights: none, horizon: [10, 20]}
-include: {interventions: true}
-output: {sft: true, rl_groups: false, preferences: false, k_images: 1}
-gates: {success_rate: [0.0, 1.0]}
-"""
+CORRECTED_RECIPE = (
+    DEFAULT_RECIPE.replace(
+        "Judged successes of the expert and of the policy so far, plus verified corrections.",
+        "Successes whole, failures up to their first error, and the correction there.",
+    )
+    .replace(
+        "verdict: {judges: [programmatic], verdict: success, min_agreement: 1.0}",
+        "before_first_error: {}",
+    )
+    .replace("success_rate: [1.0, 1.0]", "success_rate: [0.0, 1.0]")
+)
 
 
 class FlywheelError(ConfigError):

@@ -34,6 +34,7 @@ def test_demo_config_is_the_cpu_scale_flywheel():
     names = [f.name for f in cfg.load_recipe().filters]
     assert names[0] == "before_first_error" and "verdict" not in names
     assert cfg.load_recipe().include.interventions
+    assert tuple(cfg.load_recipe().gates.success_rate) == (0.0, 1.0)  # failures' prefixes kept
     judged = demo_config(teacher={"teacher": "expert"}).load_recipe()
     assert judged.filters[0].name == "verdict"  # the other teachers: successes
 
