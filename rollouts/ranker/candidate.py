@@ -31,7 +31,13 @@ from rollouts.ranker.features import (
     feature_vector,
     history_info,
     last_typed_end,
+    last_typed_value,
+    links_followed,
     overlap,
+    page_clause,
+    page_name,
+    progress_end,
+    values_on_page,
     word_stems,
 )
 from rollouts.ranker.prompt import RankerInput, parse_prompt
@@ -85,8 +91,16 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
         overlap(inp.title.split(" — ")[0], word_stems(inp.instruction)),
         frozenset(t for t in inp.targets if t),
         inp.targets[-1] if inp.targets else "",
+        progress_end(inp),
+        frozenset(word_stems(last_typed_value(inp))),
+        links_followed(inp),
+        frozenset(page_name(p) for p in (*inp.pages, inp.title) if p),
     )
     values = instruction_values(inp.instruction)
+    tree_low = inp.tree.lower()
+    c.tree_low = tree_low
+    c.values_on_page = values_on_page(values, tree_low)
+    c.page_clause = page_clause(inp.instruction, inp.title)
     out: dict[Action, Candidate] = {}
 
     def add(

@@ -25,7 +25,7 @@ from rollouts.ranker.prompt import RankerInput
 from rollouts.ranker.tree import TEXT_FIELDS, Node, current_value, field_label
 from rollouts.ranker.values import DATE, EMAIL, PRICE, WORD
 
-FEATURE_VERSION = 4
+FEATURE_VERSION = 5
 VERBS = ("click", "type", "select", "answer", "scroll")
 FEATURES = (
     *(f"verb_{v}" for v in VERBS),
@@ -63,6 +63,14 @@ FEATURES = (
     "target_in_history",
     "target_in_last_action",
     "slot_binding",
+    "value_after_progress",
+    "progress",
+    "name_matches_last_typed",
+    "links_followed",
+    "name_is_visited_page",
+    "value_on_page",
+    "values_on_page",
+    "value_in_page_clause",
 )
 N_FEATURES = len(FEATURES)
 
@@ -134,6 +142,13 @@ class FeatureContext:
     title_overlap: float
     targets: frozenset[str] = frozenset()  # elements acted on before (role "name")
     last_target: str = ""
+    progress_end: int = -1  # the furthest end of a typed value in the instruction (-1: none)
+    last_value_stems: frozenset[str] = frozenset()  # word stems of the latest typed value
+    links_followed: int = 0
+    visited: frozenset[str] = frozenset()  # names of the pages seen (:func:`page_name`)
+    tree_low: str = ""  # the page's tree text, lowercase
+    values_on_page: float = 0.0  # share of the instruction's many-word values the page shows
+    page_clause: str = ""  # the instruction's clause that names this page's subject (lowercase)
 
 
 def history_info(
@@ -154,13 +169,14 @@ def history_info(
             last_verb = (
                 type(a).__name__.lower() if isinstance(a, Click | Type | Select) else "other"
             )
-        if isinstance(a, ParseError) or not here:
+        if isinstance(a, ParseError):
             continue
-        actions.add(a)
-        if isinstance(a, Type | Select):
+        if isinstance(a, Type | Select):  # values count on every page, refs on this one only
             value = a.text if isinstance(a, Type) else a.value
-            ref = a.target.ref if a.target is not None and a.target.ref else ""
+            ref = a.target.ref if here and a.target is not None and a.target.ref else ""
             typed.setdefault(value, set()).add(ref)
+        if here:
+            actions.add(a)
     return typed, refs, last_refs, actions, last_verb
 
 
@@ -175,6 +191,84 @@ def last_typed_end(inp: RankerInput) -> int:
             if pos >= 0:
                 return pos + len(v)
     return -1
+
+
+def progress_end(inp: RankerInput) -> int:
+    """How far through the instruction the work has got: the furthest end, in the instruction,
+    of any value typed or selected so far (on any page); -1: none. Multi-item tasks ("add A,
+    B and C") name their items in order, so the items after it are the ones still to do."""
+    low, end = inp.instruction.lower(), -1
+    for line in inp.history:
+        a = parse_action(line)
+        if isinstance(a, Type | Select):
+            v = (a.text if isinstance(a, Type) else a.value).lower()
+            pos = low.find(v) if v else -1
+            if pos >= 0:
+                end = max(end, pos + len(v))
+    return end
+
+
+def last_typed_value(inp: RankerInput) -> str:
+    """The value of the latest type/select action (``""``: none): what a search was for."""
+    for line in reversed(inp.history):
+        a = parse_action(line)
+        if isinstance(a, Type | Select):
+            return a.text if isinstance(a, Type) else a.value
+    return ""
+
+
+def page_name(title: str) -> str:
+    """A page title without its site suffix (``"Paris — Openpedia"`` → ``"paris"``)."""
+    return re.split(r" [—|-] ", title, maxsplit=1)[0].strip().lower()
+
+
+def links_followed(inp: RankerInput) -> int:
+    """How many earlier clicks opened a page named like the element clicked (``link "Lyon"``
+    → the page "Lyon — Openpedia"): the hops of a chain of links followed so far."""
+    if not inp.pages:
+        return 0  # a format-1 prompt names no pages
+    pages = [*inp.pages[1:], inp.title]
+    hops = 0
+    for i, target in enumerate(inp.targets):
+        name = re.match(r'^[a-z][\w-]* "(.*)"$', target or "")
+        after = pages[i] if i < len(pages) else None
+        if (
+            name is not None
+            and after is not None
+            and inp.history[i].startswith("click(")
+            and name.group(1).strip().lower() == page_name(after)
+        ):
+            hops += 1
+    return hops
+
+
+_CLAUSE = re.compile(r",\s+|\s+and\s+|[.;:?!]\s+")
+
+
+def page_clause(instruction: str, title: str) -> str:
+    """The clause of the instruction (split at commas, "and", sentence ends) that names the
+    current page's subject as a proper name (``"Blue Kettle — Shoply"`` → ``"2 × the blue
+    kettle in red"``, lowercase): the values in it belong to the item this page is about.
+    ``""``: the instruction does not name the page (a "Cart" page is not "shopping cart")."""
+    name = re.split(r" [—|-] ", title, maxsplit=1)[0].strip()
+    if len(name) < 3 or not name[0].isupper():
+        return ""
+    hit = next(
+        (c for c in _CLAUSE.split(instruction) if re.search(rf"\b{re.escape(name)}\b", c)), ""
+    )
+    return hit.lower()
+
+
+def has_words(text: str, value: str) -> bool:
+    """Whether ``value`` occurs in ``text`` as whole words (size ``l`` is not in "blue")."""
+    return bool(value) and re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
+
+
+def values_on_page(values: list[str], tree_low: str) -> float:
+    """The share of the instruction's many-word values (items, names, addresses) the page's
+    tree shows: how much of what the task names is already there (a cart holding every item)."""
+    many = [v.lower() for v in values if " " in v.strip()]
+    return sum(has_words(tree_low, v) for v in many) / len(many) if many else 0.0
 
 
 def node_target(node: Node) -> str:
@@ -263,6 +357,32 @@ def feature_vector(
     if value and node is not None and verb in ("type", "select"):
         label = " ".join(s for s in (node.name, field_label(node)) if s)
         f["slot_binding"] = slot_binding(c.instr_low, low, label.replace(node.role, ""))
+    _progress_features(f, c, node, low)
     for k, v in kw.items():
         f[k] = v
     return tuple(f[name] for name in FEATURES)
+
+
+def _progress_features(f: dict[str, float], c: FeatureContext, node: Node | None, low: str) -> None:
+    """The features of progress through the task (all pages count): whether the value lies
+    after the furthest typed value in the instruction, how far that is, whether the element
+    is named like the latest typed value (the search result of the query), how many links
+    were followed, whether the element is named like a page already visited, whether the page
+    already shows the value (an item the cart lists) and how much of the instruction's values it
+    shows, whether the value is in the clause naming this page's item (its quantity, colour)."""
+    n = max(1, len(c.instr_low))
+    f["progress"] = max(c.progress_end, 0) / n
+    if low and c.progress_end >= 0:
+        f["value_after_progress"] = float(c.instr_low.find(low, c.progress_end) >= 0)
+    f["links_followed"] = min(c.links_followed, 5) / 5
+    if node is not None:
+        name = (node.name or "").strip()
+        if name and c.last_value_stems:
+            f["name_matches_last_typed"] = len(word_stems(name) & c.last_value_stems) / len(
+                c.last_value_stems
+            )
+        f["name_is_visited_page"] = float(bool(name) and name.lower() in c.visited)
+    f["values_on_page"] = c.values_on_page
+    if low and f["verb_type"] + f["verb_select"]:
+        f["value_on_page"] = float(has_words(c.tree_low, low))
+        f["value_in_page_clause"] = float(has_words(c.page_clause, low))
