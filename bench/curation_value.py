@@ -33,7 +33,7 @@ Pre-registered primary comparison (issue 50): ``corrected − unfiltered`` on ``
 least 300 paired tasks, at most 30 minutes — are printed as met or missed, never asserted. The
 other pairs are reported beside it.
 
-    python bench/curation_value.py [--quick] [--seed 0] [--demos 40] [--pool 320] [--steps 300]
+    python bench/curation_value.py [--quick] [--seed 0] [--demos 40] [--pool 256] [--steps 300]
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ FULL = dict(
     tasks=2400,
     demos=40,  # flawless expert demonstrations that make the weak policy
     weak_steps=150,
-    pool=320,  # train tasks the weak policy rolls out: the pool every arm curates
+    pool=256,  # train tasks the weak policy rolls out: the pool every arm curates
     pool_max_steps=24,
     steps=300,
     batch=32,
-    eval_n=320,
-    eval_max_steps=30,
+    eval_n=300,
+    eval_max_steps=24,  # the longest reference path is 23 steps (shop_buy, two items)
 )
 QUICK = dict(FULL, tasks=160, demos=6, weak_steps=30, pool=8, pool_max_steps=8, steps=20, batch=8)
 QUICK.update(eval_n=3, eval_max_steps=8)
