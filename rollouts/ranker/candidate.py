@@ -31,12 +31,12 @@ from rollouts.ranker.features import (
     feature_vector,
     history_info,
     last_typed_end,
-    last_typed_value,
     links_followed,
     overlap,
     page_clause,
     page_name,
     progress_end,
+    typed_values,
     values_on_page,
     word_stems,
 )
@@ -76,9 +76,12 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
     nodes = parse_tree(inp.tree)
     typed, refs, last_refs, actions, last_verb = history_info(inp)
     quoted = {next(g for g in m.groups() if g) for m in QUOTED.finditer(inp.instruction)}
+    instr_low, in_order = inp.instruction.lower(), typed_values(inp)
+    values = instruction_values(inp.instruction)
+    tree_low = inp.tree.lower()
     c = FeatureContext(
         inp,
-        inp.instruction.lower(),
+        instr_low,
         word_stems(inp.instruction),
         quoted,
         typed,
@@ -87,20 +90,18 @@ def candidates(inp: RankerInput, max_candidates: int = MAX_CANDIDATES) -> list[C
         actions,
         last_verb,
         len(nodes),
-        last_typed_end(inp),
+        last_typed_end(instr_low, in_order),
         overlap(inp.title.split(" — ")[0], word_stems(inp.instruction)),
         frozenset(t for t in inp.targets if t),
         inp.targets[-1] if inp.targets else "",
-        progress_end(inp),
-        frozenset(word_stems(last_typed_value(inp))),
+        progress_end(instr_low, in_order),
+        frozenset(word_stems(in_order[-1] if in_order else "")),
         links_followed(inp),
         frozenset(page_name(p) for p in (*inp.pages, inp.title) if p),
+        tree_low,
+        values_on_page(values, tree_low),
+        page_clause(inp.instruction, inp.title),
     )
-    values = instruction_values(inp.instruction)
-    tree_low = inp.tree.lower()
-    c.tree_low = tree_low
-    c.values_on_page = values_on_page(values, tree_low)
-    c.page_clause = page_clause(inp.instruction, inp.title)
     out: dict[Action, Candidate] = {}
 
     def add(

@@ -180,46 +180,43 @@ def history_info(
     return typed, refs, last_refs, actions, last_verb
 
 
-def last_typed_end(inp: RankerInput) -> int:
-    """Where in the instruction the most recently typed (or selected) value ends; -1: none."""
-    low = inp.instruction.lower()
-    for line in reversed(inp.history):
-        a = parse_action(line)
-        if isinstance(a, Type | Select):
-            v = (a.text if isinstance(a, Type) else a.value).lower()
-            pos = low.find(v)
-            if pos >= 0:
-                return pos + len(v)
-    return -1
-
-
-def progress_end(inp: RankerInput) -> int:
-    """How far through the instruction the work has got: the furthest end, in the instruction,
-    of any value typed or selected so far (on any page); -1: none. Multi-item tasks ("add A,
-    B and C") name their items in order, so the items after it are the ones still to do."""
-    low, end = inp.instruction.lower(), -1
+def typed_values(inp: RankerInput) -> list[str]:
+    """The values typed or selected so far, oldest first, on every page (the prompt's history
+    parsed once; :func:`last_typed_end` and :func:`progress_end` read it)."""
+    out = []
     for line in inp.history:
         a = parse_action(line)
         if isinstance(a, Type | Select):
-            v = (a.text if isinstance(a, Type) else a.value).lower()
-            pos = low.find(v) if v else -1
-            if pos >= 0:
-                end = max(end, pos + len(v))
-    return end
+            out.append(a.text if isinstance(a, Type) else a.value)
+    return out
 
 
-def last_typed_value(inp: RankerInput) -> str:
-    """The value of the latest type/select action (``""``: none): what a search was for."""
-    for line in reversed(inp.history):
-        a = parse_action(line)
-        if isinstance(a, Type | Select):
-            return a.text if isinstance(a, Type) else a.value
-    return ""
+def last_typed_end(instr_low: str, typed: list[str]) -> int:
+    """Where in the instruction the most recently typed (or selected) value it contains ends;
+    -1: none."""
+    for v in reversed(typed):
+        pos = instr_low.find(v.lower())
+        if pos >= 0:
+            return pos + len(v)
+    return -1
+
+
+def progress_end(instr_low: str, typed: list[str]) -> int:
+    """How far through the instruction the work has got: the furthest end, in the instruction,
+    of any value typed or selected so far (on any page); -1: none. Multi-item tasks ("add A,
+    B and C") name their items in order, so the items after it are the ones still to do."""
+    ends = [instr_low.find(v.lower()) + len(v) for v in typed if v and v.lower() in instr_low]
+    return max(ends, default=-1)
+
+
+def page_subject(title: str) -> str:
+    """A page title without its site suffix (``"Paris — Openpedia"`` → ``"Paris"``)."""
+    return re.split(r" [—|-] ", title, maxsplit=1)[0].strip()
 
 
 def page_name(title: str) -> str:
-    """A page title without its site suffix (``"Paris — Openpedia"`` → ``"paris"``)."""
-    return re.split(r" [—|-] ", title, maxsplit=1)[0].strip().lower()
+    """:func:`page_subject`, lowercase: how pages are compared with element names."""
+    return page_subject(title).lower()
 
 
 def links_followed(inp: RankerInput) -> int:
@@ -250,7 +247,7 @@ def page_clause(instruction: str, title: str) -> str:
     current page's subject as a proper name (``"Blue Kettle — Shoply"`` → ``"2 × the blue
     kettle in red"``, lowercase): the values in it belong to the item this page is about.
     ``""``: the instruction does not name the page (a "Cart" page is not "shopping cart")."""
-    name = re.split(r" [—|-] ", title, maxsplit=1)[0].strip()
+    name = page_subject(title)
     if len(name) < 3 or not name[0].isupper():
         return ""
     hit = next(
