@@ -93,12 +93,14 @@ class SiteServer:
             raise KeyError(f"unknown or stopped site {site!r}; sites: {sorted(SITES)}") from None
 
     def start(self) -> SiteServer:
-        socks = {name: _bind(self.host, self._ports.get(name, 0)) for name in SITES}
-        self.urls = {n: f"http://{self.host}:{s.getsockname()[1]}" for n, s in socks.items()}
+        wanted = {name: self._ports.get(name, 0) for name in SITES}
         if self.mode == "thread":
+            socks = {name: _bind(self.host, port) for name, port in wanted.items()}
             self._start_thread(socks)
+            ports = {n: s.getsockname()[1] for n, s in socks.items()}
         else:
-            self._start_process(socks)
+            ports = self._start_process(wanted)
+        self.urls = {n: f"http://{self.host}:{port}" for n, port in ports.items()}
         return self
 
     def _start_thread(self, socks: dict[str, socket.socket]) -> None:
@@ -116,22 +118,30 @@ class SiteServer:
                 raise RuntimeError("the sites server did not start")
             time.sleep(0.01)
 
-    def _start_process(self, socks: dict[str, socket.socket]) -> None:
+    def _start_process(self, wanted: dict[str, int]) -> dict[str, int]:
+        """Start the server process and return the ports it bound.
+
+        The child binds its own sockets (port 0 picks free ones) and reports the ports back:
+        a port picked here and re-bound there could be taken by another process in between
+        (a spawned interpreter takes seconds to start)."""
         ctx = mp.get_context("spawn")
-        ports = {n: s.getsockname()[1] for n, s in socks.items()}
-        for s in socks.values():
-            s.close()  # the child binds the same ports (SO_REUSEADDR)
-        ready = ctx.Event()
+        reply, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
             target=_serve_child,
-            args=(self.seed, self.secret, self.slow_s, self.host, ports, ready, os.getpid()),
+            args=(self.seed, self.secret, self.slow_s, self.host, wanted, child_end, os.getpid()),
             daemon=True,
             name="webloop-sites",
         )
         self._proc.start()
-        if not ready.wait(60):
+        child_end.close()
+        message = reply.recv() if reply.poll(60) else {"error": "no reply within 60 s"}
+        reply.close()
+        if "ports" not in message:
             self._proc.kill()
-            raise RuntimeError("the sites server process did not start")
+            self._proc.join(timeout=10)
+            self._proc = None
+            raise RuntimeError(f"the sites server process did not start: {message['error']}")
+        return message["ports"]
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:
@@ -174,7 +184,7 @@ def _serve_child(
     slow_s: float,
     host: str,
     ports: dict[str, int],
-    ready: Any,
+    reply: Any,
     parent: int,
 ) -> None:
     """The server process. It exits when its parent is gone: a parent killed by a signal runs
@@ -184,8 +194,12 @@ def _serve_child(
     stops, so the child ignores SIGINT before it serves, and uvicorn (which handles SIGINT while
     serving, then raises it again once shut down) ends quietly instead of with a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    socks = {name: _bind(host, port) for name, port in ports.items()}
-    server = _make_server(seed, secret, slow_s, socks)
+    try:
+        socks = {name: _bind(host, port) for name, port in ports.items()}
+        server = _make_server(seed, secret, slow_s, socks)
+    except Exception as exc:  # reported to the parent, which raises it with the cause
+        reply.send({"error": f"{type(exc).__name__}: {exc} (host {host}, ports {ports})"})
+        return
 
     async def orphaned() -> None:
         while os.getppid() == parent:
@@ -195,8 +209,11 @@ def _serve_child(
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=list(socks.values())))
         while not server.started:
+            if task.done():
+                reply.send({"error": f"uvicorn stopped while starting: {task.exception()!r}"})
+                return
             await asyncio.sleep(0.01)
-        ready.set()
+        reply.send({"ports": {n: s.getsockname()[1] for n, s in socks.items()}})
         watch = asyncio.create_task(orphaned())
         await task
         watch.cancel()

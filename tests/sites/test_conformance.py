@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -200,6 +201,22 @@ def test_process_mode_serves_too():
             s.url("wiki") + "/__webloop/state?session=x", headers={"X-Webloop-Secret": s.secret}
         )
         assert r.status_code == 200
+
+
+def test_process_mode_names_a_port_it_cannot_bind_and_leaves_no_process():
+    """The child binds its own sockets and reports the ports (a port picked by the parent and
+    re-bound by the child could be taken in between); a port in use is a clear error."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        server = SiteServer(seed=0, mode="process", ports={"wiki": port})
+        with pytest.raises(RuntimeError, match=rf"did not start: OSError.*in use.*{port}"):
+            server.start()
+        assert server._proc is None and server.urls == {}
+    finally:
+        taken.close()
 
 
 def _running(pid: int) -> bool:
