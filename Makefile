@@ -86,6 +86,7 @@ bench: setup vllm
 	$(PY) bench/judging.py
 	$(PY) bench/curation.py
 	$(PY) bench/curation_value.py
+	$(PY) bench/demo_rounds.py
 	$(PY) bench/learning.py
 	$(PY) bench/learning_vlm.py
 	$(PY) bench/ood.py

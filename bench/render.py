@@ -30,6 +30,8 @@ BENCHES: dict[str, str] = {
     "Tokenizer + small Idefics3, SFT with and without the screenshot, GRPO, closed loop.",
     "curation_value": "Does curating a weak policy's own rollouts pay? All steps / successes / "
     "prefixes before the first error / + first-error corrections, equal steps, paired.",
+    "demo_rounds": "`make demo` per seed: round 1 and round 2 on the same held-out tasks "
+    "(paired), tasks lost and gained, the demo's wall time.",
     "ood": "A few-shot curve on the held-out travel site (0 / 5 / 20 demonstrations).",
     "training": "The trainer on 1 against 2 processes (gloo), and the GPU check where there is "
     "one.",
