@@ -8,14 +8,17 @@ demo under 5 minutes.
     python bench/demo_rounds.py --seeds 3 4       # more seeds
     python bench/demo_rounds.py --quick           # the suite's size (a tiny flywheel, one seed)
 
-The run starts its own sites server and Chromium per seed, as ``make demo`` does; the results
+Each seed's demo runs in a fresh Python process (its own sites server and Chromium), as
+``make demo`` does, and its wall time is that process's, imports included; the results
 file (``bench/results/demo_rounds-*.json``) holds every line printed and the figures per seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (quick: 0)")
     p.add_argument("--quick", action="store_true", help="the suite's size")
     p.add_argument("--results", type=Path, default=None, help="where the results file goes")
+    p.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2]
@@ -55,18 +59,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def one_seed(seed: int, quick: bool) -> dict[str, Any]:
-    """The demo on ``seed`` in a fresh home: its rounds' held-out figures and its wall time."""
+    """The demo on ``seed`` in a fresh process and a fresh home: its rounds' held-out figures
+    and the process's wall time."""
+    with tempfile.TemporaryDirectory(prefix=f"demo-rounds-{seed}-") as tmp:
+        out = Path(tmp) / "rounds.json"
+        argv = [sys.executable, __file__, "--seeds", str(seed), "--child", str(out)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv + ["--quick"] * quick, env={**os.environ, "WEBLOOP_HOME": tmp})
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"the demo on seed {seed} failed (exit {proc.returncode}): see above")
+        return {**json.loads(out.read_text()), "wall_s": wall}
+
+
+def child(seed: int, quick: bool, out: Path) -> None:
+    """One seed's demo in this process (``--child``): its rounds written to ``out``."""
     from flows.demo import demo_config, run_demo
 
     cfg = demo_config(seed=seed, **(QUICK if quick else {}))
-    with tempfile.TemporaryDirectory(prefix=f"demo-rounds-{seed}-") as home:
-        t0 = time.perf_counter()
-        out = run_demo(cfg, home=home)
-        wall = time.perf_counter() - t0
-    rounds = []
+    result = run_demo(cfg, home=os.environ["WEBLOOP_HOME"])
+    out.write_text(json.dumps({"seed": seed, "flywheel_id": cfg.flywheel_id, **rounds(result)}))
+
+
+def rounds(out: dict[str, Any]) -> dict[str, Any]:
+    """Each round's held-out solved of n, and the tasks it lost and gained against the one
+    before (paired on the same tasks)."""
+    per_round = []
     for r in out["rounds"]:
         after, delta = r["after"], r.get("delta") or {}
-        rounds.append(
+        per_round.append(
             {
                 "round": r["round"],
                 "solved": after["n_success"],
@@ -75,7 +96,7 @@ def one_seed(seed: int, quick: bool) -> dict[str, Any]:
                 "gained": delta.get("b_only"),
             }
         )
-    return {"seed": seed, "flywheel_id": cfg.flywheel_id, "rounds": rounds, "wall_s": wall}
+    return {"rounds": per_round}
 
 
 def seed_line(r: dict[str, Any]) -> str:
@@ -108,6 +129,9 @@ def aims(per_seed: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def main() -> None:
     args = parse_args()
+    if args.child is not None:
+        child(args.seeds[0], args.quick, args.child)
+        return
     with capture("demo_rounds", args) as rec:
         per_seed = []
         for seed in args.seeds:
