@@ -511,6 +511,20 @@ def _check_suites(cfg: FlywheelConfig) -> None:
         raise FlywheelError("teacher.base_url: the openai teacher needs base_url and model")
     if cfg.prm.scorer == "vlm" and cfg.prm_states and not cfg.prm.scorer_base_url:
         raise FlywheelError("prm.scorer_base_url: the vlm scorer needs an endpoint")
+    if cfg.prm.scorer == "reference" and cfg.prm_states:
+        unlabelled = [k for k in ("expert", "rollout") if not _labelled(getattr(cfg, k))]
+        if unlabelled:  # round 1 scores the expert's run, later rounds the policy's
+            raise FlywheelError(
+                f"prm.scorer: reference scores the labels a rollout records, and the scored "
+                f"runs of {' and '.join(unlabelled)} record none: set "
+                f"{'.engine.label_reference: true and '.join(unlabelled)}"
+                ".engine.label_reference: true, or use the exact scorer"
+            )
+
+
+def _labelled(collect: Any) -> bool:
+    """Whether a collect config's rollouts record the reference's labels."""
+    return bool(collect.engine.get("label_reference"))
 
 
 class Lent:

@@ -73,6 +73,11 @@ BOTH = {"prompt_mode": "both"}
         ),
         ({"teacher": {"teacher": "openai"}}, r"teacher\.base_url: the openai teacher needs"),
         ({"prm": {"scorer": "vlm"}}, r"prm\.scorer_base_url: the vlm scorer needs an endpoint"),
+        (
+            {"prm": {"scorer": "reference"}},
+            r"prm\.scorer: reference .* runs of expert record none: set "
+            r"expert\.engine\.label_reference: true, or",
+        ),
         ({"train_sft": False}, r"train_sft: with train_rl off too, no round would train"),
         (
             {"judge": RUBRIC, "recipe": "curation/recipes/filtered-bc.yaml"},
