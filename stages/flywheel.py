@@ -502,7 +502,7 @@ def _check_suites(cfg: FlywheelConfig) -> None:
                 f"teacher.teacher: the labels teacher reads the bundled reference's labels, "
                 f"suite {suites['rollout']!r} has none: use openai, or interventions: 0"
             )
-        if not cfg.rollout.engine.get("label_reference"):
+        if not _labelled(cfg.rollout):
             raise FlywheelError(
                 "teacher.teacher: the labels teacher needs the policy's rollouts to record "
                 "reference labels: set rollout.engine.label_reference: true"
@@ -517,8 +517,8 @@ def _check_suites(cfg: FlywheelConfig) -> None:
             raise FlywheelError(
                 f"prm.scorer: reference scores the labels a rollout records, and the scored "
                 f"runs of {' and '.join(unlabelled)} record none: set "
-                f"{'.engine.label_reference: true and '.join(unlabelled)}"
-                ".engine.label_reference: true, or use the exact scorer"
+                f"{' and '.join(f'{k}.engine.label_reference: true' for k in unlabelled)}, or "
+                "use the exact scorer"
             )
 
 
