@@ -68,13 +68,17 @@ BOTH = {"prompt_mode": "both"}
         ),
         ({"expert": {"suite": "om2w"}}, r"expert\.policy: the scripted expert plays the bundled"),
         (
-            {"expert": {"suite": "om2w", "policy": "openai"}, "judge": RUBRIC},
+            {
+                "expert": {"suite": "om2w", "policy": "openai"},
+                "judge": RUBRIC,
+                "prm": {"scorer": "exact"},
+            },
             r"prm\.scorer: exact replays the bundled sites",
         ),
         ({"teacher": {"teacher": "openai"}}, r"teacher\.base_url: the openai teacher needs"),
         ({"prm": {"scorer": "vlm"}}, r"prm\.scorer_base_url: the vlm scorer needs an endpoint"),
         (
-            {"prm": {"scorer": "reference"}},
+            {"expert": {"engine": {}}},
             r"prm\.scorer: reference .* runs of expert record none: set "
             r"expert\.engine\.label_reference: true, or",
         ),
