@@ -295,8 +295,7 @@ def dedup_tasks(frames: Frames, p: DedupTasksParams) -> Frames:
 def task_template_keys(lake: Lake, task_ids: list[str]) -> dict[str, tuple[str, str] | None]:
     """task_id → :func:`curation.embed.template_key` of its latest version at the snapshot."""
     df = lake.sql(
-        f"SELECT task_id, meta FROM {Lake.table('tasks')} WHERE task_id IN (SELECT unnest($ids)) "
-        "QUALIFY version = max(version) OVER (PARTITION BY task_id)",
+        "SELECT task_id, meta FROM latest_tasks WHERE task_id IN (SELECT unnest($ids))",
         {"ids": task_ids},
     )
     return {tid: template_key(meta) for tid, meta in df.iter_rows()}
@@ -329,7 +328,8 @@ def prm_threshold(frames: Frames, p: PrmThresholdParams) -> Frames:
     highest score; per (candidate, scorer) the latest scored row (errors are not scores).
     A step with no such score is dropped (``unscored: drop``, the default) or kept.
     """
-    cands, scores = Lake.table("candidates", "c"), Lake.table("step_scores")
+    cands = Lake.table("candidates", "c")
+    scores = "latest_step_scores_per_version" if p.version else "latest_step_scores"
     scored = frames.lake.with_ids(
         "__cur_trajs",
         frames.trajectories.get_column("traj_id"),
@@ -339,8 +339,6 @@ def prm_threshold(frames: Frames, p: PrmThresholdParams) -> Frames:
             WHERE scorer = $scorer AND ($version IS NULL OR scorer_version = $version)
               AND error IS NULL AND score IS NOT NULL
               AND traj_id IN (SELECT traj_id FROM __cur_trajs)
-            QUALIFY row_number() OVER (PARTITION BY traj_id, step_idx, cand_idx
-                                       ORDER BY created_at DESC, scorer_version DESC) = 1
         )
         SELECT c.traj_id, c.step_idx, c.action_text, max(s.score) AS taken_score
         FROM {cands} JOIN s USING (traj_id, step_idx, cand_idx)

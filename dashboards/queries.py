@@ -182,11 +182,12 @@ def trajectory_view(wh: Warehouse, traj_id: str) -> TrajectoryView | None:
     for j in judgments:
         j["criteria"] = _json(j["criteria"]) or []
     scores = wh.sql(
-        "SELECT s.step_idx, s.cand_idx, c.action_text, s.scorer, s.scorer_version, s.score, "
-        "s.advantage, s.error FROM step_scores s LEFT JOIN candidates c ON c.traj_id = "
-        "s.traj_id AND c.step_idx = s.step_idx AND c.cand_idx = s.cand_idx "
-        "WHERE s.traj_id = ? QUALIFY row_number() OVER (PARTITION BY s.step_idx, s.cand_idx, "
-        "s.scorer ORDER BY s.created_at DESC) = 1 ORDER BY s.step_idx, s.cand_idx, s.scorer",
+        with_relations(
+            "SELECT s.step_idx, s.cand_idx, c.action_text, s.scorer, s.scorer_version, s.score, "
+            "s.advantage, s.error FROM latest_step_scores s LEFT JOIN candidates c ON "
+            "c.traj_id = s.traj_id AND c.step_idx = s.step_idx AND c.cand_idx = s.cand_idx "
+            "WHERE s.traj_id = ? ORDER BY s.step_idx, s.cand_idx, s.scorer"
+        ),
         [traj_id],
     )
     interventions = wh.sql(

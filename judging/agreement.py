@@ -70,10 +70,7 @@ def reference_outcomes(wh, reference: str) -> dict[str, bool]:
     """traj_id → success for a reference: ``human`` (latest label; 'not_executable' left out),
     or a judge name (its latest non-error success/failure verdict)."""
     if reference == "human":
-        df = wh.sql(
-            "SELECT traj_id, label FROM human_labels WHERE step_idx IS NULL "
-            "QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1"
-        )
+        df = wh.sql(with_relations("SELECT traj_id, label FROM latest_human_labels"))
         return {t: lab == "success" for t, lab in df.iter_rows() if lab in ("success", "failure")}
     return judge_outcomes(wh, reference)
 

@@ -51,6 +51,7 @@ from stages.runs import recorded_run
 from stages.shards import Session
 from warehouse import Warehouse, WarehouseError
 from warehouse.ids import run_id_for
+from warehouse.relations import with_relations
 
 
 @dataclass(frozen=True)
@@ -561,11 +562,11 @@ def scorer_agreement(
 
     def scores(name: str) -> dict[tuple[str, int], dict[int, float]]:
         df = wh.sql(
-            "SELECT s.traj_id, s.step_idx, s.cand_idx, s.score FROM step_scores s "
-            "JOIN trajectories t USING (traj_id) WHERE s.scorer = $n AND s.error IS NULL "
-            "AND s.score IS NOT NULL AND ($run IS NULL OR t.run_id = $run) "
-            "QUALIFY row_number() OVER (PARTITION BY s.traj_id, s.step_idx, s.cand_idx "
-            "ORDER BY s.created_at DESC) = 1",
+            with_relations(
+                "SELECT s.traj_id, s.step_idx, s.cand_idx, s.score FROM latest_step_scores s "
+                "JOIN trajectories t USING (traj_id) WHERE s.scorer = $n AND s.error IS NULL "
+                "AND s.score IS NOT NULL AND ($run IS NULL OR t.run_id = $run)"
+            ),
             {"n": name, "run": run},
         )
         out: dict[tuple[str, int], dict[int, float]] = {}

@@ -170,9 +170,10 @@ def human_outcomes(
     if not traj_ids:
         return {}
     df = wh.sql(
-        "SELECT traj_id, label FROM human_labels WHERE step_idx IS NULL "
-        "AND traj_id IN (SELECT unnest($ids)) AND ($source IS NULL OR source = $source) "
-        "QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1",
+        with_relations(
+            "SELECT traj_id, label FROM latest_human_labels WHERE traj_id IN (SELECT unnest($ids)) "
+            "AND ($source IS NULL OR source = $source)"
+        ),
         {"ids": traj_ids, "source": source},
     )
     return {t: int(lab == "success") for t, lab in df.iter_rows() if lab in ("success", "failure")}

@@ -155,7 +155,7 @@ def candidate_frame(
             "SELECT s.traj_id, s.step_idx, c.cand_idx, t.run_id, t.task_id, t.group_id, "
             "t.status, k.site, s.prompt_hash, coalesce(c.model_output, 'Action: ' || "
             "c.action_text) AS model_output, NULL::DOUBLE AS logprob, sc.score, sc.scorer "
-            "FROM candidates c JOIN step_scores sc USING (traj_id, step_idx, cand_idx) "
+            "FROM candidates c JOIN latest_step_scores sc USING (traj_id, step_idx, cand_idx) "
             "JOIN steps s USING (traj_id, step_idx) JOIN trajectories t USING (traj_id) "
             "LEFT JOIN trajectory_tasks k USING (traj_id) "
             "WHERE t.run_id IN (SELECT unnest($runs)) AND sc.error IS NULL "

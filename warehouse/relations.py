@@ -44,6 +44,28 @@ The relations:
     (success / failure) of the newest of its ``latest_judgments`` with a success or failure
     verdict (same order). The outcome of a ``finished`` trajectory (live web), whose status
     says nothing yet: its reward, its evaluation outcome.
+
+``latest_tasks``
+    One row per task: its latest version (the highest ``version``), every column of ``tasks``.
+    What a task is *now* (listings, curation's template keys); what a trajectory ran is
+    ``trajectory_tasks``.
+
+``latest_step_scores``
+    One row per (trajectory, step, candidate, scorer): that scorer's latest score of the
+    candidate, every column of ``step_scores``. Latest: the newest ``created_at``, then the
+    highest ``scorer_version`` (:data:`LATEST_SCORE`). As with judgments, an error is a score
+    row too: a candidate whose latest scoring failed has no score now. Callers that need scores
+    filter the relation (``error IS NULL AND score IS NOT NULL``), never the rows before it.
+
+``latest_step_scores_per_version``
+    The same rule per (trajectory, step, candidate, scorer, scorer_version): the scores of one
+    version of a scorer.
+
+``latest_human_labels``
+    One row per trajectory with a trajectory-level label (``step_idx IS NULL``): the latest
+    one, every column of ``human_labels``. Latest: the newest ``created_at``, then the highest
+    ``label_id``. A label such as ``not_executable`` is a label too: callers that need an
+    outcome keep ``label IN ('success', 'failure')`` after it.
 """
 
 from __future__ import annotations
@@ -58,6 +80,10 @@ Table = Callable[[str, str | None], str]
 
 LATEST = "created_at DESC, judge_version DESC, judgment_id DESC"
 """The order that makes a judgment the latest (the first row in it)."""
+LATEST_SCORE = "created_at DESC, scorer_version DESC"
+"""The order that makes a step score the latest (the first row in it)."""
+LATEST_LABEL = "created_at DESC, label_id DESC"
+"""The order that makes a human label the latest (the first row in it)."""
 
 
 def _trajectory_tasks(table: Table) -> str:
@@ -68,11 +94,13 @@ def _trajectory_tasks(table: Table) -> str:
     )
 
 
-def _latest(*partition: str) -> Callable[[Table], str]:
+def _first(table_name: str, order: str, *partition: str, where: str = "") -> Callable[[Table], str]:
+    """The first row of ``table_name`` (after ``where``) in ``order`` per ``partition``."""
+
     def body(table: Table) -> str:
         return (
-            f"SELECT * FROM {table('judgments', None)} QUALIFY row_number() OVER "
-            f"(PARTITION BY {', '.join(partition)} ORDER BY {LATEST}) = 1"
+            f"SELECT * FROM {table(table_name, None)} {where}QUALIFY row_number() OVER "
+            f"(PARTITION BY {', '.join(partition)} ORDER BY {order}) = 1"
         )
 
     return body
@@ -116,9 +144,21 @@ def outcome_sql(judge: str | None) -> tuple[str, str]:
 
 RELATIONS: dict[str, Callable[[Table], str]] = {
     "trajectory_tasks": _trajectory_tasks,
-    "latest_judgments": _latest("traj_id", "judge"),
-    "latest_judgments_per_version": _latest("traj_id", "judge", "judge_version"),
+    "latest_judgments": _first("judgments", LATEST, "traj_id", "judge"),
+    "latest_judgments_per_version": _first(
+        "judgments", LATEST, "traj_id", "judge", "judge_version"
+    ),
     "trajectory_verdicts": _trajectory_verdicts,
+    "latest_tasks": _first("tasks", "version DESC", "task_id"),
+    "latest_step_scores": _first(
+        "step_scores", LATEST_SCORE, "traj_id", "step_idx", "cand_idx", "scorer"
+    ),
+    "latest_step_scores_per_version": _first(
+        "step_scores", LATEST_SCORE, "traj_id", "step_idx", "cand_idx", "scorer", "scorer_version"
+    ),
+    "latest_human_labels": _first(
+        "human_labels", LATEST_LABEL, "traj_id", where="WHERE step_idx IS NULL "
+    ),
 }
 """Relation name → its SELECT over a table reader; a relation may use the ones before it."""
 

@@ -11,6 +11,7 @@ import polars as pl
 from warehouse.connection import LAKE
 from warehouse.ids import stable_hash
 from warehouse.records import Task
+from warehouse.relations import with_relations
 from warehouse.store import Warehouse
 
 _CONTENT = (
@@ -81,7 +82,5 @@ def latest_tasks(
     wh: Warehouse, where: str | None = None, params: dict | None = None
 ) -> pl.DataFrame:
     """The latest version of each task (optionally filtered)."""
-    q = f"SELECT * FROM {LAKE}.tasks QUALIFY version = max(version) OVER (PARTITION BY task_id)"
-    if where:
-        q = f"SELECT * FROM ({q}) WHERE {where}"
-    return wh.sql(q, params)
+    q = "SELECT * FROM latest_tasks" + (f" WHERE {where}" if where else "")
+    return wh.sql(with_relations(q), params)

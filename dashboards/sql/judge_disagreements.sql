@@ -12,11 +12,7 @@ refs AS (
     FROM latest WHERE judge = 'programmatic'
     UNION ALL
     SELECT traj_id, 'human' AS reference, label AS expected
-    FROM (
-        SELECT traj_id, label FROM human_labels
-        WHERE step_idx IS NULL
-        QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1
-    )
+    FROM latest_human_labels
     WHERE label IN ('success', 'failure')
 )
 

@@ -51,9 +51,8 @@ verdicts AS (
 
 latest_label AS (
     SELECT traj_id, label, reviewer
-    FROM human_labels
-    WHERE step_idx IS NULL AND traj_id IN (SELECT traj_id FROM base)
-    QUALIFY row_number() OVER (PARTITION BY traj_id ORDER BY created_at DESC) = 1
+    FROM latest_human_labels
+    WHERE traj_id IN (SELECT traj_id FROM base)
 ),
 
 joined AS (

@@ -4,13 +4,14 @@ hand-built rows: which task version a trajectory ran, which judgment of a judge 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 
 import pytest
 
 from warehouse import Warehouse, WarehouseError
 from warehouse.datasets import COMPOSITION_COLUMNS, dataset_composition
-from warehouse.records import DatasetMember, Judgment, Task, Trajectory
+from warehouse.records import DatasetMember, HumanLabel, Judgment, StepScore, Task, Trajectory
 from warehouse.relations import with_relations
 from warehouse.store import run_sql_file
 from warehouse.versions import current_snapshot
@@ -95,6 +96,84 @@ def test_latest_judgment_an_error_after_a_verdict_is_the_latest(wh: Warehouse):
         with_relations("SELECT traj_id, verdict FROM trajectory_verdicts ORDER BY 1")
     ).rows()
     assert verdicts == [("b", "success")]
+
+
+def score(traj: str, version: str, minutes: int, **kw) -> StepScore:
+    return StepScore(
+        traj_id=traj, step_idx=0, cand_idx=0, scorer="exact", scorer_version=version,
+        created_at=T0 + dt.timedelta(minutes=minutes), **kw,
+    )  # fmt: skip
+
+
+def label(lid: str, traj: str, value: str, minutes: int, step: int | None = None) -> HumanLabel:
+    return HumanLabel(
+        label_id=lid, traj_id=traj, label=value, reviewer="r", step_idx=step,
+        created_at=T0 + dt.timedelta(minutes=minutes),
+    )  # fmt: skip
+
+
+def test_latest_step_score_an_error_after_a_score_is_the_latest(wh: Warehouse):
+    wh.write(
+        [
+            score("a", "1", 0, score=0.5),
+            score("a", "2", 5, error="replay crashed"),  # newer: the latest, no score now
+            score("b", "1", 0, score=0.0),
+            score("b", "2", 0, score=1.0),  # same time: the higher version wins
+        ]
+    )
+    q = "SELECT traj_id, scorer_version, score, error FROM {} ORDER BY 1, 2"
+    latest = wh.sql(with_relations(q.format("latest_step_scores"))).rows()
+    assert latest == [("a", "2", None, "replay crashed"), ("b", "2", 1.0, None)]
+    per_version = wh.sql(with_relations(q.format("latest_step_scores_per_version"))).rows()
+    assert [r[:3] for r in per_version] == [
+        ("a", "1", 0.5), ("a", "2", None), ("b", "1", 0.0), ("b", "2", 1.0)
+    ]  # fmt: skip
+
+
+def test_latest_human_label_is_trajectory_level_and_ties_break_by_id(wh: Warehouse):
+    wh.write(
+        [
+            label("x1", "x", "success", 0),
+            label("x2", "x", "failure", 5),  # newer: the latest
+            label("x3", "x", "success", 9, step=2),  # a step's label: not the trajectory's
+            label("y1", "y", "failure", 0),
+            label("y2", "y", "not_executable", 0),  # same time: the higher id wins
+        ]
+    )
+    rows = wh.sql(
+        with_relations("SELECT traj_id, label_id, label FROM latest_human_labels ORDER BY 1")
+    ).rows()
+    assert rows == [("x", "x2", "failure"), ("y", "y2", "not_executable")]
+
+
+def test_latest_task_is_the_highest_version(versions):
+    rows = versions.sql(with_relations("SELECT task_id, version, split FROM latest_tasks")).rows()
+    assert rows == [("k", 3, "ood")]
+
+
+def test_the_latest_rules_are_written_once():
+    """Queries name the relations; no module writes a "latest" rule of these tables inline (the
+    bench's independent count excepted: it re-derives curation's result on purpose)."""
+    root = Path(__file__).parents[2]
+    inline = re.compile(
+        r"FROM\s+(?:\{LAKE\}\.|lake\.)?(human_labels|step_scores|tasks|judgments)\b[^;]*?QUALIFY",
+        re.S | re.I,
+    )
+    allowed = {
+        "warehouse/relations.py",
+        "bench/curation.py",
+        # not "latest": the newest of a task's held-out versions (any version of a task that
+        # was ever test / ood is held out for the leakage gates)
+        "curation/gates.py",
+    }
+    found = []
+    for path in [*root.glob("*/**/*.py"), *root.glob("*/**/*.sql")]:
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith((".", "tests/")) or "/." in rel or rel in allowed:
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{rel}: {m.group(1)}" for m in inline.finditer(text)]
+    assert found == []
 
 
 def test_relations_read_at_a_pinned_snapshot(versions):
