@@ -162,7 +162,9 @@ def _gate(
     if held is not None:
         ids = [*ex.tasks.get_column("task_id"), *held.get_column("task_id")]
         keys = gates_mod.task_keys(wh, ids, sel.snapshot_id)
-    frames = gates_mod.gate_frames(ex, sel.trajectories, ex.tasks, held, keys)
+    ids = sel.trajectories.get_column("traj_id")
+    successes = gates_mod.recipe_successes(wh, recipe, ids, sel.snapshot_id)
+    frames = gates_mod.gate_frames(ex, sel.trajectories, ex.tasks, held, keys, successes)
     return gates_mod.run_gates(frames, gates_mod.checks(recipe, training), docs)
 
 

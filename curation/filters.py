@@ -188,10 +188,17 @@ def verdict(frames: Frames, p: VerdictParams) -> Frames:
     ≥ ``min_agreement``. A judge whose latest judgment on the trajectory is an error, or that
     never judged it, counts as NOT agreeing (it is in the denominator).
     """
+    passing = judged(frames.lake, frames.trajectories.get_column("traj_id"), p)
+    return frames.keep_trajectories(pl.col("traj_id").is_in(passing.implode()))
+
+
+def judged(lake: Lake, traj_ids: pl.Series, p: VerdictParams) -> pl.Series:
+    """The ids among ``traj_ids`` on which enough of ``p.judges`` give ``p.verdict`` (the rule
+    of :func:`verdict`; the success-rate gate counts the recipe's judges by it too)."""
     judges = sorted(set(p.judges))
-    agree = frames.lake.with_ids(
+    agree = lake.with_ids(
         "__cur_trajs",
-        frames.trajectories.get_column("traj_id"),
+        traj_ids,
         """
         SELECT traj_id, count(*) AS n_agree FROM latest_judgments
         WHERE traj_id IN (SELECT traj_id FROM __cur_trajs) AND list_contains($judges, judge)
@@ -201,8 +208,7 @@ def verdict(frames: Frames, p: VerdictParams) -> Frames:
         {"judges": judges, "verdict": p.verdict},
     )
     need = p.min_agreement * len(judges) - 1e-9
-    passing = agree.filter(pl.col("n_agree") >= need).get_column("traj_id")
-    return frames.keep_trajectories(pl.col("traj_id").is_in(passing.implode()))
+    return agree.filter(pl.col("n_agree") >= need).get_column("traj_id")
 
 
 class LengthParams(FilterParams):

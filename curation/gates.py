@@ -12,7 +12,9 @@ step action parses  every kept step's recorded action parses
 blob exists         every screenshot / tree the examples reference is in the blob store
 image decodes       every referenced screenshot is a whole PNG/JPEG/WebP image
 contiguous steps    each trajectory's steps are 0..n_steps-1, none missing
-success rate        the selected trajectories' success rate lies in ``recipe.gates.success_rate``
+success rate        the selected trajectories' success rate lies in ``recipe.gates.success_rate``:
+                    successes by the recipe's ``verdict`` judges where it has one
+                    (:func:`recipe_successes`), else by the trajectories' own outcome
 leakage split       (training datasets) no task of split test/ood
 leakage near-dup    (training datasets) no instruction that is a near duplicate
                     (:func:`curation.embed.near_duplicates`) of a test/ood task's instruction
@@ -36,7 +38,9 @@ from typing import Any
 import polars as pl
 
 from curation.examples import Examples
+from curation.filters import Lake, judged
 from warehouse.connection import LAKE
+from warehouse.relations import outcome_sql
 from warehouse.store import Warehouse
 
 HELD_OUT = ("test", "ood")
@@ -128,15 +132,45 @@ def near_test_tasks(
     )
 
 
+def recipe_successes(
+    wh: Warehouse, recipe: Any, traj_ids: pl.Series, snapshot_id: int
+) -> pl.Series:
+    """The ids among ``traj_ids`` that count as successes for ``recipe``'s success-rate gate:
+    where the recipe keeps a judge's successes (its first ``verdict: success`` filter), that
+    filter's judges by its rule (:func:`curation.filters.judged`: the gate and the filter agree
+    whatever the judge); otherwise the trajectories' own outcome (their status; a ``finished``
+    one its judges' verdict: :func:`warehouse.relations.outcome_sql`, the rule evaluations
+    read)."""
+    lake = Lake(wh, snapshot_id)
+    for spec in recipe.filters:
+        if spec.name == "verdict" and spec.params.verdict == "success":
+            return judged(lake, traj_ids, spec.params)
+    status, join = outcome_sql(None)
+    df = lake.with_ids(
+        "__gate_trajs",
+        traj_ids,
+        f"SELECT t.traj_id FROM {Lake.table('trajectories', 't')} {join} "
+        f"WHERE t.traj_id IN (SELECT traj_id FROM __gate_trajs) AND {status} = 'success'",
+    )
+    return df.get_column("traj_id")
+
+
 def gate_frames(
     ex: Examples,
     trajectories: pl.DataFrame,
     tasks: pl.DataFrame,
     held: pl.DataFrame | None,
     keys: dict[str, tuple[str, str] | None] | None = None,
+    successes: pl.Series | None = None,
 ) -> dict[str, pl.DataFrame]:
     """The frames the checks run on (``held``: held-out tasks, None = no leakage gates;
-    ``keys``: :func:`task_keys` of both, for the near-duplicate gate)."""
+    ``keys``: :func:`task_keys` of both, for the near-duplicate gate; ``successes``: the ids
+    the success-rate gate counts (:func:`recipe_successes`; None: status ``success``))."""
+    success = (
+        pl.col("status") == "success"
+        if successes is None
+        else pl.col("traj_id").is_in(successes.implode())
+    )
     frames = {
         "trajectories": trajectories.select(
             "traj_id",
@@ -144,7 +178,7 @@ def gate_frames(
             "split",
             "status",
             pl.col("instruction").fill_null("").str.strip_chars().str.len_chars().alias("chars"),
-            (pl.col("status") == "success").cast(pl.Float64).alias("success"),
+            success.cast(pl.Float64).alias("success"),
         ),
         "targets": ex.target_checks,
         "step_actions": ex.step_checks,

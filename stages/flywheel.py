@@ -378,13 +378,7 @@ class FlywheelConfig:
             return parse_recipe(CORRECTED_RECIPE, "stages/flywheel.py:CORRECTED_RECIPE")
         recipe = parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
         filters = tuple(_judged_by(f, self.judge.judge) for f in recipe.filters)
-        update: dict[str, Any] = {"filters": filters}
-        if self.judge.judge != "programmatic":
-            # the gate counts the checkers' successes: another judge's successes may be the
-            # checkers' failures, and suites without checkers have none (the verdict filter
-            # keeps the judge's successes)
-            update["gates"] = recipe.gates.model_copy(update={"success_rate": (0.0, 1.0)})
-        return recipe.model_copy(update=update)
+        return recipe.model_copy(update={"filters": filters})
 
     def horizon(self, round_: int) -> int:
         """The policy's step budget in round ``round_`` (1-based): the recipe's horizon

@@ -10,10 +10,18 @@ import pytest
 
 from curation.build import build_dataset
 from curation.examples import Examples
-from curation.gates import GateError, checks, gate_frames, is_training, run_gates
+from curation.gates import (
+    GateError,
+    checks,
+    gate_frames,
+    is_training,
+    recipe_successes,
+    run_gates,
+)
 from tests.curation.test_examples import OTHER, REWORDED, engine_warehouse, recipe
 from warehouse import Warehouse
-from warehouse.records import Dataset, DatasetMember
+from warehouse.records import Dataset, DatasetMember, Judgment
+from warehouse.versions import current_snapshot
 
 
 def clean_frames() -> tuple[Examples, pl.DataFrame, pl.DataFrame]:
@@ -156,3 +164,37 @@ def test_reworded_copy_of_a_test_task_is_caught_in_train_data(leaky_wh: Warehous
     assert [f.split(":")[0] for f in err.value.failed] == ["leakage near-duplicate"]
     assert "e.g. ['mail-reworded~mail-alice']" in str(err.value)  # Bob's mail is not flagged
     assert wh.count(Dataset) == 0
+
+
+def test_the_success_rate_gate_counts_the_recipe_s_judge(wh: Warehouse, tmp_path: Path):
+    """A rubric judge disagreeing with the rollouts' own grading: a recipe keeping the rubric's
+    successes passes a [1, 1] success-rate gate (the gate counts the rubric, as its verdict
+    filter does); counted by status, a kept trajectory would be a failure and the gate would
+    fail. Without a verdict filter the gate counts the trajectories' own outcome."""
+    engine_warehouse(wh)
+    trajs = wh.sql(
+        "SELECT traj_id, status FROM trajectories t JOIN tasks k USING (task_id) "
+        "WHERE k.split = 'train' ORDER BY traj_id"
+    ).rows()
+    own = {t for t, status in trajs if status == "success"}
+    assert own and len(own) < len(trajs)
+    # the rubric calls every own failure a success and every own success a failure
+    wh.write(
+        [
+            Judgment(judgment_id=f"j-{t}", traj_id=t, judge="rubric", judge_version="1",
+                     verdict="failure" if t in own else "success")
+            for t, _ in trajs
+        ]
+    )  # fmt: skip
+    rubric = recipe(
+        filters="[{verdict: {judges: [rubric]}}]", extra="gates: {success_rate: [1.0, 1.0]}\n"
+    )
+    ids = pl.Series([t for t, _ in trajs])
+    snap = current_snapshot(wh)
+    assert set(recipe_successes(wh, rubric, ids, snap)) == {t for t, _ in trajs} - own
+    assert set(recipe_successes(wh, recipe(), ids, snap)) == own
+    built = build_dataset(wh, rubric, out_dir=tmp_path / "r", blobs=wh.blobs, progress=None)
+    assert built.counts["trajectories"] == len(trajs) - len(own)
+    checkers = recipe(extra="gates: {success_rate: [1.0, 1.0]}\n")  # own outcomes: mixed
+    with pytest.raises(GateError, match="success rate"):
+        build_dataset(wh, checkers, out_dir=tmp_path / "c", blobs=wh.blobs, progress=None)
