@@ -143,10 +143,10 @@ class RankerTrainable:
         """Fill the cache for ``turns``: the texts of ``batch`` distinct prompts go to the
         encoder in one call (3x the texts/s of prompt by prompt: fewer, fuller passes).
 
-        The vectors are computed here (:meth:`TextEncoder.encode_fresh`), never read from the
-        encoder's cache: a cached vector was computed beside other texts and may differ in its
-        last bits, so the same rows and seed would train another checkpoint depending on what
-        the process had encoded before."""
+        The vectors are :meth:`TextEncoder.encode_exact`'s: read from the process's encoder
+        cache (the texts the policy's rollouts and earlier trainings encoded) only where a
+        vector's bits do not depend on what it was computed beside, else computed here: the
+        same rows and seed train the same checkpoint whatever the process encoded before."""
         todo = {prompt_key(t.prompt): t.prompt for t in turns}
         items = [(k, p) for k, p in todo.items() if k not in self._prepared]
         for i in range(0, len(items), batch):
@@ -158,7 +158,7 @@ class RankerTrainable:
         except NotAWebloopPrompt as exc:
             raise DataMismatch(f"not a webloop prompt ({exc})") from exc
         texts = [encoder_texts(inp, cands) for _, cands, inp in listed]
-        vectors = self.encoder.encode_fresh([t for group in texts for t in group])
+        vectors = self.encoder.encode_exact([t for group in texts for t in group])
         start = 0
         for (k, cands, _), group in zip(listed, texts, strict=True):
             if len(self._prepared) >= self.max_cache:

@@ -71,3 +71,35 @@ def test_a_texts_vector_barely_depends_on_what_was_encoded_beside_it() -> None:
         ]
     )
     assert float(a @ b) > 0.8 > float(a @ c)
+
+
+def test_a_trainer_s_vectors_do_not_depend_on_what_the_process_encoded_before(monkeypatch):
+    """:meth:`TextEncoder.encode_exact` (what the ranker's trainer reads): the same bits from a
+    cold encoder and from one that encoded the texts before among others, whichever way this
+    CPU answers :func:`batch_invariant`; where it answers yes, the cache serves the trainer (no
+    text encoded twice), where no, the vectors are computed afresh."""
+    import rollouts.encoder as module
+
+    rng = random.Random(3)
+    words = ["open", "the", "newest", "mail", "from", "Alice", "reply", "Oslo", "e12", "Mia"]
+    texts = sorted({" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(120)})
+    probes = texts[::11]
+    cold_bits = TextEncoder().encode_exact(probes)
+    warm = TextEncoder()
+    warm.encode(texts)  # the probes computed beside 110 other texts
+    misses = warm.misses
+    assert np.array_equal(warm.encode_exact(probes), cold_bits)
+    assert warm.misses == misses + (0 if module.batch_invariant() else len(probes))
+    if module.batch_invariant():  # then it holds for a batch the probe did not try, too
+        mixed = [*texts[5:60], *probes]
+        rng.shuffle(mixed)
+        vecs = module.encode_uncached(mixed)
+        for t in probes:
+            assert np.array_equal(vecs[mixed.index(t)], module.encode_uncached([t])[0])
+    monkeypatch.setattr(module, "batch_invariant", lambda: False)  # a CPU where bits move
+    hits = warm.hits
+    assert np.array_equal(warm.encode_exact(probes), cold_bits) and warm.hits == hits
+    disk = TextEncoder(cache_dir="unused")  # a disk cache may hold another machine's bits
+    monkeypatch.setattr(module, "batch_invariant", lambda: True)
+    disk.encode_exact(probes[:2])
+    assert disk.hits == 0 and disk.misses == 2

@@ -59,6 +59,9 @@ class HashEncoder(TextEncoder):
     def encode_fresh(self, texts: Sequence[str]) -> np.ndarray:
         return self.encode(texts)
 
+    def encode_exact(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encode(texts)
+
 
 PAGE = ("http://127.0.0.1:5/flights?x=1", "Farefinder — search")
 
