@@ -27,6 +27,7 @@ from cli.common import (
 from cli.help import polish
 from cli.options import config_command
 from stages.maintain import MaintainConfig
+from stages.plugins import load_plugins
 from warehouse import WarehouseConfig
 from warehouse.config import ConfigError
 from warehouse.secrets import has_url_credentials, redact
@@ -792,6 +793,7 @@ def main() -> None:
     fit_consoles()
     try:
         _refuse_url_credentials(sys.argv[1:])
+        load_plugins()
         app()
     except KeyboardInterrupt as exc:  # Ctrl-C outside a command
         _say_interrupted(exc)

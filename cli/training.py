@@ -14,14 +14,13 @@ from cli.common import ConfigError, Format, FormatOption, _open, console, print_
 from cli.options import config_command
 from stages.evaluate import EvalConfig, EvalResult
 from stages.train import RLConfig, SFTConfig
-
-ESTIMATORS = ("grpo", "step_grpo", "step_awr", "step_best", "awr", "turn")
+from training.advantages import SPECS
 
 
 def _estimator(value: str) -> str:
-    if value not in ESTIMATORS:
+    if value not in SPECS:  # (the registered ones: the built-in and WEBLOOP_PLUGINS' modules')
         raise typer.BadParameter(
-            f"unknown estimator {value!r}; choose from {', '.join(ESTIMATORS)}"
+            f"unknown estimator {value!r}; choose from {', '.join(sorted(SPECS))}"
         )
     return value
 

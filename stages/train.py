@@ -38,10 +38,11 @@ from stages.runs import code_version
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
 from stages.served import ServedCheckpoints, serving_checkpoints
 from training import registry
+from training.advantages import SPECS, estimator_spec, names_at
 from training.data import check_modality, find_dataset, sft_turns
 from training.interface import DataMismatch
 from training.load import ModelSpec, model_kind, resolve_policy
-from training.rl import STEP_LEVEL, WEIGHTED, prepare
+from training.rl import prepare
 from training.trackers import Trackers, parse_report_to
 from warehouse import Warehouse
 
@@ -436,7 +437,9 @@ class RLConfig:
 
     policy: str = setting(help="Start checkpoint (id, training run or folder).")
     estimator: str = setting(
-        "grpo", help="Advantage estimator: grpo, step_grpo, step_awr, step_best, awr or turn."
+        "grpo",
+        help=f"Advantage estimator: {', '.join(sorted(SPECS))}, or one registered by a module "
+        "in WEBLOOP_PLUGINS.",
     )
     buffer: bool = setting(
         False,
@@ -535,7 +538,7 @@ class RLConfig:
         }  # (the judge's part is added below)
         d.update({old: getattr(self.rollout, new) for new, old in _ROLLOUT_KEYS.items()})
         d.update(_changed("rollout", self.rollout, rl_rollout(), {*_ROLLOUT_KEYS, *_ROLLOUT_SET}))
-        if self.estimator in STEP_LEVEL:  # (the other estimators' run ids stay as they were)
+        if _step_level(self.estimator):  # (the other estimators' run ids stay as they were)
             d.update({old: getattr(self.prm, new) for new, old in _PRM_KEYS.items()})
             d.update(_changed("prm", self.prm, rl_prm(), {*_PRM_KEYS, *_PRM_SET}))
         if not self.anchor_coef:  # added later: runs without an anchor keep their ids
@@ -568,6 +571,12 @@ class RLConfig:
     def check(self) -> None:
         """Settings that cannot work together → :class:`DataMismatch` (the CLI's usage error),
         before anything starts."""
+        if self.estimator not in SPECS:
+            raise DataMismatch(
+                f"unknown advantage estimator {self.estimator!r}; known: "
+                f"{', '.join(sorted(SPECS))} (your own: training.advantages.register, its "
+                "module in WEBLOOP_PLUGINS)"
+            )
         if self.anchor_coef and not self.anchor_dataset:
             raise DataMismatch(
                 f"anchor_coef {self.anchor_coef} needs an anchor dataset (--anchor-dataset: "
@@ -580,16 +589,16 @@ class RLConfig:
                 "serve: vllm needs the vLLM environment: run `make vllm` first (or serve: auto, "
                 "which takes webloop's hf engine without it)"
             )
-        exact = self.estimator in STEP_LEVEL and self.prm.scorer in ("exact", "reference")
+        exact = _step_level(self.estimator) and self.prm.scorer in ("exact", "reference")
         if exact and self.rollout.suite != "bundled":
             raise ConfigError(
                 f"prm.scorer: {self.prm.scorer} needs the bundled sites' reference solutions; "
                 f"suite {self.rollout.suite!r} has none (use the vlm scorer, or estimator grpo)"
             )
-        if self.buffer and self.estimator not in STEP_LEVEL:
+        if self.buffer and not _step_level(self.estimator):
             raise DataMismatch(
                 f"buffer: keeps the scored states of earlier iterations, for the step-level "
-                f"estimators ({', '.join(sorted(STEP_LEVEL))}); not {self.estimator!r}"
+                f"estimators ({', '.join(names_at('step'))}); not {self.estimator!r}"
             )
         if self.task_pool and self.task_pool <= self.n_tasks:
             raise DataMismatch(
@@ -728,7 +737,7 @@ class _Loop:
             f"{col.skipped} stored" + _first_infra_error(wh, col.run_id)
         )
         options = dict(cfg.estimator_options)
-        if cfg.estimator in STEP_LEVEL:
+        if _step_level(cfg.estimator):
             await _score_states(
                 wh, cfg, it, self.current, col.run_id, say, self.server, self.browser
             )
@@ -944,12 +953,18 @@ def _policy_name(ref: str, wh: Warehouse) -> str:
     return "ranker" if Path(path).is_dir() and model_kind(path) == "ranker" else "hf"
 
 
+def _step_level(estimator: str) -> bool:
+    """Whether ``estimator`` trains on PRM-scored candidates (unknown names: no; check() says)."""
+    spec = SPECS.get(estimator)
+    return spec is not None and spec.level == "step"
+
+
 def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> CollectConfig:
     """Iteration ``it``'s rollouts: ``cfg.rollout`` by the current policy, seed and horizon."""
     engine = dict(cfg.rollout.engine)
-    if cfg.estimator == "turn":  # the turn estimator's credit: the share of criteria met
-        engine["record_progress"] = True
-    if cfg.estimator in STEP_LEVEL and cfg.prm.scorer == "reference":
+    for flag in estimator_spec(cfg.estimator).engine:  # (turn: the share of criteria met)
+        engine[flag] = True
+    if _step_level(cfg.estimator) and cfg.prm.scorer == "reference":
         engine["label_reference"] = True  # the states' labels, taken during the rollouts
     return dataclasses.replace(
         cfg.rollout,
@@ -981,7 +996,7 @@ def _rl_train_config(cfg: RLConfig, it: int) -> TrainConfig:
     from training.trainer import TrainConfig
 
     return TrainConfig(
-        objective="awr" if cfg.estimator in WEIGHTED else "ppo",
+        objective=estimator_spec(cfg.estimator).objective,
         epochs=cfg.ppo_epochs,
         lr=cfg.lr,
         batch_size=cfg.batch_size,

@@ -8,6 +8,13 @@ and returns the same frame, same row order, with a new float column ``advantage`
     frame = est(frame)
     frame = compute_advantages("awr", frame, gamma=0.9, beta=1.0)   # the same in one call
 
+Each is registered with its :class:`EstimatorSpec` (``@register(name, level=..., objective=...,
+inputs=..., engine=...)``): what the RL loop needs to know of it — trajectory or step level, PPO
+or weighted regression, the inputs to add to its frame, the engine settings its rollouts need —
+is declared here, beside the function, and the loop, the stage and the CLI ask the spec
+(:func:`estimator_spec`). Adding an estimator is one decorated function in one module (its own,
+imported through ``WEBLOOP_PLUGINS`` for the CLI): docs/how-to/add-an-estimator.md.
+
 Infrastructure failures never become a learning signal: when the frame has a ``status`` column,
 rows whose status is ``infra_error`` or ``timeout`` get ``advantage`` 0 (and ``weight`` 0 for
 ``awr``) AND are left out of every statistic (group means and stds, trajectory lengths, the
@@ -31,10 +38,12 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
 
+from training.interface import DataMismatch
 from warehouse.advantage import EPS, group_relative, varies
 from warehouse.records import INFRA_ERROR, TIMEOUT
 from warehouse.registry import Registry
@@ -51,11 +60,84 @@ _ROW = "__row"
 _KEEP = "__keep"
 
 
-def register(name: str) -> Callable:
+Inputs = Callable[[Any, pl.DataFrame, dict[str, Any]], pl.DataFrame]
+"""``(warehouse, frame, options) -> frame``: columns an estimator needs added before it runs."""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator as the RL loop sees it, declared where it is registered.
+
+    ``level``: ``trajectory`` (the rollouts' own turns, rewarded by their outcome or a judge's
+    verdict) or ``step`` (PRM-scored candidate actions at the visited states: the loop scores
+    them before the update; rows carry ``score``). ``objective``: the update, ``ppo`` (PPO-clip
+    on ``advantage``) or ``awr`` (weighted regression on the ``weight`` column the estimator
+    adds). ``inputs``: columns to add to the frame first (``awr``'s value baseline, ``turn``'s
+    rubric progress). ``engine``: engine settings the rollouts must turn on for it
+    (``record_progress``). The options are the function's keyword parameters, with their
+    defaults; the summary is its docstring's first line."""
+
+    name: str
+    fn: Callable[..., pl.DataFrame]
+    level: Literal["trajectory", "step"] = "trajectory"
+    objective: Literal["ppo", "awr"] = "ppo"
+    inputs: Inputs | None = None
+    engine: tuple[str, ...] = ()
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Option name → default (the function's parameters after the frame)."""
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        return {p.name: p.default for p in params}
+
+    @property
+    def summary(self) -> str:
+        """The function's docstring's first line."""
+        return (inspect.getdoc(self.fn) or self.name).splitlines()[0]
+
+
+SPECS: dict[str, EstimatorSpec] = {}
+"""Estimator name → its spec (filled by :func:`register`)."""
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The spec of a registered estimator; ValueError naming the known ones otherwise."""
+    if name not in SPECS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(SPECS)}")
+    return SPECS[name]
+
+
+def names_at(level: str) -> list[str]:
+    """The registered estimators of ``level`` (``trajectory`` or ``step``)."""
+    return sorted(n for n, s in SPECS.items() if s.level == level)
+
+
+def register(
+    name: str,
+    *,
+    level: Literal["trajectory", "step"] = "trajectory",
+    objective: Literal["ppo", "awr"] = "ppo",
+    inputs: Inputs | None = None,
+    engine: tuple[str, ...] = (),
+) -> Callable:
     """``@register("grpo")`` on ``fn(frame, **options) -> frame``: registers a factory that
-    checks the option names and returns ``fn`` with those options bound."""
+    checks the option names and returns ``fn`` with those options bound, and the estimator's
+    :class:`EstimatorSpec` (the keyword arguments). A name registered twice is refused (an
+    import under two names would otherwise replace a built-in silently)."""
+    if objective not in ("ppo", "awr") or level not in ("trajectory", "step"):
+        raise ValueError(f"estimator {name!r}: level trajectory|step, objective ppo|awr")
 
     def deco(fn: Callable[..., pl.DataFrame]) -> Callable[..., pl.DataFrame]:
+        old = SPECS.get(name)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (
+            fn.__module__,
+            fn.__qualname__,
+        ):
+            raise ValueError(
+                f"advantage estimator {name!r} is registered already "
+                f"({old.fn.__module__}.{old.fn.__qualname__})"
+            )
+        SPECS[name] = EstimatorSpec(name, fn, level, objective, inputs, tuple(engine))
         accepted = set(list(inspect.signature(fn).parameters)[1:])
 
         def factory(**options) -> Estimator:
@@ -149,6 +231,70 @@ def _drop_produced(frame: pl.DataFrame, produced: list[str]) -> pl.DataFrame:
     return frame.drop([c for c in produced if c in frame.columns])
 
 
+# -- inputs some estimators need --------------------------------------------------------------
+
+
+def value_features(frame: pl.DataFrame) -> np.ndarray:
+    """State features of the learned baseline: one-hot site, the turn's position ``t`` and
+    ``t / T`` in its trajectory, and ``T`` (longer tasks succeed less often)."""
+    sites = sorted({s or "" for s in frame["site"].to_list()})
+    onehot = np.array([[float((s or "") == k) for k in sites] for s in frame["site"].to_list()])
+    t = frame["step_idx"].to_numpy().astype(np.float64)
+    n = frame["n_turns"].to_numpy().astype(np.float64)
+    return np.column_stack([onehot, t, t / np.maximum(n, 1.0), n])
+
+
+def with_value(frame: pl.DataFrame, gamma: float) -> pl.DataFrame:
+    """Add ``value``: the ridge baseline fitted to the discounted returns of these turns."""
+    t = frame["step_idx"].to_numpy().astype(np.float64)
+    n = frame["n_turns"].to_numpy().astype(np.float64)
+    returns = gamma ** (n - 1 - t) * frame["reward"].to_numpy().astype(np.float64)
+    x = value_features(frame)
+    baseline = fit_value_baseline(x, returns)
+    return frame.with_columns(value=pl.Series(baseline.predict(x)))
+
+
+def with_progress(wh: Any, frame: pl.DataFrame) -> pl.DataFrame:
+    """Add ``progress`` from the trajectories' recorded per-step criteria progress."""
+    meta = wh.sql(
+        "SELECT traj_id, meta FROM trajectories WHERE traj_id IN (SELECT unnest(?))",
+        [frame["traj_id"].unique().to_list()],
+    )
+    import json
+
+    progress: dict[tuple[str, int], float] = {}
+    for traj_id, m in meta.iter_rows():
+        values = (json.loads(m) if isinstance(m, str) else (m or {})).get("progress")
+        for i, v in enumerate(values or []):
+            progress[(traj_id, i)] = float(v)
+    missing = [
+        (r["traj_id"], r["step_idx"])
+        for r in frame.select("traj_id", "step_idx").iter_rows(named=True)
+        if (r["traj_id"], r["step_idx"]) not in progress
+    ]
+    if missing:
+        raise DataMismatch(
+            f"estimator 'turn' needs per-step rubric progress; {len(missing)} turns have none "
+            f"(e.g. {missing[0][0]} step {missing[0][1]}): collect with the engine's "
+            "record_progress on (webloop train rl --estimator turn does, on bundled sites)"
+        )
+    return frame.with_columns(
+        progress=pl.Series(
+            [progress[(a, b)] for a, b in frame.select("traj_id", "step_idx").iter_rows()]
+        )
+    )
+
+
+def value_inputs(wh: Any, frame: pl.DataFrame, options: dict[str, Any]) -> pl.DataFrame:
+    """``awr``'s inputs: the learned value baseline at the option ``gamma``."""
+    return with_value(frame, options.get("gamma", 1.0))
+
+
+def progress_inputs(wh: Any, frame: pl.DataFrame, options: dict[str, Any]) -> pl.DataFrame:
+    """``turn``'s inputs: the rubric progress the rollouts recorded."""
+    return with_progress(wh, frame)
+
+
 # -- estimators ------------------------------------------------------------------------------------
 
 
@@ -176,7 +322,7 @@ def grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     return _finish(out, values, ["advantage"], {"advantage": 0.0})
 
 
-@register("step_grpo")
+@register("step_grpo", level="step")
 def step_grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     """Step-level group-relative advantage from process rewards (PRO-CUA).
 
@@ -198,7 +344,7 @@ def step_grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     return _finish(out, values, ["advantage"], {"advantage": 0.0})
 
 
-@register("step_awr")
+@register("step_awr", level="step", objective="awr")
 def step_awr(
     frame: pl.DataFrame, beta: float = 0.5, w_max: float = 20.0, eps: float = EPS
 ) -> pl.DataFrame:
@@ -233,7 +379,7 @@ def step_awr(
     return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
 
 
-@register("step_best")
+@register("step_best", level="step", objective="awr")
 def step_best(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     """Step-level regression onto the best-scored candidate (AWR's β → 0 limit).
 
@@ -258,7 +404,7 @@ def step_best(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
 
 
-@register("awr")
+@register("awr", objective="awr", inputs=value_inputs)
 def awr(
     frame: pl.DataFrame, gamma: float = 1.0, beta: float = 1.0, w_max: float = 20.0
 ) -> pl.DataFrame:
@@ -291,7 +437,7 @@ def awr(
     return _finish(out, values, ["advantage", "weight"], {"advantage": 0.0, "weight": 0.0})
 
 
-@register("turn")
+@register("turn", inputs=progress_inputs, engine=("record_progress",))
 def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = EPS) -> pl.DataFrame:
     """Turn-level credit from per-criterion rubric progress (ERA-style reward shaping).
 

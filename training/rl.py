@@ -21,27 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import polars as pl
 
-from training.advantages import compute_advantages, fit_value_baseline
+from training.advantages import compute_advantages, estimator_spec
 from training.data import rl_turns, run_steps
 from training.interface import DataMismatch, Turn
 from warehouse.relations import with_relations
 from warehouse.store import Warehouse
-
-ESTIMATOR_OPTIONS = {
-    "grpo": ("eps",),
-    "awr": ("gamma", "beta", "w_max"),
-    "step_grpo": ("eps",),
-    "step_awr": ("beta", "w_max", "eps"),
-    "step_best": ("eps",),
-    "turn": ("gamma", "eps"),
-}
-STEP_LEVEL = frozenset({"step_grpo", "step_awr", "step_best"})
-"""Estimators over PRM-scored candidates at the visited states (the RL loop scores them first)."""
-WEIGHTED = frozenset({"awr", "step_awr", "step_best"})
-"""Estimators whose update is weighted regression (objective ``awr``), not PPO."""
 
 
 def prepare(
@@ -53,11 +39,11 @@ def prepare(
 ) -> tuple[list[Turn], dict[str, Any]]:
     """Turns with advantages for ``estimator`` over the runs' trajectories, and counts. With
     ``judge`` (trajectory-level estimators), the rewards are that judge's verdicts."""
-    if estimator not in ESTIMATOR_OPTIONS:
-        raise DataMismatch(
-            f"unknown advantage estimator {estimator!r}; known: {sorted(ESTIMATOR_OPTIONS)}"
-        )
-    if estimator in STEP_LEVEL:
+    try:
+        spec = estimator_spec(estimator)
+    except ValueError as exc:
+        raise DataMismatch(str(exc)) from None
+    if spec.level == "step":
         frame = candidate_frame(wh, run_ids, options.pop("scorer", None), estimator)
     else:
         frame = run_steps(wh, run_ids, judge)
@@ -68,7 +54,7 @@ def prepare(
         "trajectories": frame["traj_id"].n_unique() if frame.height else 0,
         "mean_reward": _traj_mean_reward(rewarded),
     }
-    if estimator in STEP_LEVEL:  # (the rows' reward is a constant: the trajectories' outcome)
+    if spec.level == "step":  # (the rows' reward is a constant: the trajectories' outcome)
         stats["mean_reward"] = _traj_mean_reward(
             frame.with_columns(reward=(pl.col("status") == "success").cast(pl.Float64))
         )
@@ -77,10 +63,8 @@ def prepare(
             f"runs {', '.join(run_ids)}: no rewarded turns ({frame.height} rows; statuses "
             f"{sorted(set(frame['status'].to_list())) if frame.height else []})"
         )
-    if estimator == "awr":
-        rewarded = with_value(rewarded, options.get("gamma", 1.0))
-    elif estimator == "turn":
-        rewarded = with_progress(wh, rewarded)
+    if spec.inputs is not None:  # (awr: the value baseline; turn: the rubric progress)
+        rewarded = spec.inputs(wh, rewarded, options)
     scored = compute_advantages(estimator, rewarded, **options)  # awr: adds the weight too
     turns = rl_turns(wh, scored)
     stats["turns"] = len(turns)
@@ -92,57 +76,6 @@ def _traj_mean_reward(frame: pl.DataFrame) -> float | None:
     if frame.is_empty():
         return None
     return float(frame.group_by("traj_id").agg(pl.col("reward").first())["reward"].mean())
-
-
-def value_features(frame: pl.DataFrame) -> np.ndarray:
-    """State features of the learned baseline: one-hot site, the turn's position ``t`` and
-    ``t / T`` in its trajectory, and ``T`` (longer tasks succeed less often)."""
-    sites = sorted({s or "" for s in frame["site"].to_list()})
-    onehot = np.array([[float((s or "") == k) for k in sites] for s in frame["site"].to_list()])
-    t = frame["step_idx"].to_numpy().astype(np.float64)
-    n = frame["n_turns"].to_numpy().astype(np.float64)
-    return np.column_stack([onehot, t, t / np.maximum(n, 1.0), n])
-
-
-def with_value(frame: pl.DataFrame, gamma: float) -> pl.DataFrame:
-    """Add ``value``: the ridge baseline fitted to the discounted returns of these turns."""
-    t = frame["step_idx"].to_numpy().astype(np.float64)
-    n = frame["n_turns"].to_numpy().astype(np.float64)
-    returns = gamma ** (n - 1 - t) * frame["reward"].to_numpy().astype(np.float64)
-    x = value_features(frame)
-    baseline = fit_value_baseline(x, returns)
-    return frame.with_columns(value=pl.Series(baseline.predict(x)))
-
-
-def with_progress(wh: Warehouse, frame: pl.DataFrame) -> pl.DataFrame:
-    """Add ``progress`` from the trajectories' recorded per-step criteria progress."""
-    meta = wh.sql(
-        "SELECT traj_id, meta FROM trajectories WHERE traj_id IN (SELECT unnest(?))",
-        [frame["traj_id"].unique().to_list()],
-    )
-    import json
-
-    progress: dict[tuple[str, int], float] = {}
-    for traj_id, m in meta.iter_rows():
-        values = (json.loads(m) if isinstance(m, str) else (m or {})).get("progress")
-        for i, v in enumerate(values or []):
-            progress[(traj_id, i)] = float(v)
-    missing = [
-        (r["traj_id"], r["step_idx"])
-        for r in frame.select("traj_id", "step_idx").iter_rows(named=True)
-        if (r["traj_id"], r["step_idx"]) not in progress
-    ]
-    if missing:
-        raise DataMismatch(
-            f"estimator 'turn' needs per-step rubric progress; {len(missing)} turns have none "
-            f"(e.g. {missing[0][0]} step {missing[0][1]}): collect with the engine's "
-            "record_progress on (webloop train rl --estimator turn does, on bundled sites)"
-        )
-    return frame.with_columns(
-        progress=pl.Series(
-            [progress[(a, b)] for a, b in frame.select("traj_id", "step_idx").iter_rows()]
-        )
-    )
 
 
 def candidate_frame(
