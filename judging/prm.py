@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -120,7 +121,66 @@ class Scorer(Protocol):
 
 
 SCORERS: Registry[Scorer] = Registry("PRM scorer")
-register = SCORERS.register
+
+NEEDS = {
+    "bundled": "bundled tasks with a reference solution",
+    "replay": "browsers on the bundled sites (the stage opens them and passes envs, resolve, "
+    "grade and probe)",
+    "labels": "the reference labels a label_reference rollout records",
+    "endpoint": "an OpenAI-compatible server (base_url, model)",
+}
+"""What a PRM scorer may need, by the name its spec uses."""
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """A PRM scorer as the stages see it, declared where it is registered: ``needs`` (names of
+    :data:`NEEDS`; the score-steps stage, the flywheel and the RL stage check them and provide
+    them), ``expert_candidate`` (it offers the reference's action at a state as one more
+    candidate: ``expert_action(state)``), the summary (the class docstring's first line)."""
+
+    name: str
+    factory: Callable[..., Scorer]
+    needs: frozenset[str] = frozenset()
+    expert_candidate: bool = False
+
+    @property
+    def summary(self) -> str:
+        return (inspect.getdoc(self.factory) or self.name).splitlines()[0]
+
+
+SPECS: dict[str, ScorerSpec] = {}
+"""Scorer name → its spec (filled by :func:`register`)."""
+
+
+def register(name: str, *, needs: Sequence[str] = (), expert_candidate: bool = False) -> Callable:
+    """``@register("vlm", needs=("endpoint",))`` on a scorer class (or factory): registers it
+    and its :class:`ScorerSpec`. An unknown need, or a name registered twice, is refused."""
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown:
+        raise ValueError(f"PRM scorer {name!r}: unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+
+    def deco(factory: Callable[..., Scorer]) -> Callable[..., Scorer]:
+        old = SPECS.get(name)
+        if old is not None and old.factory.__qualname__ != factory.__qualname__:
+            raise ValueError(f"PRM scorer {name!r} is registered already ({old.factory})")
+        SPECS[name] = ScorerSpec(name, factory, frozenset(needs), expert_candidate)
+        return SCORERS.register(name)(factory)
+
+    return deco
+
+
+def scorer_spec(name: str) -> ScorerSpec:
+    """The spec of a registered PRM scorer; ValueError naming the known ones otherwise."""
+    if name not in SPECS:
+        raise ValueError(f"unknown PRM scorer {name!r}; known: {', '.join(sorted(SPECS))}")
+    return SPECS[name]
+
+
+def needs(name: str, need: str) -> bool:
+    """Whether the registered scorer ``name`` needs ``need`` (unknown names: no)."""
+    spec = SPECS.get(name)
+    return spec is not None and need in spec.needs
 
 
 def make_scorer(name: str, **options: Any) -> Scorer:
@@ -233,7 +293,7 @@ def parse_score(text: str) -> float:
     return float(m.group(1)) / 10
 
 
-@register("vlm")
+@register("vlm", needs=("endpoint",))
 class VLMScorer:
     """A VLM rates each candidate's progress toward the task (through the chat client)."""
 
@@ -299,7 +359,7 @@ def reference_label(state: State) -> str | None:
     return labels[state.step_idx] if state.step_idx < len(labels) else None
 
 
-@register("reference")
+@register("reference", needs=("bundled", "labels"), expert_candidate=True)
 class ReferenceScorer:
     """Exact and free on bundled tasks: a state on the reference's path was labelled during the
     rollout with the reference's next step, grounded on the live page (``label_reference``,
@@ -324,8 +384,12 @@ class ReferenceScorer:
             for c in cands
         ]
 
+    async def expert_action(self, state: State) -> tuple[State, str | None]:
+        """``state`` and the label the rollout recorded there (the expert's candidate)."""
+        return state, reference_label(state)
 
-@register("exact")
+
+@register("exact", needs=("bundled", "replay"), expert_candidate=True)
 class ExactScorer:
     """Ground truth on the bundled sites: replay, take the candidate, finish with the reference,
     check. ``envs`` is a pool of browser environments (one replay per environment at a time).

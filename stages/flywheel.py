@@ -42,6 +42,7 @@ from curation.build import build_dataset
 from curation.curriculum import horizon_at
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
+from judging.prm import NEEDS, needs
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
@@ -475,10 +476,10 @@ def _check_suites(cfg: FlywheelConfig) -> None:
             check_judge_fits(cfg.judge, suite, "judge", "the rollouts' own grading")
     main = suites["expert"]
     if cfg.prm_states and main != "bundled":
-        if cfg.prm.scorer == "exact":
+        if needs(cfg.prm.scorer, "bundled"):
             raise FlywheelError(
-                f"prm.scorer: exact replays the bundled sites' reference solutions, suite "
-                f"{main!r} has none: use vlm, or prm_states: 0"
+                f"prm.scorer: {cfg.prm.scorer} needs {NEEDS['bundled']}, suite {main!r} has "
+                "none: use vlm, or prm_states: 0"
             )
         if cfg.prm.policy == "expert":
             raise FlywheelError(
@@ -503,13 +504,13 @@ def _check_suites(cfg: FlywheelConfig) -> None:
             )
     if cfg.teacher.teacher == "openai" and not (cfg.teacher.base_url and cfg.teacher.model):
         raise FlywheelError("teacher.base_url: the openai teacher needs base_url and model")
-    if cfg.prm.scorer == "vlm" and cfg.prm_states and not cfg.prm.scorer_base_url:
-        raise FlywheelError("prm.scorer_base_url: the vlm scorer needs an endpoint")
-    if cfg.prm.scorer == "reference" and cfg.prm_states:
+    if needs(cfg.prm.scorer, "endpoint") and cfg.prm_states and not cfg.prm.scorer_base_url:
+        raise FlywheelError(f"prm.scorer_base_url: the {cfg.prm.scorer} scorer needs an endpoint")
+    if needs(cfg.prm.scorer, "labels") and cfg.prm_states:
         unlabelled = [k for k in ("expert", "rollout") if not _labelled(getattr(cfg, k))]
         if unlabelled:  # round 1 scores the expert's run, later rounds the policy's
             raise FlywheelError(
-                f"prm.scorer: reference scores the labels a rollout records, and the scored "
+                f"prm.scorer: {cfg.prm.scorer} scores the labels a rollout records, and the scored "
                 f"runs of {' and '.join(unlabelled)} record none: set "
                 f"{' and '.join(f'{k}.engine.label_reference: true' for k in unlabelled)}, or "
                 "use the exact scorer"

@@ -24,17 +24,17 @@ import httpx
 
 from judging.base import load_views
 from judging.prm import (
-    ExactScorer,
+    SPECS,
     PrefixEnded,
     Proposal,
     ScoreSummary,
     State,
     candidate_rows,
-    make_scorer,
     propose,
     ranking_agreement,
     reference_label,
     score_states,
+    scorer_spec,
 )
 from rollouts.browser import SharedSlot
 from rollouts.env import BrowserEnv, BrowserSlot, EnvConfig, origin_of
@@ -61,7 +61,7 @@ class ScoreStepsConfig:
     scorer: str = setting(
         "exact",
         help="exact (bundled replay), reference (the labels a label_reference rollout "
-        "recorded: free) or vlm.",
+        "recorded: free), vlm, or a scorer registered by a module in WEBLOOP_PLUGINS.",
     )
     k: int = setting(4, help="Candidate actions per state (at least 2).", min=2, max=64)
     run: str | None = setting(None, help="Only trajectories of this run.")
@@ -136,14 +136,17 @@ def check_config(cfg: ScoreStepsConfig) -> None:
     check_fields(cfg)
     if cfg.k < 2:
         raise ConfigError("--k must be at least 2 (advantages compare candidates)")
-    if cfg.scorer not in ("exact", "reference", "vlm"):
-        raise ConfigError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm")
-    if cfg.scorer == "vlm" and not (cfg.scorer_base_url and cfg.scorer_model):
-        raise ConfigError("--scorer vlm needs --scorer-base-url and --scorer-model")
-    if cfg.expert_candidate and cfg.scorer not in ("exact", "reference"):
+    try:
+        spec = scorer_spec(cfg.scorer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "endpoint" in spec.needs and not (cfg.scorer_base_url and cfg.scorer_model):
+        raise ConfigError(f"--scorer {cfg.scorer} needs --scorer-base-url and --scorer-model")
+    if cfg.expert_candidate and not spec.expert_candidate:
+        offering = " or ".join(sorted(n for n, sp in SPECS.items() if sp.expert_candidate))
         raise ConfigError(
-            "--expert-candidate needs --scorer exact or reference (the expert's action comes "
-            "from the bundled task's reference)"
+            f"--expert-candidate needs --scorer {offering} (the expert's action comes from the "
+            "bundled task's reference)"
         )
 
 
@@ -164,7 +167,7 @@ def select_states(
     states = [
         State(v, i) for v in load_views(wh, ids) for i in range(0, len(v.steps), max(1, cfg.every))
     ]
-    if cfg.scorer == "reference":  # only the states the rollout labelled can be scored
+    if _needs(cfg, "labels"):  # only the states the rollout labelled can be scored
         states = [s for s in states if reference_label(s) is not None]
     if cfg.select == "first_error":
         states = [s for s in states if after_first_error(s)]
@@ -303,11 +306,6 @@ async def _expert_at(expert: Expert, state: State) -> tuple[State, str | None]:
         return state, None
 
 
-async def _labelled(state: State) -> tuple[State, str | None]:
-    """The reference scorer's expert candidate: the label the rollout recorded at ``state``."""
-    return state, reference_label(state)
-
-
 async def _located(locate: Locate | None, state: State) -> State:
     """``state`` aligned by ``locate``; unaligned when its prefix already answered (the scorer
     reports that state as an error)."""
@@ -360,10 +358,11 @@ async def _score(
 ) -> ScoreSummary:
     """Candidates for every state, then scores for the states that lack them. Servers and
     browsers start only when something is left to do."""
+    spec = scorer_spec(cfg.scorer)
     async with AsyncExitStack() as stack:
-        if cfg.scorer == "exact":
+        if "replay" in spec.needs:  # browsers start only when something is left to do
             seed = exact_site_seed(states)
-            done = done_states(wh, ExactScorer, states, cfg.k)
+            done = done_states(wh, spec.factory, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
             # the expert proposes from the aligned cursor, which needs the scorer's browsers
             replays = cfg.policy == "expert" or cfg.expert_candidate
@@ -371,25 +370,17 @@ async def _score(
             if not todo and not aligning:
                 await ensure_candidates(wh, cfg, states, run_id)
                 return ScoreSummary()
-            scorer = await _exact_scorer(stack, cfg, seed, server, browser)
+            scorer = await _replay_scorer(stack, cfg, seed, server, browser)
             locate = scorer.locate if aligning and cfg.policy == "expert" else None
             expert = scorer.expert_action if aligning and cfg.expert_candidate else None
-        elif cfg.scorer == "reference":
-            scorer = make_scorer("reference")
+        else:
+            scorer = spec.factory(**_endpoint(cfg, spec))
+            if hasattr(scorer, "aclose"):
+                stack.push_async_callback(scorer.aclose)
             done = done_states(wh, scorer, states, cfg.k)
             todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
             locate = None
-            expert = _labelled if cfg.expert_candidate else None
-        elif cfg.scorer == "vlm":
-            if not cfg.scorer_base_url or not cfg.scorer_model:
-                raise WarehouseError("--scorer vlm needs --scorer-base-url and --scorer-model")
-            scorer = make_scorer("vlm", base_url=cfg.scorer_base_url, model=cfg.scorer_model)
-            stack.push_async_callback(scorer.aclose)
-            done = done_states(wh, scorer, states, cfg.k)
-            todo = [s for s in states if (s.traj.traj_id, s.step_idx) not in done]
-            locate = expert = None
-        else:
-            raise WarehouseError(f"unknown PRM scorer {cfg.scorer!r}; known: exact, reference, vlm")
+            expert = scorer.expert_action if cfg.expert_candidate else None
         cands = await ensure_candidates(wh, cfg, states, run_id, locate, expert)
         if not todo:
             return ScoreSummary()
@@ -419,15 +410,29 @@ def exact_site_seed(states: list[State]) -> int:
     return seeds.pop() if seeds else 0
 
 
-async def _exact_scorer(
+def _needs(cfg: ScoreStepsConfig, need: str) -> bool:
+    return need in scorer_spec(cfg.scorer).needs
+
+
+def _endpoint(cfg: ScoreStepsConfig, spec: Any) -> dict[str, Any]:
+    """The options a scorer that needs an endpoint gets (none for the others)."""
+    if "endpoint" not in spec.needs:
+        return {}
+    if not cfg.scorer_base_url or not cfg.scorer_model:
+        raise WarehouseError(f"--scorer {cfg.scorer} needs --scorer-base-url and --scorer-model")
+    return {"base_url": cfg.scorer_base_url, "model": cfg.scorer_model}
+
+
+async def _replay_scorer(
     stack: AsyncExitStack,
     cfg: ScoreStepsConfig,
     seed: int,
     server: SiteServer | None = None,
     browser: Any = None,
 ):
-    """The exact scorer on ``server`` (or a sites server process started here) with
-    ``cfg.concurrency`` environments: contexts of ``browser``, or one Chromium each."""
+    """The replaying scorer (``cfg.scorer``: exact) on ``server`` (or a sites server process
+    started here) with ``cfg.concurrency`` environments: contexts of ``browser``, or one
+    Chromium each."""
     if server is None:
         server = SiteServer(seed=seed, mode="process").start()
         stack.callback(server.stop)
@@ -454,8 +459,7 @@ async def _exact_scorer(
         url = resolve_start_url(t.start_url, server.urls)
         return url, [origin_of(url)]
 
-    return make_scorer(
-        "exact",
+    return scorer_spec(cfg.scorer).factory(
         envs=envs,
         resolve=resolve,
         grade=criteria_grader(server, client),
@@ -528,7 +532,7 @@ def sharded_session(wh: Warehouse, cfg: ScoreStepsConfig) -> Iterator[Session]:
     """Record the run; the trajectories whose states to shard (what the exact scorer cannot
     replay is refused here, before any worker starts)."""
     run_id, states = _selected(wh, cfg)
-    if cfg.scorer == "exact":
+    if _needs(cfg, "replay"):
         exact_site_seed(states)
     ids = sorted({s.traj.traj_id for s in states})
     with recorded_run(wh, run_id, "score_steps", dataclasses.asdict(cfg)):

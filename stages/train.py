@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from curation.curriculum import horizon_at
+from judging.prm import needs
 from serving.supervisor import vllm_python
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
@@ -589,8 +590,8 @@ class RLConfig:
                 "serve: vllm needs the vLLM environment: run `make vllm` first (or serve: auto, "
                 "which takes webloop's hf engine without it)"
             )
-        exact = _step_level(self.estimator) and self.prm.scorer in ("exact", "reference")
-        if exact and self.rollout.suite != "bundled":
+        bundled = _step_level(self.estimator) and needs(self.prm.scorer, "bundled")
+        if bundled and self.rollout.suite != "bundled":
             raise ConfigError(
                 f"prm.scorer: {self.prm.scorer} needs the bundled sites' reference solutions; "
                 f"suite {self.rollout.suite!r} has none (use the vlm scorer, or estimator grpo)"
@@ -964,7 +965,7 @@ def _collect_config(cfg: RLConfig, it: int, policy: Any, run_id: str) -> Collect
     engine = dict(cfg.rollout.engine)
     for flag in estimator_spec(cfg.estimator).engine:  # (turn: the share of criteria met)
         engine[flag] = True
-    if _step_level(cfg.estimator) and cfg.prm.scorer == "reference":
+    if _step_level(cfg.estimator) and needs(cfg.prm.scorer, "labels"):
         engine["label_reference"] = True  # the states' labels, taken during the rollouts
     return dataclasses.replace(
         cfg.rollout,

@@ -73,7 +73,7 @@ BOTH = {"prompt_mode": "both"}
                 "judge": RUBRIC,
                 "prm": {"scorer": "exact"},
             },
-            r"prm\.scorer: exact replays the bundled sites",
+            r"prm\.scorer: exact needs bundled tasks with a reference solution, suite .om2w.",
         ),
         ({"teacher": {"teacher": "openai"}}, r"teacher\.base_url: the openai teacher needs"),
         ({"prm": {"scorer": "vlm"}}, r"prm\.scorer_base_url: the vlm scorer needs an endpoint"),

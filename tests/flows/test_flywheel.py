@@ -328,7 +328,7 @@ def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeyp
     for module in (collect_module, intervene_module):
         monkeypatch.setattr(module, "SiteServer", refuse)
     monkeypatch.setattr(collect_module, "Engine", refuse)
-    monkeypatch.setattr(score_steps_module, "_exact_scorer", refuse)
+    monkeypatch.setattr(score_steps_module, "_replay_scorer", refuse)
     monkeypatch.setattr(demo_module, "lend", refuse)
     monkeypatch.setattr(demo_module, "demo_config", lambda seed, rounds: cfg)
     monkeypatch.setenv("WEBLOOP_HOME", home)

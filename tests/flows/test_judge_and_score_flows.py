@@ -160,7 +160,7 @@ def test_score_steps_is_idempotent_and_calibrates_a_vlm_prm(
         first = chromium.run(run_score_steps_async(wh, cfg, server=sites, browser=chromium.browser))
         assert first.states == 4 and first.candidates == 12 and first.errors == 0
         with monkeypatch.context() as m:  # nothing left to do: no sites server, no browser
-            m.setattr(score_steps_module, "_exact_scorer", refuse)
+            m.setattr(score_steps_module, "_replay_scorer", refuse)
             again = run_score_steps(wh, cfg)  # no new candidates, no rescoring
         assert (again.states, again.candidates) == (0, 0)
         n_cands = wh.sql("SELECT count(*) FROM candidates").item()

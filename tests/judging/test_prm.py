@@ -173,3 +173,25 @@ def test_expert_candidates_start_at_the_prefix_cursor():
     assert [p.action_text for p in props] == [expected] * 3
     noisy = asyncio.run(propose(ExpertPolicy(noise=1.0), state, 6, rng_seed=3))
     assert any(p.action_text != expected for p in noisy)
+
+
+def test_the_scorers_say_what_they_need():
+    from judging.prm import SPECS, needs, register, scorer_spec
+
+    assert {n: sorted(s.needs) for n, s in SPECS.items()} == {
+        "exact": ["bundled", "replay"],
+        "reference": ["bundled", "labels"],
+        "vlm": ["endpoint"],
+    }
+    assert [n for n, s in sorted(SPECS.items()) if s.expert_candidate] == ["exact", "reference"]
+    assert scorer_spec("exact").summary.startswith("Ground truth on the bundled sites")
+    assert needs("reference", "labels") and not needs("vlm", "labels") and not needs("x", "labels")
+    with pytest.raises(ValueError, match="unknown PRM scorer 'x'; known: exact, reference, vlm"):
+        scorer_spec("x")
+    with pytest.raises(ValueError, match=r"unknown need\(s\) \['gpu'\]"):
+        register("fast", needs=("gpu",))
+    with pytest.raises(ValueError, match="PRM scorer 'vlm' is registered already"):
+
+        @register("vlm")
+        class Other:  # pragma: no cover - refused at registration
+            pass

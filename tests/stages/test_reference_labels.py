@@ -103,6 +103,35 @@ def test_a_noisy_policy_gets_its_first_error_which_the_scorer_and_the_labels_tea
             assert action == label and score == 1.0
     assert {s for *_, s, _, _ in got} == {0.0, 1.0}
     _labels_teacher(tmp_path, run_id)
+    _a_plugin_scorer(tmp_path, run_id, chromium)
+
+
+def _a_plugin_scorer(home, run_id: str, chromium) -> None:
+    """A PRM scorer from a module of the user's own runs through the stage by name, on the
+    candidates stored above; the registries are as they were afterwards."""
+    import sys
+
+    from judging.prm import SCORERS, SPECS
+    from stages.plugins import load_plugins
+
+    specs, factories = dict(SPECS), dict(SCORERS.factories)
+    try:
+        load_plugins("tests.judging.plugin_scorer")
+        assert SPECS["brevity"].needs == frozenset()
+        with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
+            cfg = ScoreStepsConfig(run=run_id, scorer="brevity", policy="random", k=2)
+            res = chromium.run(run_score_steps_async(wh, cfg))
+            got = wh.sql(
+                "SELECT c.action_text, s.score FROM candidates c JOIN step_scores s "
+                "USING (traj_id, step_idx, cand_idx) WHERE s.scorer = 'brevity'"
+            ).rows()
+        assert res.errors == 0 and len(got) >= res.selected > 0
+        for action, score in got:
+            assert score == (1 / (1 + len(action)) if action else 0.0)
+    finally:
+        SPECS.clear(), SPECS.update(specs)
+        SCORERS.factories.clear(), SCORERS.factories.update(factories)
+        sys.modules.pop("tests.judging.plugin_scorer", None)
 
 
 def _labels_teacher(home, run_id: str) -> None:
