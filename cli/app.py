@@ -766,6 +766,7 @@ def _one_line(exc: BaseException) -> str:
 # Commands defined in their own modules (they import the helpers above).
 from cli import (  # noqa: E402
     collect,
+    components,
     curation,
     dashboard,
     deploy,
@@ -779,7 +780,17 @@ from cli import (  # noqa: E402
 
 judge.register(judge_app)
 score_steps.register(score_app)
-for _group in (collect, curation, interventions, training, serving, deploy, flywheel, dashboard):
+for _group in (
+    collect,
+    components,
+    curation,
+    interventions,
+    training,
+    serving,
+    deploy,
+    flywheel,
+    dashboard,
+):
     _group.register(app)
 polish(app)  # plain help, one-line summaries, examples (cli/help.py)
 

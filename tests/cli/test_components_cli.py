@@ -1,0 +1,25 @@
+"""``webloop components``: every registered estimator and PRM scorer describes itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli.cli_runner import webloop
+
+
+def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path: Path):
+    rows = json.loads(webloop(tmp_path, "components", "--format", "json").stdout)
+    by = {(r["kind"], r["name"]): r for r in rows}
+    assert {n for k, n in by if k == "advantage estimator"} == {
+        "awr", "grpo", "step_awr", "step_best", "step_grpo", "turn"
+    }  # fmt: skip
+    assert {n for k, n in by if k == "PRM scorer"} == {"exact", "reference", "vlm"}
+    assert by["advantage estimator", "step_best"]["needs"] == "level step, objective awr"
+    assert by["advantage estimator", "turn"]["needs"].endswith("engine record_progress")
+    assert by["advantage estimator", "awr"]["options"] == "gamma=1.0, beta=1.0, w_max=20.0"
+    assert by["PRM scorer", "exact"]["needs"] == "bundled, replay, expert candidate"
+    assert by["PRM scorer", "vlm"]["needs"] == "endpoint"
+    assert all(r["summary"] for r in rows)
+    table = webloop(tmp_path, "components").stdout
+    assert "step_best" in table and "reference" in table
