@@ -14,10 +14,11 @@ and a retry that succeeds replaces the stored error.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,7 +102,66 @@ class Judge(Protocol):
 
 
 JUDGES: Registry[Judge] = Registry("judge")
-register = JUDGES.register
+
+NEEDS = {
+    "checkers": "tasks with programmatic checkers (the bundled suite)",
+    "endpoint": "an OpenAI-compatible server (base_url and model)",
+    "members": "member judges (members)",
+}
+"""What a judge may need, by the name its spec uses."""
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """A judge as the stages see it, declared where it is registered: ``needs`` (names of
+    :data:`NEEDS`, checked by the stages before any work), ``options`` (the judge configs' typed
+    fields it takes, e.g. ``base_url``; the first one given means they are used), ``prompts``
+    (a hash of its prompt templates, part of an evaluation's protocol; None: it prompts no
+    model), the summary (the class docstring's first line)."""
+
+    name: str
+    factory: Callable[..., Judge]
+    needs: frozenset[str] = frozenset()
+    options: tuple[str, ...] = ()
+    prompts: str | None = None
+
+    @property
+    def summary(self) -> str:
+        return (inspect.getdoc(self.factory) or self.name).splitlines()[0]
+
+
+SPECS: dict[str, JudgeSpec] = {}
+"""Judge name → its spec (filled by :func:`register`)."""
+
+
+def register(
+    name: str,
+    *,
+    needs: Sequence[str] = (),
+    options: Sequence[str] = (),
+    prompts: str | None = None,
+) -> Callable:
+    """``@register("rubric_vlm", needs=("endpoint",), options=(...), prompts=HASH)`` on a judge
+    class: registers it and its :class:`JudgeSpec`. An unknown need, or a name registered twice,
+    is refused."""
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown:
+        raise ValueError(f"judge {name!r}: unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+
+    def deco(factory: Callable[..., Judge]) -> Callable[..., Judge]:
+        old = SPECS.get(name)
+        if old is not None and old.factory.__qualname__ != factory.__qualname__:
+            raise ValueError(f"judge {name!r} is registered already ({old.factory})")
+        SPECS[name] = JudgeSpec(name, factory, frozenset(needs), tuple(options), prompts)
+        return JUDGES.register(name)(factory)
+
+    return deco
+
+
+def judge_needs(name: str, need: str) -> bool:
+    """Whether the registered judge ``name`` needs ``need`` (unknown names: no)."""
+    spec = SPECS.get(name)
+    return spec is not None and need in spec.needs
 
 
 def make_judge(name: str, **options: Any) -> Judge:

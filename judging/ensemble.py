@@ -42,7 +42,7 @@ def combine(votes: list[bool], rule: str, threshold: float = 0.5) -> str:
     raise ValueError(f"unknown ensemble rule {rule!r}; known: {RULES}")
 
 
-@register_judge(NAME)
+@register_judge(NAME, needs=("members",), options=("members", "rule", "threshold"))
 class EnsembleJudge:
     """Majority / unanimity / threshold over the stored verdicts of ``members``."""
 

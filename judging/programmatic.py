@@ -21,7 +21,7 @@ from warehouse.store import Warehouse
 NAME, VERSION = "programmatic", "1"
 
 
-@register_judge(NAME)
+@register_judge(NAME, needs=("checkers",))
 class ProgrammaticJudge:
     """Verdict = the checker's verdict; score = the share of criteria passed."""
 

@@ -159,7 +159,12 @@ def parse_verdict(text: str, points: list[str]) -> tuple[str, list[Criterion], s
     raise JudgeError(f"verdict reply is neither verdict JSON nor 'Status: …': {text[:300]!r}")
 
 
-@register_judge(NAME)
+@register_judge(
+    NAME,
+    needs=("endpoint",),
+    options=("base_url", "model", "k", "selection"),
+    prompts=TEMPLATE_HASH,
+)
 class RubricVLMJudge:
     """Key points → key screenshots → verdict, over an OpenAI-compatible server."""
 

@@ -188,7 +188,7 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
     policy was prompted and read (prompt format, mode, parser version), how it acted (decoding,
     step budget, repeat rule). ``webloop eval compare`` refuses evaluations whose protocols
     differ unless forced."""
-    from judging.rubric_vlm import TEMPLATE_HASH
+    from judging.base import SPECS
     from rollouts.actions import ACTION_GRAMMAR_VERSION
     from rollouts.prompts import PROMPT_FORMAT_VERSION, SYSTEM_PROMPT
 
@@ -197,8 +197,10 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
         settings = {k: v for k, v in jcfg.identity().items() if k != "run"}
         judge = {"judge": jres.judge, "judge_version": jres.version, "judge_model": jres.model}
         judge["judge_settings"] = settings
-        if "rubric_vlm" in (jres.judge, *map(str, settings.get("members") or ())):
-            judge["judge_prompts"] = TEMPLATE_HASH
+        names = (jres.judge, *map(str, settings.get("members") or ()))
+        prompts = sorted({SPECS[n].prompts for n in names if n in SPECS and SPECS[n].prompts})
+        if prompts:  # (one hash as before; a list when judges with other prompts join)
+            judge["judge_prompts"] = prompts[0] if len(prompts) == 1 else prompts
     system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
     off_default = {  # how the tree was cut and the action chosen, where not the default
         # (older protocols lack them)

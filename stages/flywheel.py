@@ -42,6 +42,7 @@ from curation.build import build_dataset
 from curation.curriculum import horizon_at
 from curation.interventions import RETRIED_OUTCOMES
 from curation.recipe import Recipe, load_recipe, parse_recipe, recipe_hash
+from judging.base import judge_needs
 from judging.prm import NEEDS, needs
 from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
@@ -375,7 +376,7 @@ class FlywheelConfig:
         ``judge`` (:data:`DEFAULT_RECIPE`)."""
         if self.recipe is not None:
             return load_recipe(Path(self.recipe))
-        if self.teacher.teacher == "labels" and self.judge.judge == "programmatic":
+        if self.teacher.teacher == "labels" and judge_needs(self.judge.judge, "checkers"):
             return parse_recipe(CORRECTED_RECIPE, "stages/flywheel.py:CORRECTED_RECIPE")
         recipe = parse_recipe(DEFAULT_RECIPE, "stages/flywheel.py:DEFAULT_RECIPE")
         filters = tuple(_judged_by(f, self.judge.judge) for f in recipe.filters)

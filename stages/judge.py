@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from judging.base import Judge, JudgeSummary, backlog, judge_all, make_judge
+from judging.base import (
+    SPECS,
+    Judge,
+    JudgeSummary,
+    backlog,
+    judge_all,
+    judge_needs,
+    make_judge,
+)
 from stages.config import ConfigError, setting
 from stages.runs import recorded_run
 from stages.shards import Session
@@ -24,10 +32,6 @@ from warehouse import Warehouse
 from warehouse.ids import run_id_for
 
 OPERATIONAL = ("concurrency", "workers", "dask_address")
-TYPED_OPTIONS = {
-    "rubric_vlm": ("base_url", "model", "k", "selection"),
-    "ensemble": ("members", "rule", "threshold"),
-}
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class JudgeConfig:
     def judge_options(self) -> dict[str, Any]:
         """The options the judge is built with: its kind's typed fields when they are used (a
         base URL, or members, given), then ``options``."""
-        typed = TYPED_OPTIONS.get(self.judge, ())
+        typed = SPECS[self.judge].options if self.judge in SPECS else ()
         used = typed and getattr(self, typed[0]) is not None
         fields = {name: getattr(self, name) for name in typed} if used else {}
         return {**fields, **self.options}
@@ -152,10 +156,11 @@ def judge_setting(help: str, flag: str, prefix: str, factory: Any = own_grading)
 def build_judge(cfg: JudgeConfig) -> Judge:
     """The judge ``cfg`` names (:class:`ConfigError` for a missing or bad option)."""
     options = cfg.judge_options()
-    if cfg.judge == "rubric_vlm" and not (options.get("base_url") and options.get("model")):
-        raise ConfigError("--judge rubric_vlm needs --base-url and --model")
-    if cfg.judge == "ensemble" and not options.get("members"):
-        raise ConfigError("--judge ensemble needs --members, e.g. programmatic,rubric_vlm")
+    needs = SPECS[cfg.judge].needs if cfg.judge in SPECS else frozenset()
+    if "endpoint" in needs and not (options.get("base_url") and options.get("model")):
+        raise ConfigError(f"--judge {cfg.judge} needs --base-url and --model")
+    if "members" in needs and not options.get("members"):
+        raise ConfigError(f"--judge {cfg.judge} needs --members, e.g. programmatic,rubric_vlm")
     try:
         return make_judge(cfg.judge, **options)
     except (TypeError, ValueError) as exc:
@@ -294,8 +299,10 @@ def check_judge_fits(cfg: JudgeConfig, suite: str, field: str, own: str) -> None
             f"{field}: none ({own}) decides nothing on suite {suite!r}: its tasks have no "
             "programmatic checkers; set a judge (rubric_vlm on an OpenAI-compatible endpoint)"
         )
-    if "programmatic" in judge_names(cfg):
+    checked = sorted(n for n in judge_names(cfg) if judge_needs(n, "checkers"))
+    if checked:
         raise ConfigError(
-            f"{field}: programmatic needs tasks with checkers (suites {', '.join(CHECKED_SUITES)}"
-            f"), suite {suite!r} has none; use rubric_vlm (on an OpenAI-compatible endpoint)"
+            f"{field}: {checked[0]} needs tasks with checkers (suites "
+            f"{', '.join(CHECKED_SUITES)}), suite {suite!r} has none; use rubric_vlm (on an "
+            "OpenAI-compatible endpoint)"
         )

@@ -195,3 +195,22 @@ def test_the_scorers_say_what_they_need():
         @register("vlm")
         class Other:  # pragma: no cover - refused at registration
             pass
+
+
+def test_the_judges_say_what_they_need():
+    from judging.base import SPECS, judge_needs, register
+    from judging.rubric_vlm import TEMPLATE_HASH
+
+    assert {n: sorted(s.needs) for n, s in SPECS.items()} == {
+        "programmatic": ["checkers"],
+        "rubric_vlm": ["endpoint"],
+        "ensemble": ["members"],
+    }
+    assert SPECS["rubric_vlm"].options == ("base_url", "model", "k", "selection")
+    assert SPECS["rubric_vlm"].prompts == TEMPLATE_HASH and SPECS["programmatic"].prompts is None
+    assert judge_needs("programmatic", "checkers") and not judge_needs("nope", "checkers")
+    with pytest.raises(ValueError, match="judge 'programmatic' is registered already"):
+
+        @register("programmatic")
+        class Other:  # pragma: no cover - refused at registration
+            pass
