@@ -1,5 +1,6 @@
-"""``webloop components``: the registered advantage estimators and PRM scorers, each with what
-it needs and its one-line summary (the built-in ones and those of ``WEBLOOP_PLUGINS``' modules)."""
+"""``webloop components``: the registered judges, PRM scorers and advantage estimators, each
+with what it needs and its one-line summary (the built-in ones and those of
+``WEBLOOP_PLUGINS``' modules)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,23 @@ from cli.common import Format, FormatOption, print_frame
 
 
 def component_rows() -> list[dict[str, Any]]:
-    """One row per registered estimator and PRM scorer: kind, name, what it needs, its options
-    (estimators), its summary."""
+    """One row per registered judge, PRM scorer and estimator: kind, name, what it needs, its
+    options (judges: the config fields it takes; estimators: keyword options), its summary."""
+    from judging.base import SPECS as JUDGES
     from judging.prm import SPECS as SCORERS
     from training.advantages import SPECS as ESTIMATORS
 
     rows = [
+        {
+            "kind": "judge",
+            "name": name,
+            "needs": ", ".join(sorted(s.needs)),
+            "options": ", ".join(s.options),
+            "summary": s.summary,
+        }
+        for name, s in sorted(JUDGES.items())
+    ]
+    rows += [
         {
             "kind": "advantage estimator",
             "name": name,
@@ -42,8 +54,8 @@ def component_rows() -> list[dict[str, Any]]:
 
 
 def components(fmt: FormatOption = Format.table) -> None:
-    """The registered advantage estimators and PRM scorers: what each needs, its options, its
-    summary (yours too: name their modules in WEBLOOP_PLUGINS)."""
+    """The registered judges, PRM scorers and advantage estimators: what each needs, its
+    options, its summary (yours too: name their modules in WEBLOOP_PLUGINS)."""
     from warehouse.frames import rows_frame
 
     print_frame(rows_frame(component_rows(), text=True), fmt)

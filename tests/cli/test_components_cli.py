@@ -1,4 +1,4 @@
-"""``webloop components``: every registered estimator and PRM scorer describes itself."""
+"""``webloop components``: every registered judge, PRM scorer and estimator describes itself."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert by["advantage estimator", "awr"]["options"] == "gamma=1.0, beta=1.0, w_max=20.0"
     assert by["PRM scorer", "exact"]["needs"] == "bundled, replay, expert candidate"
     assert by["PRM scorer", "vlm"]["needs"] == "endpoint"
+    assert {n for k, n in by if k == "judge"} == {"ensemble", "programmatic", "rubric_vlm"}
+    assert by["judge", "rubric_vlm"]["options"] == "base_url, model, k, selection"
+    assert by["judge", "programmatic"]["needs"] == "checkers"
     assert all(r["summary"] for r in rows)
     table = webloop(tmp_path, "components").stdout
     assert "step_best" in table and "reference" in table
