@@ -225,7 +225,11 @@ def shard(
     stage_name: str, cfg: Any, run_id: str, items: list[Any], warehouse: str, home: str | None
 ) -> Any:
     """One Dask worker's share of a sharded stage's run, on the shared warehouse (the one the
-    flow process described: :func:`check_same_warehouse`)."""
+    flow process described: :func:`check_same_warehouse`). The worker imports the modules of
+    ``WEBLOOP_PLUGINS`` first (it inherits the variable), so a plugin's components are known."""
+    from stages.plugins import load_plugins
+
+    load_plugins()
     stage = importlib.import_module(stage_name)
     with Warehouse.open(WarehouseConfig.from_env(home=home)) as wh:
         check_same_warehouse(warehouse, wh.cfg)

@@ -1,7 +1,9 @@
 """Your own components, by module: ``WEBLOOP_PLUGINS=mylab.estimators,mylab.judges webloop ...``
 imports those modules before the command runs, so what they register (an advantage estimator
 with :func:`training.advantages.register`, a judge, a PRM scorer, a policy) is known to the CLI
-and the stages by name, as the built-in ones are.
+and the stages by name, as the built-in ones are. Dask workers of a sharded stage import them
+too (they inherit the variable; a remote cluster's workers need it set and the modules
+importable there).
 """
 
 from __future__ import annotations
