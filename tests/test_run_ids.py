@@ -11,12 +11,16 @@ import pytest
 
 from warehouse.ids import run_id_for
 
-# The demo preset before its flywheel corrected every failure with the labels teacher (the
-# ids pinned here are of that configuration, which users' warehouses hold)
+# The demo preset before its flywheel corrected every failure with the labels teacher and
+# scored states with the reference scorer (the ids pinned here are of that configuration,
+# which users' warehouses hold)
+BEFORE_REFERENCE = {"prm": {"scorer": "exact"}}  # (and the expert's rollouts unlabelled)
 OLD_DEMO = {
     "interventions": 2,
     "teacher": {"teacher": "expert"},
     "rollout": {"engine": {}, "n_tasks": 8},
+    "expert": {"engine": {}},
+    **BEFORE_REFERENCE,
 }
 
 
@@ -99,12 +103,13 @@ def _ids() -> dict[str, str]:
             rounds=3,
             rollout={"temperature": 0.7, "engine": {}, "n_tasks": 8},
             eval={"max_steps": 20},
-            expert={"max_steps": 22},
+            expert={"max_steps": 22, "engine": {}},
+            **BEFORE_REFERENCE,
         ).flywheel_id,
         "flywheel timeout": demo_config(
             teacher={"teacher": "expert"},
             bundled_tasks=60,
-            expert={"n_tasks": 4, "noise": 0.12, "action_timeout_s": 1.0},
+            expert={"n_tasks": 4, "noise": 0.12, "action_timeout_s": 1.0, "engine": {}},
             rollout={"n_tasks": 3, "action_timeout_s": 1.0, "engine": {}},
             eval={"n_tasks": 3, "max_steps": 10, "action_timeout_s": 1.0},
             prm_states=2,
@@ -112,6 +117,7 @@ def _ids() -> dict[str, str]:
             interventions=1,
             epochs=2,
             later_epochs=1,
+            **BEFORE_REFERENCE,
         ).flywheel_id,
         "rl step_grpo": registry.training_run_id("rl", "ranker", "ds-a", rl_step.identity()),
         "rl pool": registry.training_run_id("rl", "ranker", None, rl_pool.identity()),
