@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
-from warehouse.registry import Registry
+from warehouse.registry import Registry, check_needs, check_once
 from warehouse.relations import with_relations
 from warehouse.retry import aretrying
 from warehouse.store import Warehouse
@@ -144,14 +144,11 @@ def register(
     """``@register("rubric_vlm", needs=("endpoint",), options=(...), prompts=HASH)`` on a judge
     class: registers it and its :class:`JudgeSpec`. An unknown need, or a name registered twice,
     is refused."""
-    unknown = sorted(set(needs) - set(NEEDS))
-    if unknown:
-        raise ValueError(f"judge {name!r}: unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+    check_needs("judge", name, needs, NEEDS)
 
     def deco(factory: Callable[..., Judge]) -> Callable[..., Judge]:
         old = SPECS.get(name)
-        if old is not None and old.factory.__qualname__ != factory.__qualname__:
-            raise ValueError(f"judge {name!r} is registered already ({old.factory})")
+        check_once("judge", name, old.factory if old else None, factory)
         SPECS[name] = JudgeSpec(name, factory, frozenset(needs), tuple(options), prompts)
         return JUDGES.register(name)(factory)
 

@@ -43,7 +43,7 @@ from rollouts.policies import Policy, PolicyContext, PolicyUnavailable
 from rollouts.prompts import PromptConfig, Turn, action_ref, build_messages
 from warehouse.advantage import group_relative_values
 from warehouse.records import Candidate, Step, StepScore
-from warehouse.registry import Registry
+from warehouse.registry import Registry, check_needs, check_once
 
 
 @dataclass(frozen=True)
@@ -156,14 +156,11 @@ SPECS: dict[str, ScorerSpec] = {}
 def register(name: str, *, needs: Sequence[str] = (), expert_candidate: bool = False) -> Callable:
     """``@register("vlm", needs=("endpoint",))`` on a scorer class (or factory): registers it
     and its :class:`ScorerSpec`. An unknown need, or a name registered twice, is refused."""
-    unknown = sorted(set(needs) - set(NEEDS))
-    if unknown:
-        raise ValueError(f"PRM scorer {name!r}: unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+    check_needs("PRM scorer", name, needs, NEEDS)
 
     def deco(factory: Callable[..., Scorer]) -> Callable[..., Scorer]:
         old = SPECS.get(name)
-        if old is not None and old.factory.__qualname__ != factory.__qualname__:
-            raise ValueError(f"PRM scorer {name!r} is registered already ({old.factory})")
+        check_once("PRM scorer", name, old.factory if old else None, factory)
         SPECS[name] = ScorerSpec(name, factory, frozenset(needs), expert_candidate)
         return SCORERS.register(name)(factory)
 

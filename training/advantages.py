@@ -46,7 +46,7 @@ import polars as pl
 from training.interface import DataMismatch
 from warehouse.advantage import EPS, group_relative, varies
 from warehouse.records import INFRA_ERROR, TIMEOUT
-from warehouse.registry import Registry
+from warehouse.registry import Registry, check_once
 
 Estimator = Callable[[pl.DataFrame], pl.DataFrame]
 
@@ -129,14 +129,7 @@ def register(
 
     def deco(fn: Callable[..., pl.DataFrame]) -> Callable[..., pl.DataFrame]:
         old = SPECS.get(name)
-        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (
-            fn.__module__,
-            fn.__qualname__,
-        ):
-            raise ValueError(
-                f"advantage estimator {name!r} is registered already "
-                f"({old.fn.__module__}.{old.fn.__qualname__})"
-            )
+        check_once("advantage estimator", name, old.fn if old else None, fn)
         SPECS[name] = EstimatorSpec(name, fn, level, objective, inputs, tuple(engine))
         accepted = set(list(inspect.signature(fn).parameters)[1:])
 

@@ -3,7 +3,7 @@ are looked up by the name a user types."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,3 +34,20 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self.factories)
+
+
+def check_needs(kind: str, name: str, needs: Sequence[str], known: Mapping[str, str]) -> None:
+    """Refuse needs a component declares that the stages do not know (``known``: need →
+    what it means)."""
+    unknown = sorted(set(needs) - set(known))
+    if unknown:
+        raise ValueError(f"{kind} {name!r}: unknown need(s) {unknown}; known: {sorted(known)}")
+
+
+def check_once(kind: str, name: str, old: Callable | None, new: Callable) -> None:
+    """Refuse a second, different function or class under a registered ``name`` (``old``: the
+    one registered, None if none): an import would otherwise replace a built-in silently. The
+    same definition imported again (a module reloaded) is fine."""
+    where = lambda f: f"{f.__module__}.{f.__qualname__}"  # noqa: E731
+    if old is not None and where(old) != where(new):
+        raise ValueError(f"{kind} {name!r} is registered already ({where(old)})")
