@@ -1,6 +1,6 @@
-"""``webloop components``: the registered judges, PRM scorers and advantage estimators, each
-with what it needs and its one-line summary (the built-in ones and those of
-``WEBLOOP_PLUGINS``' modules)."""
+"""``webloop components``: the registered judges, evaluation protocols, PRM scorers and
+advantage estimators, each with what it needs and its one-line summary (the built-in ones and
+those of ``WEBLOOP_PLUGINS``' modules)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from cli.common import Format, FormatOption, print_frame
 
 
 def component_rows() -> list[dict[str, Any]]:
-    """One row per registered judge, PRM scorer and estimator: kind, name, what it needs, its
-    options (judges: the config fields it takes; estimators: keyword options), its summary."""
+    """One row per registered judge, evaluation protocol, PRM scorer and estimator: kind,
+    name, what it needs, its options (judges: the config fields it takes; protocols: the judge
+    and the options it fixes, its hash and the published protocol it follows; estimators:
+    keyword options), its summary."""
     from judging.base import SPECS as JUDGES
     from judging.prm import SPECS as SCORERS
+    from judging.protocols import PROTOCOLS
     from training.advantages import SPECS as ESTIMATORS
 
     rows = [
@@ -27,6 +30,16 @@ def component_rows() -> list[dict[str, Any]]:
             "summary": s.summary,
         }
         for name, s in sorted(JUDGES.items())
+    ]
+    rows += [
+        {
+            "kind": "evaluation protocol",
+            "name": f"{name} ({p.hash})",
+            "needs": ", ".join(sorted(p.needs)),
+            "options": ", ".join([p.judge, *(f"{k}={v!r}" for k, v in p.options.items())]),
+            "summary": f"{p.summary} Follows {p.follows}.",
+        }
+        for name, p in sorted(PROTOCOLS.items())
     ]
     rows += [
         {
@@ -54,8 +67,8 @@ def component_rows() -> list[dict[str, Any]]:
 
 
 def components(fmt: FormatOption = Format.table) -> None:
-    """The registered judges, PRM scorers and advantage estimators: what each needs, its
-    options, its summary (yours too: name their modules in WEBLOOP_PLUGINS)."""
+    """The registered judges, evaluation protocols, PRM scorers and advantage estimators: what
+    each needs, its options, its summary (yours too: name their modules in WEBLOOP_PLUGINS)."""
     from warehouse.frames import rows_frame
 
     print_frame(rows_frame(component_rows(), text=True), fmt)

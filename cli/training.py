@@ -12,6 +12,7 @@ import typer
 
 from cli.common import ConfigError, Format, FormatOption, _open, console, print_frame
 from cli.options import config_command
+from cli.protocols import register as register_protocols
 from stages.evaluate import EvalConfig, EvalResult
 from stages.train import RLConfig, SFTConfig
 from training.advantages import SPECS
@@ -229,6 +230,7 @@ def register(app: typer.Typer) -> None:
     )
 
     config_command(eval_app, "eval", EvalConfig, evaluate, help=evaluate.__doc__, group=True)
+    register_protocols(eval_app)
 
     @eval_app.command("compare")
     def eval_compare(

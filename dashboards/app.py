@@ -27,6 +27,7 @@ PAGES = [
     ("label", "Label", ":material/rate_review:"),
     ("groups", "Groups", ":material/view_column:"),
     ("judges", "Judges", ":material/gavel:"),
+    ("protocols", "Evaluation protocols", ":material/rule:"),
     ("datasets", "Datasets", ":material/dataset:"),
     ("training", "Training and evaluations", ":material/monitoring:"),
     ("sql", "SQL", ":material/terminal:"),

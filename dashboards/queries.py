@@ -338,6 +338,18 @@ def agreements(wh: Warehouse) -> pl.DataFrame:
     )
 
 
+def protocol_comparisons(wh: Warehouse) -> pl.DataFrame:
+    """The stored side-by-side protocol tables (``webloop eval protocols RUN``): per run, the
+    latest row of each protocol (``other`` empty: its success on the trajectories every
+    protocol judged), each pair of protocols and each protocol against the human labels."""
+    return wh.sql(
+        "SELECT run_id, protocol, protocol_hash, model, other, n, successes, rate, ci_low, "
+        "ci_high, other_successes, agree, only_this, only_other, kappa, mcnemar_p, created_at "
+        "FROM protocol_comparisons QUALIFY row_number() OVER (PARTITION BY comparison_id "
+        "ORDER BY created_at DESC) = 1 ORDER BY run_id, other NULLS FIRST, protocol, other"
+    )
+
+
 def judge_flips(wh: Warehouse) -> pl.DataFrame:
     return run_sql_file(wh, SQL_DIR, "judge_flips")
 

@@ -117,13 +117,15 @@ class JudgeSpec:
     :data:`NEEDS`, checked by the stages before any work), ``options`` (the judge configs' typed
     fields it takes, e.g. ``base_url``; the first one given means they are used), ``prompts``
     (a hash of its prompt templates, part of an evaluation's protocol; None: it prompts no
-    model), the summary (the class docstring's first line)."""
+    model), ``version`` (its rule's version: bumped when its parser or rule changes; part of a
+    named protocol's hash), the summary (the class docstring's first line)."""
 
     name: str
     factory: Callable[..., Judge]
     needs: frozenset[str] = frozenset()
     options: tuple[str, ...] = ()
     prompts: str | None = None
+    version: str | None = None
 
     @property
     def summary(self) -> str:
@@ -140,6 +142,7 @@ def register(
     needs: Sequence[str] = (),
     options: Sequence[str] = (),
     prompts: str | None = None,
+    version: str | None = None,
 ) -> Callable:
     """``@register("rubric_vlm", needs=("endpoint",), options=(...), prompts=HASH)`` on a judge
     class: registers it and its :class:`JudgeSpec`. An unknown need, or a name registered twice,
@@ -149,7 +152,7 @@ def register(
     def deco(factory: Callable[..., Judge]) -> Callable[..., Judge]:
         old = SPECS.get(name)
         check_once("judge", name, old.factory if old else None, factory)
-        SPECS[name] = JudgeSpec(name, factory, frozenset(needs), tuple(options), prompts)
+        SPECS[name] = JudgeSpec(name, factory, frozenset(needs), tuple(options), prompts, version)
         return JUDGES.register(name)(factory)
 
     return deco
@@ -167,25 +170,33 @@ def make_judge(name: str, **options: Any) -> Judge:
     return JUDGES.make(name, **options)
 
 
-def judgment_id(traj_id: str, judge: Judge) -> str:
+def judgment_id(traj_id: str, judge: Judge, protocol: str | None = None) -> str:
+    """The judgment's key: trajectory, judge, version, model and, when judged under a named
+    protocol, its hash (ids of judgments without one are as before protocols existed)."""
     extra = [judge.model] if judge.model else []
-    return make_id("judgment", traj_id, judge.name, judge.version, *extra)
+    named = [protocol] if protocol else []
+    return make_id("judgment", traj_id, judge.name, judge.version, *extra, *named)
 
 
 # -- reading ------------------------------------------------------------------------------------
 
 
 def backlog(
-    wh: Warehouse, judge: Judge, run_id: str | None = None, max_attempts: int = 3
+    wh: Warehouse,
+    judge: Judge,
+    run_id: str | None = None,
+    max_attempts: int = 3,
+    protocol: str | None = None,
 ) -> list[str]:
     """Trajectories this judge version (and model) has no verdict for; errored ones whose
-    attempts are not yet spent come back."""
+    attempts are not yet spent come back. Under a named protocol (its hash), a verdict made
+    without it, or under another version of it, does not count: those are judged again."""
     df = wh.sql(
         "SELECT traj_id FROM trajectories t WHERE list_contains($statuses, status) "
         "AND ($run IS NULL OR run_id = $run) AND NOT EXISTS (SELECT 1 FROM judgments j "
         "WHERE j.traj_id = t.traj_id AND j.judge = $judge AND j.judge_version = $version "
-        "AND j.model IS NOT DISTINCT FROM $model AND (j.error IS NULL OR j.attempts >= $max)) "
-        "ORDER BY traj_id",
+        "AND j.model IS NOT DISTINCT FROM $model AND (j.error IS NULL OR j.attempts >= $max) "
+        "AND ($protocol IS NULL OR j.protocol = $protocol)) ORDER BY traj_id",
         {
             "statuses": list(judge.statuses),
             "run": run_id,
@@ -193,6 +204,7 @@ def backlog(
             "version": judge.version,
             "model": judge.model,
             "max": max_attempts,
+            "protocol": protocol,
         },
     )
     return df["traj_id"].to_list()
@@ -294,16 +306,19 @@ async def _judge_one(
     return None, error, prior + tries
 
 
-def _row(judge: Judge, view: TrajectoryView, result, run_id: str | None) -> Judgment:
+def _row(
+    judge: Judge, view: TrajectoryView, result, run_id: str | None, protocol: str | None
+) -> Judgment:
     verdict, error, attempts = result
     common = dict(
-        judgment_id=judgment_id(view.traj_id, judge),
+        judgment_id=judgment_id(view.traj_id, judge, protocol),
         traj_id=view.traj_id,
         judge=judge.name,
         judge_version=judge.version,
         model=judge.model,
         attempts=attempts,
         run_id=run_id,
+        protocol=protocol,
     )
     if verdict is None:
         return Judgment(**common, error=error)
@@ -317,12 +332,20 @@ def _row(judge: Judge, view: TrajectoryView, result, run_id: str | None) -> Judg
     )
 
 
-def _prior_attempts(wh: Warehouse, judge: Judge, traj_ids: list[str]) -> dict[str, int]:
+def _prior_attempts(
+    wh: Warehouse, judge: Judge, traj_ids: list[str], protocol: str | None
+) -> dict[str, int]:
     df = wh.sql(
         "SELECT traj_id, max(attempts) FROM judgments WHERE list_contains($ids, traj_id) "
         "AND judge = $judge AND judge_version = $version AND model IS NOT DISTINCT FROM $model "
-        "AND error IS NOT NULL GROUP BY traj_id",
-        {"ids": traj_ids, "judge": judge.name, "version": judge.version, "model": judge.model},
+        "AND protocol IS NOT DISTINCT FROM $protocol AND error IS NOT NULL GROUP BY traj_id",
+        {
+            "ids": traj_ids,
+            "judge": judge.name,
+            "version": judge.version,
+            "model": judge.model,
+            "protocol": protocol,
+        },
     )
     return dict(df.iter_rows())
 
@@ -337,9 +360,11 @@ async def judge_all(
     run_id: str | None = None,
     chunk: int = 256,
     progress: Callable[[JudgeSummary], None] | None = None,
+    protocol: str | None = None,
 ) -> JudgeSummary:
     """Judge ``traj_ids`` with at most ``concurrency`` trajectories in flight; judgments are
-    written after every chunk, so an interrupted run keeps what it finished."""
+    written after every chunk, so an interrupted run keeps what it finished. ``protocol``: the
+    hash of the named protocol they are judged under, recorded on each judgment."""
     ids = list(traj_ids)
     summary, start = JudgeSummary(), time.perf_counter()
     sem = asyncio.Semaphore(max(1, concurrency))
@@ -351,9 +376,9 @@ async def judge_all(
     for i in range(0, len(ids), chunk):
         part = ids[i : i + chunk]
         views = load_views(wh, part, verdicts=judge.needs_verdicts)
-        prior = _prior_attempts(wh, judge, part)
+        prior = _prior_attempts(wh, judge, part, protocol)
         results = await asyncio.gather(*(bounded(v, prior.get(v.traj_id, 0)) for v in views))
-        rows = [_row(judge, v, r, run_id) for v, r in zip(views, results, strict=True)]
+        rows = [_row(judge, v, r, run_id, protocol) for v, r in zip(views, results, strict=True)]
         wh.write(rows)
         for (verdict, error, _), row in zip(results, rows, strict=True):
             summary.judged += 1

@@ -21,7 +21,7 @@ from warehouse.store import Warehouse
 NAME, VERSION = "programmatic", "1"
 
 
-@register_judge(NAME, needs=("checkers",))
+@register_judge(NAME, needs=("checkers",), version=VERSION)
 class ProgrammaticJudge:
     """Verdict = the checker's verdict; score = the share of criteria passed."""
 

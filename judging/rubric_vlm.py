@@ -164,6 +164,7 @@ def parse_verdict(text: str, points: list[str]) -> tuple[str, list[Criterion], s
     needs=("endpoint",),
     options=("base_url", "model", "k", "selection"),
     prompts=TEMPLATE_HASH,
+    version=BASE_VERSION,
 )
 class RubricVLMJudge:
     """Key points → key screenshots → verdict, over an OpenAI-compatible server."""

@@ -25,6 +25,7 @@ from judging.base import (
     judge_needs,
     make_judge,
 )
+from judging.protocols import get_protocol
 from stages.config import ConfigError, setting
 from stages.runs import recorded_run
 from stages.shards import Session
@@ -40,12 +41,17 @@ class JudgeConfig:
     from the typed fields of its kind (``rubric_vlm``: base URL, model, k, selection;
     ``ensemble``: members, rule, threshold) and ``options`` (any other; it wins)."""
 
-    judge: str = setting("programmatic", help="programmatic, rubric_vlm or ensemble.")
+    judge: str = setting("programmatic", help="programmatic, rubric_vlm, outcome_vlm or ensemble.")
+    protocol: str | None = setting(
+        None,
+        help="A named evaluation protocol (webloop components): it fixes the judge and its "
+        "options; a model judge's still needs --base-url and --model.",
+    )
     run: str | None = setting(None, help="Only trajectories of this run.")
     base_url: str | None = setting(
-        None, help="rubric_vlm: OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+        None, help="Model judges: OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
     )
-    model: str | None = setting(None, help="rubric_vlm: the judge model.")
+    model: str | None = setting(None, help="Model judges: the judge model.")
     k: int = setting(4, help="rubric_vlm: key screenshots at most (image cap).", min=1, max=64)
     selection: Literal["model", "heuristic"] = setting(
         "model", help="rubric_vlm: key screenshots chosen by the model or a heuristic."
@@ -80,14 +86,49 @@ class JudgeConfig:
 
     def identity(self) -> dict[str, Any]:
         """What names the run (the options as built, so a config written with the typed fields
-        and one written with ``options`` name the same run, as before the fields existed)."""
+        and one written with ``options`` name the same run, as before the fields existed; a
+        named protocol joins as its hash, only when one is used)."""
+        cfg = with_protocol(self)
+        named = {"protocol": protocol_hash(cfg)} if cfg.protocol else {}
         return {
-            "judge": self.judge,
-            "options": self.judge_options(),
-            "run": self.run,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
+            "judge": cfg.judge,
+            "options": cfg.judge_options(),
+            "run": cfg.run,
+            "attempts": cfg.attempts,
+            "max_attempts": cfg.max_attempts,
+            **named,
         }
+
+
+def with_protocol(cfg: JudgeConfig) -> JudgeConfig:
+    """``cfg`` with its named protocol's judge and options filled in (``cfg`` itself without a
+    protocol). A judge, typed option or ``options`` entry that contradicts the protocol is a
+    :class:`ConfigError`: the protocol would otherwise overrule it silently."""
+    if cfg.protocol is None:
+        return cfg
+    try:
+        p = get_protocol(cfg.protocol)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    defaults = JudgeConfig.__dataclass_fields__
+    if cfg.judge not in (defaults["judge"].default, p.judge):
+        raise ConfigError(f"--protocol {p.name} judges with {p.judge}: drop --judge {cfg.judge}")
+    typed = SPECS[p.judge].options
+    given = {k: getattr(cfg, k) for k in typed if getattr(cfg, k) != defaults[k].default}
+    given.update(cfg.options)
+    clash = sorted(k for k, v in given.items() if k in p.options and v != p.options[k])
+    if clash:
+        raise ConfigError(
+            f"--protocol {p.name} fixes {', '.join(clash)} "
+            f"({', '.join(f'{k}={p.options[k]!r}' for k in clash)}): drop them, or judge "
+            "without the protocol"
+        )
+    return dataclasses.replace(cfg, judge=p.judge, options={**cfg.options, **p.options})
+
+
+def protocol_hash(cfg: JudgeConfig) -> str | None:
+    """The hash of ``cfg``'s named protocol (None without one)."""
+    return get_protocol(cfg.protocol).hash if cfg.protocol else None
 
 
 @dataclass(frozen=True)
@@ -141,7 +182,7 @@ def judge_setting(help: str, flag: str, prefix: str, factory: Any = own_grading)
     if factory is own_grading:
         helps = {
             "judge": "none (the rollouts' own grading: the bundled checkers), or the judge that "
-            "decides: programmatic, rubric_vlm or ensemble."
+            "decides: programmatic, rubric_vlm, outcome_vlm or ensemble."
         }
     return setting(
         factory=factory,
@@ -155,6 +196,7 @@ def judge_setting(help: str, flag: str, prefix: str, factory: Any = own_grading)
 
 def build_judge(cfg: JudgeConfig) -> Judge:
     """The judge ``cfg`` names (:class:`ConfigError` for a missing or bad option)."""
+    cfg = with_protocol(cfg)
     options = cfg.judge_options()
     needs = SPECS[cfg.judge].needs if cfg.judge in SPECS else frozenset()
     if "endpoint" in needs and not (options.get("base_url") and options.get("model")):
@@ -197,6 +239,7 @@ async def judge_ids_async(
             attempts=cfg.attempts,
             run_id=run_id,
             progress=progress,
+            protocol=protocol_hash(cfg),
         )
     finally:
         client = getattr(judge, "client", None)
@@ -215,12 +258,21 @@ async def run_judge_async(
     wh: Warehouse, cfg: JudgeConfig, progress: Callable[[JudgeSummary], None] | None = None
 ) -> JudgeResult:
     """:func:`run_judge` on the caller's event loop (an evaluation judges its rollouts)."""
+    cfg = with_protocol(cfg)
     judge = build_judge(cfg)
     run_id = run_id_for("judge", cfg.identity())
-    ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
-    with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
+    ids = backlog(wh, judge, cfg.run, cfg.max_attempts, protocol_hash(cfg))
+    with recorded_run(wh, run_id, "judge", recorded(cfg)):
         summary = await judge_ids_async(wh, cfg, judge, ids, run_id, progress)
     return result_of(run_id, judge, len(ids), summary)
+
+
+def recorded(cfg: JudgeConfig) -> dict[str, Any]:
+    """The run's recorded config: its settings, and a named protocol's hash and definition."""
+    out = dataclasses.asdict(cfg)
+    if cfg.protocol:
+        out["protocol_spec"] = get_protocol(cfg.protocol).describe()
+    return out
 
 
 def result_of(run_id: str, judge: Judge, n_backlog: int, summary: JudgeSummary) -> JudgeResult:
@@ -247,18 +299,20 @@ def result_of(run_id: str, judge: Judge, n_backlog: int, summary: JudgeSummary) 
 @contextmanager
 def sharded_session(wh: Warehouse, cfg: JudgeConfig) -> Iterator[Session]:
     """Record the run; the backlog to shard."""
+    cfg = with_protocol(cfg)
     judge = build_judge(cfg)
     run_id = run_id_for("judge", cfg.identity())
-    ids = backlog(wh, judge, cfg.run, cfg.max_attempts)
-    with recorded_run(wh, run_id, "judge", dataclasses.asdict(cfg)):
+    ids = backlog(wh, judge, cfg.run, cfg.max_attempts, protocol_hash(cfg))
+    with recorded_run(wh, run_id, "judge", recorded(cfg)):
         yield Session(run_id, ids, total=len(ids), extra={"judge": judge})
 
 
 def run_shard(wh: Warehouse, cfg: JudgeConfig, run_id: str, ids: list[str]) -> JudgeSummary:
     """One worker's share of the backlog; skips what got a verdict meanwhile (a rerun after a
     dead worker judges only the rest)."""
+    cfg = with_protocol(cfg)
     judge = build_judge(cfg)
-    still = set(backlog(wh, judge, cfg.run, cfg.max_attempts))
+    still = set(backlog(wh, judge, cfg.run, cfg.max_attempts, protocol_hash(cfg)))
     return judge_ids(wh, cfg, judge, [i for i in ids if i in still], run_id)
 
 
@@ -291,7 +345,14 @@ CHECKED_SUITES = ("bundled",)
 def check_judge_fits(cfg: JudgeConfig, suite: str, field: str, own: str) -> None:
     """Refuse a judge that cannot decide ``suite``'s trajectories, naming ``field`` (the judge's
     setting): the programmatic judge (or an ensemble with it), or no judge at all (``own``: what
-    the stage would use instead, the rollouts' own grading), on a suite without checkers."""
+    the stage would use instead, the rollouts' own grading), on a suite without checkers. A
+    named protocol is refused here: protocols re-judge stored trajectories (``webloop judge
+    --protocol``); a stage's own judge is set by its judge and options."""
+    if cfg.protocol:
+        raise ConfigError(
+            f"{field}: protocol {cfg.protocol!r} is for re-judging stored trajectories "
+            "(`webloop judge --protocol NAME --run RUN`); here set the judge and its options"
+        )
     if suite in CHECKED_SUITES:
         return
     if not judges(cfg):

@@ -191,6 +191,7 @@ class Judgment(Record):
     attempts: int = 1
     run_id: str | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
+    protocol: str | None = None  # the named evaluation protocol's hash it was judged under
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,35 @@ class Agreement(Record):
     created_at: dt.datetime = field(default_factory=utcnow)
 
 
+@dataclass(frozen=True)
+class ProtocolComparison(Record):
+    """One cell of a run's side-by-side protocol table (``webloop eval protocols``): a
+    protocol's own success rate (``other`` None), or its paired agreement with another protocol
+    or with the human labels (``other`` 'human') on the trajectories both judged."""
+
+    TABLE: ClassVar[str] = "protocol_comparisons"
+    KEY: ClassVar[tuple[str, ...]] = ("comparison_id",)
+
+    comparison_id: str
+    run_id: str
+    protocol: str
+    protocol_hash: str
+    n: int
+    successes: int
+    other: str | None = None
+    model: str | None = None
+    rate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    other_successes: int | None = None
+    agree: int | None = None
+    only_this: int | None = None
+    only_other: int | None = None
+    kappa: float | None = None
+    mcnemar_p: float | None = None
+    created_at: dt.datetime = field(default_factory=utcnow)
+
+
 RECORD_TYPES: tuple[type[Record], ...] = (
     Task,
     Run,
@@ -463,6 +493,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Pin,
     Blob,
     Agreement,
+    ProtocolComparison,
 )
 BY_TABLE: dict[str, type[Record]] = {r.TABLE: r for r in RECORD_TYPES}
 

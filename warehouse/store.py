@@ -216,6 +216,20 @@ class Warehouse:
                 self._remember(frame)
         return result
 
+    def replace_where(self, cls: type[Record], column: str, value: Any, rows: Rows) -> WriteResult:
+        """Delete ``cls``'s rows whose ``column`` equals ``value`` and write ``rows``, in one
+        transaction (a derived table recomputed as a whole, e.g. a run's protocol comparison:
+        readers see the old rows or the new ones, never a mix)."""
+        if column not in {f.name for f in dataclasses.fields(cls)}:
+            raise ValueError(f"{cls.TABLE} has no column {column!r}")
+        _, frame = _prepare(rows, cls)
+
+        def body() -> WriteResult:
+            self.con.execute(f"DELETE FROM {LAKE}.{cls.TABLE} WHERE {column} = ?", [value])
+            return self._write_frame(cls, frame) if frame.height else WriteResult()
+
+        return self.transaction(body, what=f"replace {cls.TABLE}")
+
     def write_trajectories(
         self, trajectories: Rows, steps: Rows, extra: Sequence[tuple[Rows, type[Record]]] = ()
     ) -> WriteResult:

@@ -20,7 +20,16 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert by["advantage estimator", "awr"]["options"] == "gamma=1.0, beta=1.0, w_max=20.0"
     assert by["PRM scorer", "exact"]["needs"] == "bundled, replay, expert candidate"
     assert by["PRM scorer", "vlm"]["needs"] == "endpoint"
-    assert {n for k, n in by if k == "judge"} == {"ensemble", "programmatic", "rubric_vlm"}
+    assert {n for k, n in by if k == "judge"} == {
+        "ensemble", "outcome_vlm", "programmatic", "rubric_vlm"
+    }  # fmt: skip
+    protocols = {n.split(" ")[0]: r for (k, n), r in by.items() if k == "evaluation protocol"}
+    assert set(protocols) == {"checkers", "outcome", "webvoyager", "webjudge"}
+    assert protocols["webjudge"]["options"] == "rubric_vlm, selection='model', k=4, max_tokens=512"
+    assert "Online-Mind2Web" in protocols["webjudge"]["summary"]
+    assert (
+        protocols["outcome"]["needs"] == "endpoint" and protocols["checkers"]["needs"] == "checkers"
+    )
     assert by["judge", "rubric_vlm"]["options"] == "base_url, model, k, selection"
     assert by["judge", "programmatic"]["needs"] == "checkers"
     assert all(r["summary"] for r in rows)

@@ -31,6 +31,7 @@ from warehouse.records import (
     Evaluation,
     Judgment,
     Metric,
+    ProtocolComparison,
     Run,
     Step,
     Task,
@@ -237,3 +238,18 @@ def _training(wh) -> None:
     wh.write(
         [Agreement("ag-1", "vlm", "programmatic", 9, judge_version="1", accuracy=0.78, kappa=0.41)]
     )
+    cmp = dict(run_id="run-a", n=6, model="m")
+    wh.write(
+        [  # a stored side-by-side protocol table (stages.protocols computes them)
+            ProtocolComparison("pc-1", protocol="outcome", protocol_hash="h-out", successes=3,
+                               rate=0.5, ci_low=0.19, ci_high=0.81, **cmp),
+            ProtocolComparison("pc-2", protocol="webjudge", protocol_hash="h-wj", successes=4,
+                               rate=4 / 6, ci_low=0.3, ci_high=0.9, **cmp),
+            ProtocolComparison("pc-3", protocol="outcome", protocol_hash="h-out", successes=3,
+                               other="webjudge", other_successes=4, agree=5, only_this=0,
+                               only_other=1, kappa=0.67, mcnemar_p=1.0, **cmp),
+            ProtocolComparison("pc-4", protocol="outcome", protocol_hash="h-out", successes=3,
+                               other="human", other_successes=4, agree=5, only_this=0,
+                               only_other=1, kappa=0.67, mcnemar_p=1.0, **cmp),
+        ]
+    )  # fmt: skip

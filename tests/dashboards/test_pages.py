@@ -9,7 +9,10 @@ from tests.dashboards.conftest import use_home
 from tests.dashboards.fixture import ANSWER, INSTRUCTION, LOSSES, MISSING_BLOB, PWN
 from warehouse import Warehouse
 
-PAGES = ["overview", "trajectories", "label", "groups", "judges", "datasets", "training", "sql"]
+PAGES = [
+    "overview", "trajectories", "label", "groups", "judges", "protocols", "datasets", "training",
+    "sql",
+]  # fmt: skip
 
 
 def texts(at, kind: str = "text") -> list[str]:
@@ -198,6 +201,18 @@ def test_judges(open_page):
     assert errors["example"].tolist() == ["model unavailable"]
 
 
+def test_protocols(open_page):
+    at = open_page("protocols")
+    assert not at.exception and not at.error
+    own = frame(at, "protocol_hash", "ci_low")
+    assert own.set_index("protocol")["successes"].to_dict() == {"outcome": 3, "webjudge": 4}
+    pairs = frame(at, "only_this", "mcnemar_p")
+    assert pairs[["protocol", "other", "agree"]].values.tolist() == [["outcome", "webjudge", 5]]
+    human = frame(at, "accuracy", "human_successes")
+    assert human["accuracy"].tolist() == [pytest.approx(5 / 6)]
+    assert any("6 trajectories every protocol judged" in c for c in texts(at, "caption"))
+
+
 def test_datasets(open_page):
     at = open_page("datasets")
     assert not at.exception and not at.error
@@ -264,6 +279,7 @@ def empty_home(tmp_path_factory):
         ("label", "No trajectories to label yet."),
         ("groups", "No task groups yet."),
         ("judges", "No calibration metrics yet."),
+        ("protocols", "No protocol comparisons yet."),
         ("datasets", "No datasets yet."),
         ("training", "No training runs yet."),
     ],

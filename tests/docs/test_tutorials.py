@@ -186,6 +186,11 @@ def test_online_mind2web_import_and_judge(tmp_path, prefect_subprocess_env):
     assert "task-a,2,success" in out and "task-b,2,failure" in out
     # judged a, c success and b failure; people said c failed: 2 of 3 agree
     assert re.search(r"^[^,]+,\(all\),3,0\.66", out, re.M), out[-2000:]
+    # three protocols, each of which shows the model the final page: the same verdicts
+    assert "3 judged under every protocol" in out
+    assert out.count("2/3 (66.7%)") == 3
+    pairs = [line for line in out.splitlines() if "3 (100.0%)" in line]  # the 3 pairs agree
+    assert len(pairs) == 3 and all("1.00" in line for line in pairs), out[-3000:]
 
 
 def _green(image: dict) -> bool:
