@@ -81,15 +81,15 @@ def child(seed: int, quick: bool, out: Path) -> None:
     out.write_text(json.dumps({"seed": seed, "flywheel_id": cfg.flywheel_id, **rounds(result)}))
 
 
-def rounds(out: dict[str, Any]) -> dict[str, Any]:
+def rounds(out: Any) -> dict[str, Any]:
     """Each round's held-out solved of n, and the tasks it lost and gained against the one
-    before (paired on the same tasks)."""
+    before (paired on the same tasks); ``out``: the flywheel's ``FlywheelResult``."""
     per_round = []
-    for r in out["rounds"]:
-        after, delta = r["after"], r.get("delta") or {}
+    for r in out.rounds:
+        after, delta = r.after, r.delta or {}
         per_round.append(
             {
-                "round": r["round"],
+                "round": r.round,
                 "solved": after["n_success"],
                 "n": after["n"],
                 "lost": delta.get("a_only"),

@@ -7,13 +7,13 @@ and ``webloop demo`` (the flywheel at CPU scale on the bundled sites; ``make dem
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from cli.common import ConfigError, console
 from cli.options import config_command
-from stages.flywheel import FlywheelConfig
+from stages.flywheel import FlywheelConfig, FlywheelResult
 
 
 def flywheel(cfg: FlywheelConfig) -> None:
@@ -32,13 +32,13 @@ def flywheel(cfg: FlywheelConfig) -> None:
     with lend() as lent:  # one sites server and one Chromium for every stage
         out = flywheel_flow(cfg, None, lent)
     _print_rounds(out)
-    u, f, d = out["untrained"], out["final"], out["overall"]
+    u, f, d = out.untrained, out.final, out.overall
     console.print(f"untrained {eval_line(u)} → final {eval_line(f)} ({100 * d['diff']:+.1f})")
 
 
-def _print_rounds(out: dict[str, Any]) -> None:
-    for r in out["rounds"]:
-        console.print(r["markdown"], soft_wrap=True)
+def _print_rounds(out: FlywheelResult) -> None:
+    for r in out.rounds:
+        console.print(r.markdown, soft_wrap=True)
         console.print()
 
 

@@ -16,6 +16,7 @@ Run again with the same options, it continues an interrupted demo or finds every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,14 @@ from typing import Any
 from flows.flywheel import flywheel_flow
 from stages.config import load_config, with_settings
 from stages.evaluate import delta_method
-from stages.flywheel import FlywheelConfig, Lent, eval_line, flywheel_status
+from stages.flywheel import (
+    FlywheelConfig,
+    FlywheelResult,
+    Lent,
+    RoundRecord,
+    eval_line,
+    flywheel_status,
+)
 
 __all__ = ["Lent", "demo_config", "demo_state", "lend", "run_demo", "summary_lines"]
 
@@ -104,14 +112,14 @@ def lend(site_seed: int = 0) -> Iterator[Lent]:
 
 def run_demo(
     cfg: FlywheelConfig, home: str | None = None, lent: Lent | None = None
-) -> dict[str, Any]:
+) -> FlywheelResult:
     """The demo's flywheel run (lent servers, or its own sites and Chromium started here);
-    the flow's result plus ``state``: what was stored before it ran (:func:`demo_state`)."""
+    the flow's result with its ``state``: what was stored before it ran (:func:`demo_state`)."""
     state = demo_state(cfg, home)
     if lent is not None or state == "done":  # done: no stage has work, none starts anything
-        return {**flywheel_flow(cfg, home, lent), "state": state}
+        return dataclasses.replace(flywheel_flow(cfg, home, lent), state=state)
     with lend() as own:
-        return {**flywheel_flow(cfg, home, own), "state": state}
+        return dataclasses.replace(flywheel_flow(cfg, home, own), state=state)
 
 
 def corrections_line(intervened: dict[str, Any] | None) -> str:
@@ -126,43 +134,41 @@ def corrections_line(intervened: dict[str, Any] | None) -> str:
     )
 
 
-def change_line(r: dict[str, Any]) -> str:
+def change_line(r: RoundRecord) -> str:
     """The round's change against the round before it (round 1: the untrained ranker)."""
-    d = r.get("delta") or {}
+    d = r.delta or {}
     if "diff" not in d:
         return "no comparison with the round before"
-    before = "the untrained ranker" if r["round"] == 1 else f"round {r['round'] - 1}"
+    before = "the untrained ranker" if r.round == 1 else f"round {r.round - 1}"
     how = f"paired, {d['a_only']} lost / {d['b_only']} gained" if "a_only" in d else "unpaired"
     return f"{100 * d['diff']:+.1f} points against {before} ({how})"
 
 
-def summary_lines(out: dict[str, Any]) -> list[str]:
+def summary_lines(out: FlywheelResult) -> list[str]:
     """The demo's closing summary, one line each."""
-    where, rounds = out["warehouse"], out["rounds"]
+    where, rounds = out.warehouse, out.rounds
     lines = {
         "new": [],
         "interrupted": ["an earlier demo had stopped part-way: it continued where it stopped"],
         "done": ["found everything done by an earlier demo: nothing was collected or trained"],
-    }[out.get("state", "new")]
+    }[out.state or "new"]
     t = where["tasks"]
     lines.append(
         f"bundled suite: {t['generated']} tasks "
         f"({', '.join(f'{k} {v}' for k, v in t.items() if k not in ('generated', 'new'))})"
     )
     for r in rounds:
-        col = ", ".join(
-            f"{k} {v['ran'] + v['skipped']} ({v['ran']} now)" for k, v in r["collected"].items()
-        )
-        ds = r["dataset"]
+        col = ", ".join(f"{k} {v.ran + v.skipped} ({v.ran} now)" for k, v in r.collected.items())
+        ds = r.dataset
         c = ds["counts"]
         lines.append(
-            f"round {r['round']}: rollouts {col}; {corrections_line(r.get('intervened'))}"
+            f"round {r.round}: rollouts {col}; {corrections_line(r.intervened)}"
             f"dataset {ds['name']}: "
             f"{c.get('trajectories', 0)} trajectories, {c.get('sft', 0)} SFT rows; "
-            f"checkpoint {r['trained']['checkpoint_id']} ({r['steps_run']} steps now); "
-            f"held-out success {eval_line(r['after'])}; {change_line(r)}"
+            f"checkpoint {r.trained.checkpoint_id} ({r.steps_run} steps now); "
+            f"held-out success {eval_line(r.after)}; {change_line(r)}"
         )
-    u, f, d = out["untrained"], out["final"], out["overall"]
+    u, f, d = out.untrained, out.final, out.overall
     lines += [
         f"success before (untrained ranker): {eval_line(u)}",
         f"success after ({len(rounds)} round{'s' * (len(rounds) > 1)}): {eval_line(f)}",

@@ -5,6 +5,7 @@ Resumable: killed and re-run with the same configuration, it continues where it 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from prefect import flow, task
@@ -14,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.artifacts import flow_run_id
 from stages import flywheel as stage
 from stages.collect import CollectConfig, CollectResult
-from stages.flywheel import FlywheelConfig, Lent
+from stages.flywheel import FlywheelConfig, FlywheelResult, Lent, RoundRecord
 
 # Lent objects are live (a server, a browser): the tasks that take them skip Prefect's input
 # cache (idempotency comes from the warehouse)
@@ -40,13 +41,13 @@ evaluate = task(retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)(stage.e
 
 
 @task(cache_policy=NO_CACHE)
-def publish(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
+def publish(cfg: FlywheelConfig, r: RoundRecord) -> str:
     """The round's markdown artifact in Prefect (key ``<flywheel id>-round-<n>``)."""
     md = stage.round_markdown(cfg, r)
     create_markdown_artifact(
-        key=f"{cfg.flywheel_id}-round-{r['round']}",
+        key=f"{cfg.flywheel_id}-round-{r.round}",
         markdown=md,
-        description=f"webloop flywheel round {r['round']}",
+        description=f"webloop flywheel round {r.round}",
     )
     return md
 
@@ -58,7 +59,7 @@ def run_round(
     policy: str,
     before: dict[str, Any],
     lent: Lent | None,
-) -> dict[str, Any]:
+) -> RoundRecord:
     """Round ``n``: ``policy`` is the checkpoint folder it collects with; ``before`` its
     evaluation (the baseline this round is compared with)."""
     runs: dict[str, CollectConfig] = {}
@@ -86,14 +87,13 @@ def run_round(
         n, collected, judged, scored, intervened, dataset, trained, before, after, rl_res, label,
         delta,
     )  # fmt: skip
-    r["markdown"] = publish(cfg, r)
-    return r
+    return dataclasses.replace(r, markdown=publish(cfg, r))
 
 
 @flow(name="flywheel", log_prints=True)
 def flywheel_flow(
     cfg: FlywheelConfig, home: str | None = None, lent: Lent | None = None
-) -> dict[str, Any]:
+) -> FlywheelResult:
     """N rounds of collect → judge → score → intervene → curate → train → evaluate (see
     :mod:`stages.flywheel`); resumable. ``lent``: a sites server and a Chromium to use instead of
     starting them per stage (:class:`stages.flywheel.Lent`)."""
@@ -113,7 +113,7 @@ def flywheel_flow(
 
 def _rounds(
     home: str | None, cfg: FlywheelConfig, where: dict[str, Any], lent: Lent | None
-) -> dict[str, Any]:
+) -> FlywheelResult:
     policy = stage.start_checkpoint(home, cfg)
     before = {**evaluate(home, cfg, policy, lent), "label": "untrained"}
     baseline = before
@@ -122,17 +122,19 @@ def _rounds(
         print(f"flywheel {cfg.flywheel_id}: round {n}/{cfg.rounds}")
         r = run_round(home, cfg, n, policy, before, lent)
         rounds.append(r)
-        policy, before = r["trained"]["checkpoint"], r["after"]
-    return {
-        "flywheel_id": cfg.flywheel_id,
-        "warehouse": where,
-        "untrained": baseline,
-        "rounds": rounds,
-        "final": rounds[-1]["after"],
-        "overall": stage.round_delta(home, baseline, rounds[-1]["after"]),
-    }
+        policy, before = r.trained.checkpoint, r.after
+    return FlywheelResult(
+        flywheel_id=cfg.flywheel_id,
+        warehouse=where,
+        untrained=baseline,
+        rounds=rounds,
+        final=rounds[-1].after,
+        overall=stage.round_delta(home, baseline, rounds[-1].after),
+    )
 
 
-def flywheel(cfg: FlywheelConfig, home: str | None = None, lent: Lent | None = None) -> Any:
+def flywheel(
+    cfg: FlywheelConfig, home: str | None = None, lent: Lent | None = None
+) -> FlywheelResult:
     """Run the flywheel flow (a Prefect flow run); its result."""
     return flywheel_flow(cfg, home, lent)

@@ -845,28 +845,28 @@ def eval_line(e: dict[str, Any]) -> str:
     )
 
 
-def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
+def round_markdown(cfg: FlywheelConfig, r: RoundRecord) -> str:
     """One round's results as a markdown table (the Prefect artifact's body)."""
-    n, b, a, d = r["round"], r["before"], r["after"], r["delta"]
+    n, b, a, d = r.round, r.before, r.after, r.delta
     collected = "; ".join(
-        f"{k}: {v['ran'] + v['skipped']} trajectories {v['by_status'] or '(stored)'}"
-        for k, v in r["collected"].items()
+        f"{k}: {v.ran + v.skipped} trajectories {v.by_status or '(stored)'}"
+        for k, v in r.collected.items()
     )
-    ds = r["dataset"]
+    ds = r.dataset
     rows = [
         f"# Flywheel {cfg.flywheel_id}, round {n}/{cfg.rounds}",
         "",
         "| | |",
         "|---|---|",
         f"| collected | {collected} |",
-        f"| judged now | {sum(j['judged'] for j in r['judged'].values())} |",
-        f"| PRM states scored | {(r['scored'] or {}).get('selected', 0)} |",
-        f"| interventions | {_iv_line(r['intervened'])} |",
+        f"| judged now | {sum(j['judged'] for j in r.judged.values())} |",
+        f"| PRM states scored | {(r.scored or {}).get('selected', 0)} |",
+        f"| interventions | {_iv_line(r.intervened)} |",
         f"| dataset | `{ds['name']}` {ds['dataset_id']}: "
         + ", ".join(f"{k} {v}" for k, v in ds["counts"].items())
         + " |",
-        f"| checkpoint | {r['trained']['checkpoint_id']} (from {r['start']}) |",
-        *([f"| RL | {_rl_line(r['rl'])} |"] if r.get("rl") else []),
+        f"| checkpoint | {r.trained.checkpoint_id} (from {r.start}) |",
+        *([f"| RL | {_rl_line(r.rl)} |"] if r.rl else []),
         f"| success before ({b['label']}) | {eval_line(b)} |",
         f"| success after (round {n}) | {eval_line(a)} |",
         f"| difference | {100 * d['diff']:+.1f} points "
@@ -875,15 +875,15 @@ def round_markdown(cfg: FlywheelConfig, r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _rl_line(rl: dict[str, Any]) -> str:
+def _rl_line(rl: RLRecord) -> str:
     its = "; ".join(
         f"iteration {i['iteration']}: mean reward {i['mean_reward']:.2f}, "
         f"{i['nonzero_advantage']}/{i['turns']} turns with a signal" + _timing(i.get("timing"))
-        for i in rl["iterations"]
+        for i in rl.iterations
     )
-    if rl["training_run_id"] is None:
+    if rl.training_run_id is None:
         return f"no update (no batch had a learning signal): {its}"
-    return f"{rl['training_run_id']} → {rl['checkpoint_id']}: {its}"
+    return f"{rl.training_run_id} → {rl.checkpoint_id}: {its}"
 
 
 def _timing(t: dict[str, float] | None) -> str:
@@ -935,6 +935,76 @@ def mark(
         wh.write([dataclasses.replace(row, error=error, ended_at=ended)])
 
 
+@dataclass(frozen=True)
+class TrainedRef:
+    """A training run and the checkpoint it made (folder path and registry id)."""
+
+    training_run_id: str | None
+    checkpoint_id: str | None
+    checkpoint: str | None
+
+    @classmethod
+    def of(cls, res: TrainResult) -> TrainedRef:
+        return cls(res.training_run_id, res.checkpoint_id, res.checkpoint)
+
+
+@dataclass(frozen=True)
+class RLRecord:
+    """A round's RL: its run and checkpoint (None: no batch had a learning signal, no update)
+    and each iteration's figures (``RLIteration`` as dicts)."""
+
+    training_run_id: str | None
+    checkpoint_id: str | None
+    iterations: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one round of the flywheel did, from its stages' results: the collect runs, what
+    was judged, scored and corrected, the dataset, the SFT (and RL) training, the held-out
+    evaluations before and after and their difference (``before``, ``after``: evaluation
+    summaries; ``delta``: :func:`round_delta`), and its markdown artifact."""
+
+    round: int
+    collected: dict[str, CollectResult]
+    judged: dict[str, Any]
+    scored: dict[str, Any] | None
+    intervened: dict[str, Any] | None
+    dataset: dict[str, Any]
+    start: str
+    trained: TrainedRef  # the round's checkpoint: RL's when RL ran, else SFT's
+    sft: TrainedRef
+    rl: RLRecord | None
+    steps_run: int
+    before: dict[str, Any]
+    after: dict[str, Any]
+    delta: dict[str, Any]  # paired on the held-out tasks where it can be
+    markdown: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-ready values."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FlywheelResult:
+    """A flywheel run: its id, the warehouse it prepared (``prepare_warehouse``), the untrained
+    policy's evaluation, every round's record, the final evaluation and the overall difference;
+    ``state``: for the demo, what was stored before it ran (new, interrupted, done)."""
+
+    flywheel_id: str
+    warehouse: dict[str, Any]
+    untrained: dict[str, Any]
+    rounds: list[RoundRecord]
+    final: dict[str, Any]
+    overall: dict[str, Any]
+    state: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain JSON-ready values (its rounds as :meth:`RoundRecord.to_dict`)."""
+        return dataclasses.asdict(self)
+
+
 def round_record(
     n: int,
     collected: dict[str, CollectResult],
@@ -948,37 +1018,27 @@ def round_record(
     rl: TrainResult | None,
     start: str | None,
     delta: dict[str, Any],
-) -> dict[str, Any]:
+) -> RoundRecord:
     """What round ``n`` did, from its stages' results (the round's artifact shows it);
     ``trained`` is the SFT result, ``rl`` RL's (its checkpoint is then the round's)."""
     final = rl if rl is not None else trained
-    return {
-        "round": n,
-        "collected": {k: dataclasses.asdict(c) for k, c in collected.items()},
-        "judged": judged,
-        "scored": scored,
-        "intervened": intervened,
-        "dataset": dataset,
-        "start": start or ("a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint"),
-        "trained": {
-            "training_run_id": final.training_run_id,
-            "checkpoint_id": final.checkpoint_id,
-            "checkpoint": final.checkpoint,
-        },
-        "sft": {
-            "training_run_id": trained.training_run_id,
-            "checkpoint_id": trained.checkpoint_id,
-            "checkpoint": trained.checkpoint,
-        },
-        "rl": None
-        if rl is None
-        else {
-            "training_run_id": rl.training_run_id,  # None: no batch had a learning signal
-            "checkpoint_id": rl.checkpoint_id,
-            "iterations": [dataclasses.asdict(i) for i in rl.iterations],
-        },
-        "steps_run": trained.steps_run + (rl.steps_run if rl is not None else 0),
-        "before": before,
-        "after": {**after, "label": f"round {n}"},
-        "delta": delta,  # (round_delta: paired on the held-out tasks where it can be)
-    }
+    rl_record = None
+    if rl is not None:
+        its = [dataclasses.asdict(i) for i in rl.iterations]
+        rl_record = RLRecord(rl.training_run_id, rl.checkpoint_id, its)
+    return RoundRecord(
+        round=n,
+        collected=dict(collected),
+        judged=judged,
+        scored=scored,
+        intervened=intervened,
+        dataset=dataset,
+        start=start or ("a fresh ranker" if n == 1 else f"round {n - 1}'s checkpoint"),
+        trained=TrainedRef.of(final),
+        sft=TrainedRef.of(trained),
+        rl=rl_record,
+        steps_run=trained.steps_run + (rl.steps_run if rl is not None else 0),
+        before=before,
+        after={**after, "label": f"round {n}"},
+        delta=delta,
+    )

@@ -162,12 +162,12 @@ def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
 
     before, out = resumed["before"], resumed["out"]
     assert resumed["killed_status"] == "running"  # killed: never marked completed
-    assert resumed["killed_state"] == out["state"] == "interrupted"
+    assert resumed["killed_state"] == out.state == "interrupted"
     assert demo_state(resumed["cfg"], resumed["home"]) == "done"
     assert before["datasets"] == 1 and before["evaluations"] == 2  # round 2 had not finished
-    assert [r["round"] for r in out["rounds"]] == [1, 2]
-    assert out["rounds"][0]["dataset"]["built"] is False  # round 1 was not redone
-    assert all(c["ran"] == 0 for c in out["rounds"][0]["collected"].values())
+    assert [r.round for r in out.rounds] == [1, 2]
+    assert out.rounds[0].dataset["built"] is False  # round 1 was not redone
+    assert all(c.ran == 0 for c in out.rounds[0].collected.values())
     assert flywheel_status(resumed["cfg"], resumed["home"]) == "completed"
     after = resumed["stored"]
     for k in ("trajectories", "steps", "judgments", "metrics"):  # nothing twice
@@ -177,17 +177,17 @@ def test_killed_in_round_two_then_resumed_redoes_nothing_of_round_one(resumed):
     # the demo's summary says what happened
     text = "\n".join(summary_lines(out))
     assert text.startswith("an earlier demo had stopped part-way: it continued where it stopped")
-    u, f = out["untrained"], out["final"]
+    u, f = out.untrained, out.final
     assert f"success before (untrained ranker): {u['n_success']}/{u['n']}" in text
     assert f"success after (2 rounds): {f['n_success']}/{f['n']}" in text
     assert f"(paired on {u['n']} tasks" in text  # the same held-out tasks before and after
-    sft = out["rounds"][1]["dataset"]["counts"]["sft"]
+    sft = out.rounds[1].dataset["counts"]["sft"]
     assert f"{sft} SFT rows" in text and resumed["home"] in text
     assert "webloop dashboard" in text and "prefect server start" in text
     # and what each round changed: its corrections and its paired change against the one before
-    r2 = out["rounds"][1]
+    r2 = out.rounds[1]
     assert re.search(r"round 2: .*; corrections: ", text)
-    d = r2["delta"]
+    d = r2.delta
     assert (
         f"{100 * d['diff']:+.1f} points against round 1 (paired, {d['a_only']} lost / "
         f"{d['b_only']} gained)"
@@ -204,7 +204,7 @@ def test_named_runs_hold_what_an_uninterrupted_run_holds(resumed):
 
     cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
     named = {(run, traj): policy for run, traj, policy in resumed["stored"]["named"]}
-    ckpts = [cfg_round["trained"]["checkpoint"] for cfg_round in out["rounds"]]
+    ckpts = [cfg_round.trained.checkpoint for cfg_round in out.rounds]
     with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
         collects = [expert_config(cfg), policy_config(cfg, 1, "x"), policy_config(cfg, 2, "x")]
         for ccfg in collects:
@@ -233,7 +233,7 @@ def test_each_round_leaves_its_rows(resumed):
 
     cfg, home, out = resumed["cfg"], resumed["home"], resumed["out"]
     fid = cfg.flywheel_id
-    assert [r["round"] for r in out["rounds"]] == [1, 2]
+    assert [r.round for r in out.rounds] == [1, 2]
     assert flywheel_status(cfg, home) == "completed"
     with Warehouse.open(WarehouseConfig.from_env(home=home, warehouse="")) as wh:
         by_run = dict(
@@ -271,7 +271,7 @@ def test_each_round_leaves_its_rows(resumed):
         assert judged == 16
         assert wh.sql("SELECT count(*) FROM step_scores WHERE scorer = 'exact'").item() > 0
         # one dataset per round; round 2's recipe reads round 1's runs too
-        ds = [r["dataset"] for r in out["rounds"]]
+        ds = [r.dataset for r in out.rounds]
         assert wh.sql("SELECT count(*) FROM datasets").item() == 2
         assert ds[0]["dataset_id"] != ds[1]["dataset_id"]
         assert run_name(cfg, 1, "expert") in round_recipe(cfg, 2).sources.runs
@@ -289,29 +289,29 @@ def test_each_round_leaves_its_rows(resumed):
         )
         assert round1 and round1 <= members  # successes so far: round 1's stay in
         # round 2's checkpoint: trained on round 2's data, starting from round 1's checkpoint
-        c1, c2 = (r["trained"] for r in out["rounds"])
+        c1, c2 = (r.trained for r in out.rounds)
         lin = wh.sql(
             "SELECT c.checkpoint_id, r.dataset_id, r.base_model FROM checkpoints c "
             "JOIN training_runs r USING (training_run_id) WHERE c.checkpoint_id = ?",
-            [c2["checkpoint_id"]],
+            [c2.checkpoint_id],
         ).row(0, named=True)
         assert lin["dataset_id"] == ds[1]["dataset_id"]
-        assert lin["base_model"] == c1["checkpoint"]
+        assert lin["base_model"] == c1.checkpoint
         # evaluations: the untrained ranker, then each round's checkpoint, on held-out tasks
         evals = wh.sql("SELECT checkpoint_id, split, n FROM evaluations ORDER BY created_at")
         assert evals.height == 3
         assert set(evals["split"]) == {"test"}
-        trained = {c1["checkpoint_id"], c2["checkpoint_id"]}
+        trained = {c1.checkpoint_id, c2.checkpoint_id}
         assert set(evals["checkpoint_id"].drop_nulls()) == trained
-    for r in out["rounds"]:
-        md = r["markdown"]
-        assert f"round {r['round']}/2" in md and "success after" in md and "[" in md
+    for r in out.rounds:
+        md = r.markdown
+        assert f"round {r.round}/2" in md and "success after" in md and "[" in md
         # each round is evaluated on the same seeded held-out tasks: compared paired
-        d = r["delta"]
-        assert d["method"] == "paired" and d["n_pairs"] == r["after"]["n"], d
+        d = r.delta
+        assert d["method"] == "paired" and d["n_pairs"] == r.after["n"], d
         assert f"paired on {d['n_pairs']} tasks" in md
-        assert 0.0 <= r["after"]["ci_low"] <= r["after"]["rate"] <= r["after"]["ci_high"] <= 1.0
-    assert out["rounds"][1]["before"]["evaluation_id"] == out["rounds"][0]["after"]["evaluation_id"]
+        assert 0.0 <= r.after["ci_low"] <= r.after["rate"] <= r.after["ci_high"] <= 1.0
+    assert out.rounds[1].before["evaluation_id"] == out.rounds[0].after["evaluation_id"]
 
 
 def test_a_second_demo_finds_everything_done_and_starts_nothing(resumed, monkeypatch):

@@ -127,8 +127,8 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
         before = _counts(home)
         out = flywheel(cfg, home, Lent(sites, chromium.browser, chromium.run))
         after = _counts(home)
-    [r] = out["rounds"]
-    first, second = r["rl"]["iterations"]
+    [r] = out.rounds
+    first, second = r.rl.iterations
     # the re-run: iteration 0's rollouts were stored (no server for them), its last verdict
     # and its update were made now; iteration 1's rollouts came from the server it started on
     # iteration 0's checkpoint, then it synced in place and checked parity
@@ -147,12 +147,12 @@ def test_the_vlm_flywheel_killed_mid_rl_resumes_and_fills_every_table(
     assert after["policies"] == ["expert", "hf", "intervention:openai:teacher"]
     # the round's policy is RL's checkpoint, evaluated; RL started from the round's SFT
     # checkpoint, anchored by the round's dataset
-    assert r["trained"]["checkpoint"] == second["checkpoint"]
-    assert r["trained"]["checkpoint_id"] == r["rl"]["checkpoint_id"] != r["sft"]["checkpoint_id"]
-    assert out["final"]["checkpoint_id"] == r["trained"]["checkpoint_id"]
-    assert after["rl_lineage"] == [("rl", r["sft"]["checkpoint"], r["dataset"]["dataset_id"])]
-    assert "| RL | " in r["markdown"] and "the VLM" in r["markdown"]
-    assert re.search(r"rollout [\d.]+ s, judge [\d.]+ s, update [\d.]+ s", r["markdown"])
+    assert r.trained.checkpoint == second["checkpoint"]
+    assert r.trained.checkpoint_id == r.rl.checkpoint_id != r.sft.checkpoint_id
+    assert out.final["checkpoint_id"] == r.trained.checkpoint_id
+    assert after["rl_lineage"] == [("rl", r.sft.checkpoint, r.dataset["dataset_id"])]
+    assert "| RL | " in r.markdown and "the VLM" in r.markdown
+    assert re.search(r"rollout [\d.]+ s, judge [\d.]+ s, update [\d.]+ s", r.markdown)
     # after a sync the server answers as the saved checkpoint does in-process
     served = ServedCheckpoints(engine="hf", reload_root=Path(home) / "checkpoints")
     try:
