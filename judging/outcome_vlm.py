@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import hashlib
 
-from judging.base import JUDGED_STATUSES, JudgeError, TrajectoryView, untrusted
+from judging.base import JUDGED_STATUSES, TrajectoryView, untrusted
 from judging.base import register as register_judge
-from judging.rubric_vlm import history_text, parse_verdict, screens
-from rollouts.chat import ChatClient, ModelUnavailable, image_part
+from judging.rubric_vlm import (
+    ask,
+    history_text,
+    parse_verdict,
+    screens,
+    screenshot_parts,
+    shots_intro,
+)
+from rollouts.chat import ChatClient
 from rollouts.prompts import prompt_hash, render
 from warehouse.records import Verdict
 
@@ -93,12 +100,8 @@ class OutcomeVLMJudge:
 
     async def judge(self, traj: TrajectoryView) -> Verdict:
         shots = screens(traj)[-self.last_k :] if self.last_k else []
-        intro = (
-            f"The last {len(shots)} screenshots follow, oldest first (steps "
-            + ", ".join(str(s.step_idx) for s in shots)
-            + "); the last is the final page."
-            if shots
-            else "No screenshots are available."
+        intro = shots_intro(
+            shots, f"The last {len(shots)} screenshots follow", "; the last is the final page"
         )
         text = OUTCOME.format(
             task=traj.task.instruction,
@@ -106,20 +109,9 @@ class OutcomeVLMJudge:
             answer=untrusted(traj.answer),
             shots=intro,
         )
-        images = []
-        for s in shots:
-            png = traj.screenshot(s)
-            if png is None:
-                raise JudgeError("a screenshot blob is missing from the blob store")
-            images.append(image_part(png))
-        messages = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": [{"type": "text", "text": text}, *images]},
-        ]
-        try:
-            reply = await self.client.text(messages, temperature=0.0, max_tokens=self.max_tokens)
-        except ModelUnavailable as exc:
-            raise JudgeError(f"judge model unavailable: {exc}") from exc
+        content = [{"type": "text", "text": text}, *screenshot_parts(traj, shots)]
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+        reply = await ask(self.client, messages, self.max_tokens)
         verdict, _, rationale = parse_verdict(reply, [])
         if traj.wh is not None:
             traj.wh.blobs.put_text(render(messages))  # the exact prompt, for review

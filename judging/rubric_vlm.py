@@ -199,10 +199,7 @@ class RubricVLMJudge:
         return await self._send(_messages(content))
 
     async def _send(self, messages: list[dict[str, Any]]) -> str:
-        try:
-            return await self.client.text(messages, temperature=0.0, max_tokens=self.max_tokens)
-        except ModelUnavailable as exc:
-            raise JudgeError(f"judge model unavailable: {exc}") from exc
+        return await ask(self.client, messages, self.max_tokens)
 
     async def key_points(self, traj: TrajectoryView) -> tuple[list[str], int]:
         rubric = traj.task.rubric
@@ -237,13 +234,7 @@ class RubricVLMJudge:
         points, calls = await self.key_points(traj)
         shots, more = await self.select(traj, points)
         listing = "\n".join(f"{i}. {p}" for i, p in enumerate(points, start=1))
-        intro = (
-            f"{len(shots)} key screenshots follow, oldest first (steps "
-            + ", ".join(str(s.step_idx) for s in shots)
-            + ")."
-            if shots
-            else "No screenshots are available."
-        )
+        intro = shots_intro(shots, f"{len(shots)} key screenshots follow")
         text = VERDICT.format(
             task=traj.task.instruction,
             points=listing,
@@ -251,7 +242,7 @@ class RubricVLMJudge:
             answer=untrusted(traj.answer),
             shots=intro,
         )
-        content = [{"type": "text", "text": text}, *(_img(traj.screenshot(s)) for s in shots)]
+        content = [{"type": "text", "text": text}, *screenshot_parts(traj, shots)]
         messages = _messages(content)
         reply = await self._send(messages)
         verdict, criteria, rationale = parse_verdict(reply, points)
@@ -279,6 +270,28 @@ def screens(traj: TrajectoryView) -> list[Step]:
             Step(traj.traj_id, len(traj.steps), url, "(final page)", screenshot_hash=final)
         )
     return shots
+
+
+def shots_intro(shots: list[Step], lead: str, tail: str = "") -> str:
+    """The sentence that introduces the screenshots of a verdict prompt (step numbers only)."""
+    if not shots:
+        return "No screenshots are available."
+    steps = ", ".join(str(s.step_idx) for s in shots)
+    return f"{lead}, oldest first (steps {steps}){tail}."
+
+
+def screenshot_parts(traj: TrajectoryView, shots: list[Step]) -> list[dict[str, Any]]:
+    """The image parts of ``shots``; a screenshot missing from the blob store is a judge
+    error (never a verdict on less evidence)."""
+    return [_img(traj.screenshot(s)) for s in shots]
+
+
+async def ask(client: ChatClient, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    """A greedy reply; a server that is down or refuses is a :class:`JudgeError`."""
+    try:
+        return await client.text(messages, temperature=0.0, max_tokens=max_tokens)
+    except ModelUnavailable as exc:
+        raise JudgeError(f"judge model unavailable: {exc}") from exc
 
 
 def _messages(content: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
