@@ -13,9 +13,9 @@ from cli.common import Format, FormatOption, print_frame
 
 def component_rows() -> list[dict[str, Any]]:
     """One row per registered judge, evaluation protocol, PRM scorer and estimator: kind,
-    name, what it needs, its options (judges: the config fields it takes; protocols: the judge
-    and the options it fixes, its hash and the published protocol it follows; estimators:
-    keyword options), its summary."""
+    name, what it needs, its options (judges and estimators: every option, with its default;
+    protocols: the judge
+    and the options it fixes, its hash and the published protocol it follows), its summary."""
     from judging.base import SPECS as JUDGES
     from judging.prm import SPECS as SCORERS
     from judging.protocols import PROTOCOLS
@@ -26,7 +26,7 @@ def component_rows() -> list[dict[str, Any]]:
             "kind": "judge",
             "name": name,
             "needs": ", ".join(sorted(s.needs)),
-            "options": ", ".join(s.options),
+            "options": _options(s.parameters),
             "summary": s.summary,
         }
         for name, s in sorted(JUDGES.items())
@@ -47,7 +47,7 @@ def component_rows() -> list[dict[str, Any]]:
             "name": name,
             "needs": f"level {s.level}, objective {s.objective}"
             + "".join(f", engine {flag}" for flag in s.engine),
-            "options": ", ".join(f"{k}={v!r}" for k, v in s.options.items()),
+            "options": _options(s.options),
             "summary": s.summary,
         }
         for name, s in sorted(ESTIMATORS.items())
@@ -64,6 +64,13 @@ def component_rows() -> list[dict[str, Any]]:
         for name, s in sorted(SCORERS.items())
     ]
     return rows
+
+
+def _options(params: dict[str, Any]) -> str:
+    """``base_url, model, k=4, …``: required options by name, the others with their default."""
+    from inspect import Parameter
+
+    return ", ".join(k if v is Parameter.empty else f"{k}={v!r}" for k, v in params.items())
 
 
 def components(fmt: FormatOption = Format.table) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from warehouse.ids import make_id
 from warehouse.records import Judgment, Step, Task, Trajectory, Verdict, from_frame
-from warehouse.registry import Registry, check_needs, check_once
+from warehouse.registry import Registry, check_needs, check_once, check_options, keyword_options
 from warehouse.relations import with_relations
 from warehouse.retry import aretrying
 from warehouse.store import Warehouse
@@ -131,6 +131,12 @@ class JudgeSpec:
     def summary(self) -> str:
         return (inspect.getdoc(self.factory) or self.name).splitlines()[0]
 
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """Every option the judge takes, name → default (its constructor's keyword
+        parameters; ``inspect.Parameter.empty``: required)."""
+        return keyword_options(self.factory)
+
 
 SPECS: dict[str, JudgeSpec] = {}
 """Judge name → its spec (filled by :func:`register`)."""
@@ -165,8 +171,11 @@ def judge_needs(name: str, need: str) -> bool:
 
 
 def make_judge(name: str, **options: Any) -> Judge:
-    """A judge by registered name (``programmatic``, ``rubric_vlm``, ``ensemble``; the package
-    ``judging`` imports each judge module, which registers itself here)."""
+    """A judge by registered name (``programmatic``, ``rubric_vlm``, ``outcome_vlm``,
+    ``ensemble``; the package ``judging`` imports each judge module, which registers itself
+    here). An option the judge does not take is a ValueError naming the ones it does."""
+    if name in SPECS:
+        check_options("judge", name, options, SPECS[name].parameters)
     return JUDGES.make(name, **options)
 
 

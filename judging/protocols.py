@@ -39,6 +39,7 @@ from typing import Any
 from judging import outcome_vlm, programmatic, rubric_vlm  # noqa: F401 (register the judges)
 from judging.base import SPECS
 from warehouse.ids import stable_hash
+from warehouse.registry import check_options
 
 PROTOCOL_FORMAT = "1"
 """Version of what a protocol's hash covers (bump if the hashed fields change)."""
@@ -111,6 +112,7 @@ def register_protocol(p: EvalProtocol) -> EvalProtocol:
         raise ValueError(f"protocol name {p.name!r} is reserved (the human labels)")
     if p.judge not in SPECS:
         raise ValueError(f"protocol {p.name!r}: unknown judge {p.judge!r}; known: {sorted(SPECS)}")
+    check_options(f"protocol {p.name!r}: judge", p.judge, p.options, SPECS[p.judge].parameters)
     old = PROTOCOLS.get(p.name)
     if old is not None and old != p:
         raise ValueError(f"protocol {p.name!r} is registered already, with another definition")

@@ -206,7 +206,9 @@ def build_judge(cfg: JudgeConfig) -> Judge:
     try:
         return make_judge(cfg.judge, **options)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"judge {cfg.judge!r}: {exc}") from None
+        said = str(exc)
+        said = said if said.startswith("judge ") else f"judge {cfg.judge!r}: {said}"
+        raise ConfigError(said) from None
 
 
 def judge_ids(

@@ -46,7 +46,7 @@ import polars as pl
 from training.interface import DataMismatch
 from warehouse.advantage import EPS, group_relative, varies
 from warehouse.records import INFRA_ERROR, TIMEOUT
-from warehouse.registry import Registry, check_once
+from warehouse.registry import Registry, check_once, check_options, keyword_options
 
 Estimator = Callable[[pl.DataFrame], pl.DataFrame]
 
@@ -87,8 +87,7 @@ class EstimatorSpec:
     @property
     def options(self) -> dict[str, Any]:
         """Option name → default (the function's parameters after the frame)."""
-        params = list(inspect.signature(self.fn).parameters.values())[1:]
-        return {p.name: p.default for p in params}
+        return keyword_options(self.fn, skip=1)
 
     @property
     def summary(self) -> str:
@@ -131,15 +130,10 @@ def register(
         old = SPECS.get(name)
         check_once("advantage estimator", name, old.fn if old else None, fn)
         SPECS[name] = EstimatorSpec(name, fn, level, objective, inputs, tuple(engine))
-        accepted = set(list(inspect.signature(fn).parameters)[1:])
+        accepted = keyword_options(fn, skip=1)
 
         def factory(**options) -> Estimator:
-            unknown = sorted(set(options) - accepted)
-            if unknown:
-                raise ValueError(
-                    f"advantage estimator {name!r}: unknown option(s) {unknown}; "
-                    f"known: {sorted(accepted)}"
-                )
+            check_options("advantage estimator", name, options, accepted)
             return functools.partial(fn, **options)
 
         ESTIMATORS.register(name)(factory)

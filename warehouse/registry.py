@@ -3,7 +3,8 @@ are looked up by the name a user types."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -51,3 +52,19 @@ def check_once(kind: str, name: str, old: Callable | None, new: Callable) -> Non
     where = lambda f: f"{f.__module__}.{f.__qualname__}"  # noqa: E731
     if old is not None and where(old) != where(new):
         raise ValueError(f"{kind} {name!r} is registered already ({where(old)})")
+
+
+def keyword_options(fn: Callable, skip: int = 0) -> dict[str, Any]:
+    """A component's options: its factory's parameters after the first ``skip`` (a class: its
+    constructor's, ``self`` left out), name → default (``inspect.Parameter.empty``: required).
+    ``**kwargs`` parameters are not options."""
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    keep = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in params if p.kind in keep}
+
+
+def check_options(kind: str, name: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse options a component does not take, naming the ones it does."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"{kind} {name!r}: unknown option(s) {unknown}; known: {sorted(known)}")

@@ -30,7 +30,11 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert (
         protocols["outcome"]["needs"] == "endpoint" and protocols["checkers"]["needs"] == "checkers"
     )
-    assert by["judge", "rubric_vlm"]["options"] == "base_url, model, k, selection"
+    assert by["judge", "rubric_vlm"]["options"] == (
+        "base_url, model, k=4, selection='model', max_tokens=512, timeout_s=120.0, retries=2, "
+        "backoff_s=0.5"
+    )
+    assert by["judge", "programmatic"]["options"] == ""
     assert by["judge", "programmatic"]["needs"] == "checkers"
     assert all(r["summary"] for r in rows)
     table = webloop(tmp_path, "components").stdout

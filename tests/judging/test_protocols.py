@@ -15,7 +15,7 @@ from PIL import Image
 
 from judging.protocols import PROTOCOLS, EvalProtocol, get_protocol, register_protocol
 from stages.config import ConfigError
-from stages.judge import JudgeConfig, check_judge_fits, with_protocol
+from stages.judge import JudgeConfig, build_judge, check_judge_fits, with_protocol
 from tests.cli.cli_runner import webloop
 from tests.rollouts.fake_openai import FakeOpenAI, last_user_text
 from tests.warehouse.test_om2w import make_task, png
@@ -169,5 +169,11 @@ def test_a_protocol_hash_is_its_substance_and_names_are_registered_once():
         register_protocol(EvalProtocol("mine", "no_such_judge"))
     with pytest.raises(ValueError, match="reserved"):
         register_protocol(EvalProtocol("human", "outcome_vlm"))
+    # options are the judge's constructor parameters: a misspelt one is refused by name
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['last_kk'\]; known: \["):
+        register_protocol(EvalProtocol("typo", "outcome_vlm", {"last_kk": 2}))
+    cfg = JudgeConfig(judge="outcome_vlm", base_url="http://h/v1", model="m", options={"kk": 1})
+    with pytest.raises(ConfigError, match=r"^judge 'outcome_vlm': unknown option\(s\) \['kk'\]"):
+        build_judge(cfg)
     assert {"checkers", "outcome", "webvoyager", "webjudge"} <= set(PROTOCOLS)
     assert all(p.follows for p in PROTOCOLS.values())
