@@ -47,6 +47,7 @@ from sites.server import SiteServer
 from sites.tasks import BUNDLED_SCHEME, resolve_start_url
 from stages.config import setting
 from stages.grading import engine_grader
+from stages.identity import Identity
 from stages.runs import recorded_run
 from stages.served import served_policy
 from stages.shards import Session
@@ -192,31 +193,32 @@ class CollectConfig:
     )
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for volatile in VOLATILE:
-            d.pop(volatile)
-        if not d["inject_answer"]:
-            d.pop("inject_answer")  # added later: keeps earlier runs' ids (and resumes) stable
-        if d["action_timeout_s"] == 10.0:
-            d.pop("action_timeout_s")  # likewise
-        if not d["task_ids"]:
-            d.pop("task_ids")  # added later: keeps earlier runs' ids (and resumes) stable
-        later_fields = (
-            "screenshots",
-            "temperature",
-            "noise_kind",
-            "a11y_chars",
-            "a11y_focus",
-            "choose",
-        )
-        for later in later_fields:  # added later: at their defaults, earlier runs' ids are kept
-            if d[later] == CollectConfig.__dataclass_fields__[later].default:
-                d.pop(later)
+        """What names the run (:data:`COLLECT_IDENTITY`, the one rule of
+        :mod:`stages.identity`), and for the expert the action space it writes in."""
+        d = COLLECT_IDENTITY.of(self)
         if self.policy == "expert":
             # the expert's actions are written in the model-facing space these options choose
             # (rollouts.grounding); a change of that space is another run, not a resume
             d["action_space"] = expert_action_space(self.prompt_mode, self.set_of_marks)
         return d
+
+
+COLLECT_IDENTITY = Identity(
+    excluded=VOLATILE,
+    later=(
+        "inject_answer",
+        "action_timeout_s",
+        "task_ids",
+        "screenshots",
+        "temperature",
+        "noise_kind",
+        "a11y_chars",
+        "a11y_focus",
+        "choose",
+    ),
+)
+"""How a collect run is named: every setting but the operational ones; the later ones only when
+used."""
 
 
 def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:

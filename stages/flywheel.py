@@ -48,6 +48,7 @@ from sites.tasks import generate as generate_tasks
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import ConfigError, check_config, setting
 from stages.evaluate import EvalConfig, delta_method, eval_rollout, run_evaluation
+from stages.identity import Identity
 from stages.intervene import InterveneConfig, run_intervene_async
 from stages.judge import (
     JudgeConfig,
@@ -129,10 +130,6 @@ def flywheel_eval() -> CollectConfig:
     return dataclasses.replace(
         eval_rollout(), split="test", n_tasks=24, max_steps=24, action_timeout_s=1.5
     )
-
-
-_NESTED_OR_LATER = {"expert", "rollout", "eval", "concurrency", "train_rl", "rl", "judge"}
-_NESTED_OR_LATER |= {"eval_judge", "policy", "teacher", "prm", "train_sft"}
 
 
 def _judged_by(spec: Any, judge: str) -> Any:
@@ -326,25 +323,7 @@ class FlywheelConfig:
         """What names the flywheel: its own fields, the nested settings it had before it held
         collect configs under their old names (earlier flywheels resume), then any other nested
         setting changed from the flywheel's defaults (``rollout.k_images``, …)."""
-        d = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in _NESTED_OR_LATER
-        }
-        if self.train_rl:  # added later: flywheels without RL keep their ids
-            d["rl"] = self.rl.identity()
-        if self.judge != programmatic():  # likewise
-            d["judge"] = _judge_identity(self.judge)
-        if judges(self.eval_judge):  # likewise
-            d["eval_judge"] = _judge_identity(self.eval_judge)
-        if not self.train_sft:  # likewise
-            d["train_sft"] = False
-        if self.policy != PolicyConfig():  # likewise
-            d["policy"] = dataclasses.asdict(self.policy)
-        if self.teacher != flywheel_teacher():  # likewise
-            d["teacher"] = self.teacher.identity()
-        if self.prm != flywheel_prm():  # likewise
-            d["prm"] = {k: v for k, v in self.prm.identity().items() if k not in _PRM_SET}
+        d = FLYWHEEL_IDENTITY.of(self)
         d.update({old: getattr(getattr(self, c), f) for old, (c, f) in _OLD_KEYS.items()})
         known = {(c, f) for c, f in _OLD_KEYS.values()}
         # one action timeout for every stage was one setting (action_timeout_s, the rollout's now)
@@ -572,6 +551,22 @@ def round_recipe(cfg: FlywheelConfig, round_: int) -> Recipe:
 
 
 # -- stages (library calls; every one idempotent) -------------------------------------------------
+
+
+FLYWHEEL_IDENTITY = Identity(
+    # the collect configs join below, under their old names; train_rl by rl's presence
+    excluded=("expert", "rollout", "eval", "concurrency", "train_rl"),
+    later=("judge", "eval_judge", "train_sft", "policy", "teacher", "prm", "rl"),
+    used={"rl": lambda c: c.train_rl, "eval_judge": lambda c: judges(c.eval_judge)},
+    written={
+        "rl": lambda c: c.rl.identity(),
+        "judge": lambda c: _judge_identity(c.judge),
+        "eval_judge": lambda c: _judge_identity(c.eval_judge),
+        "teacher": lambda c: c.teacher.identity(),
+        "prm": lambda c: {k: v for k, v in c.prm.identity().items() if k not in _PRM_SET},
+    },
+)
+"""How a flywheel is named, besides its collect configs' settings (its ``identity``)."""
 
 
 def prepare_warehouse(home: str | None, cfg: FlywheelConfig) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from sites.tasks import BUNDLED_SCHEME, resolve_start_url
 from stages.collect import bundled_grader
 from stages.config import ConfigError, setting
 from stages.config import check_config as check_fields
+from stages.identity import Identity
 from stages.report import markdown_table
 from stages.runs import recorded_run
 from stages.score_steps import bundled_probe
@@ -90,10 +91,10 @@ class InterveneConfig:
     )
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for volatile in ("concurrency", "max_trajectories", "run_name", "action_timeout_s"):
-            d.pop(volatile)
-        return d
+        """What names the run (the one rule of :mod:`stages.identity`)."""
+        return Identity(
+            excluded=("concurrency", "max_trajectories", "run_name", "action_timeout_s")
+        ).of(self)
 
     @property
     def teacher_name(self) -> str:

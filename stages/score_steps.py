@@ -47,6 +47,7 @@ from stages.collect import checkpoint_policy
 from stages.config import ConfigError, setting
 from stages.config import check_config as check_fields
 from stages.grading import criteria_grader
+from stages.identity import Identity
 from stages.runs import recorded_run
 from stages.shards import Session
 from warehouse import Warehouse, WarehouseError
@@ -117,18 +118,23 @@ class ScoreStepsConfig:
     dask_address: str | None = setting(None, help="Shard across an existing Dask cluster.")
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for volatile in ("concurrency", "workers", "dask_address", "action_timeout_s"):
-            d.pop(volatile)
-        if d["prompt_mode"] is None:  # (run ids from before these options stay the same)
-            d.pop("prompt_mode")
-        if d["candidates"] == "sample":
-            d.pop("candidates")
-        if d["select"] != "first_error" and (d["max_states"] is None or d["select"] == "first"):
-            d.pop("select")  # (selects what it did before)
-        if not d["expert_candidate"]:  # added later: runs without it keep their ids
-            d.pop("expert_candidate")
-        return d
+        """What names the run (:data:`SCORE_IDENTITY`, the one rule of :mod:`stages.identity`)."""
+        return SCORE_IDENTITY.of(self)
+
+
+def _select_used(cfg: ScoreStepsConfig) -> bool:
+    """Whether ``select`` changes which states are scored from what runs scored before it
+    existed (every state when ``max_states`` is unset, else the first ones): first errors
+    always do; another rule only under a cap, and ``first`` never."""
+    return cfg.select == "first_error" or (cfg.max_states is not None and cfg.select != "first")
+
+
+SCORE_IDENTITY = Identity(
+    excluded=("concurrency", "workers", "dask_address", "action_timeout_s"),
+    later=("prompt_mode", "candidates", "expert_candidate"),
+    used={"select": _select_used},
+)
+"""How a score-steps run is named."""
 
 
 def check_config(cfg: ScoreStepsConfig) -> None:

@@ -26,6 +26,7 @@ from serving.supervisor import vllm_python
 from stages import runs
 from stages.collect import CollectConfig, run_collect, select_tasks
 from stages.config import ConfigError, setting
+from stages.identity import Identity
 from stages.judge import (
     JudgeConfig,
     check_judge,
@@ -126,14 +127,11 @@ class SFTConfig:
     )
 
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("dataset")  # the dataset id (not its name) names the run
-        d.pop("compute")  # how it runs names no run
-        # where a run stops and how often it saves do not change what it trains: a run stopped
-        # by --max-steps continues when the command is given again without it
-        d.pop("max_steps")
-        d.pop("save_every")
-        return d
+        """What names the run (the one rule of :mod:`stages.identity`): not the dataset's name
+        (its id does), nor how it runs, nor where it stops and how often it saves (they do not
+        change what it trains: a run stopped by --max-steps continues when the command is given
+        again without it)."""
+        return Identity(excluded=("dataset", "compute", "max_steps", "save_every")).of(self)
 
 
 def checkpoints_dir(wh: Warehouse, training_run_id: str) -> Path:
@@ -532,27 +530,12 @@ class RLConfig:
         """What names the run: the fields RL had before its configs composed under their old
         names (so earlier runs resume), then any other rollout or PRM setting changed from
         RL's defaults (``rollout.noise``, …)."""
-        d = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in ("rollout", "prm")
-        }  # (the judge's part is added below)
+        d = RL_IDENTITY.of(self)  # (the nested configs' and the judge's parts are added below)
         d.update({old: getattr(self.rollout, new) for new, old in _ROLLOUT_KEYS.items()})
         d.update(_changed("rollout", self.rollout, rl_rollout(), {*_ROLLOUT_KEYS, *_ROLLOUT_SET}))
         if _step_level(self.estimator):  # (the other estimators' run ids stay as they were)
             d.update({old: getattr(self.prm, new) for new, old in _PRM_KEYS.items()})
             d.update(_changed("prm", self.prm, rl_prm(), {*_PRM_KEYS, *_PRM_SET}))
-        if not self.anchor_coef:  # added later: runs without an anchor keep their ids
-            d.pop("anchor_dataset")
-            d.pop("anchor_coef")
-        if not self.task_pool:  # likewise
-            d.pop("task_pool")
-        if not self.buffer:  # likewise
-            d.pop("buffer")
-        d.pop("judge")
-        d.pop("compute")  # how the update runs names no run
-        d.pop("serve")  # where rollouts run and how closely they are checked name no run
-        d.pop("parity_tol")
         if judges(self.judge):  # added later: runs rewarded by their own outcome keep their ids
             d["reward_judge"] = {k: v for k, v in self.judge.identity().items() if k != "run"}
         return d
@@ -1046,3 +1029,17 @@ def training_markdown(stage: str, res: TrainResult, metrics: list[dict[str, Any]
         cols += sorted({k for r in res.iterations for k in r.timing})
         lines += ["", "## Iterations", "", markdown_table(rows, cols)]
     return "\n".join(lines)
+
+
+def _anchored(cfg: RLConfig) -> bool:
+    return bool(cfg.anchor_coef)
+
+
+RL_IDENTITY = Identity(
+    # nested configs (their own rule, under their old names), the judge (its identity, when
+    # one decides), how the update runs, where rollouts run and how closely they are checked
+    excluded=("rollout", "prm", "judge", "compute", "serve", "parity_tol"),
+    later=("task_pool", "buffer"),
+    used={"anchor_dataset": _anchored, "anchor_coef": _anchored},
+)
+"""How an RL run is named, besides its nested configs' settings (:meth:`RLConfig.identity`)."""

@@ -79,6 +79,19 @@ def _ids() -> dict[str, str]:
         ),
     )
     current = SimpleNamespace(policy="ranker", model="/ck/iter", prompt_mode="a11y")
+    later_collect = CollectConfig(
+        inject_answer=True,
+        action_timeout_s=2.0,
+        task_ids=("a",),
+        screenshots="last",
+        temperature=0.3,
+        noise_kind="habit",
+        a11y_chars=100,
+        a11y_focus=True,
+        choose="rank",
+    )
+    judge = {"judge": "rubric_vlm", "base_url": "http://h/v1", "model": "m"}
+    rl_judged = RLConfig(policy="/ck", buffer=True, task_pool=5, judge=JudgeConfig(**judge))
     return {
         "collect default": run_id_for("collect", CollectConfig().identity()),
         "collect openai": run_id_for("collect", openai.identity()),
@@ -128,6 +141,16 @@ def _ids() -> dict[str, str]:
         "rl iteration score": run_id_for(
             "score_steps", _score_config(rl_step, 1, current, "collect-x").identity()
         ),
+        # (pinned when the identities moved to stages/identity.py's one rule: every later
+        # setting used, each computed by the code before and after the move alike)
+        "collect later settings": run_id_for("collect", later_collect.identity()),
+        "score first errors": run_id_for(
+            "score_steps", ScoreStepsConfig(select="first_error", expert_candidate=True).identity()
+        ),
+        "rl judged": registry.training_run_id("rl", "ranker", None, rl_judged.identity()),
+        "flywheel rl judged": demo_config(
+            train_rl=True, train_sft=False, judge=judge, eval_judge=judge, **BEFORE_REFERENCE
+        ).flywheel_id,
     }
 
 
@@ -152,6 +175,10 @@ PINNED = {
     "eval ood": "collect-2f08c626037b0ca1eab8",
     "rl iteration collect": "collect-532544d13da421947a12",
     "rl iteration score": "score_steps-864f4e71226bd8f91bb2",
+    "collect later settings": "collect-ec60a107a8416136af69",
+    "score first errors": "score_steps-5793ea5dd0d9074593d5",
+    "rl judged": "train-rl-ee2fbbc1a5de2457adb7",
+    "flywheel rl judged": "flywheel-3eb31428ddc4dc887417",
 }
 
 
