@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from judging.base import judge_needs
 from stages import runs
 from stages.collect import CollectConfig, CollectResult, run_collect
 from stages.config import setting
@@ -178,6 +179,7 @@ async def run_evaluation(
         extra=extra,
         judge=jres.judge if jres else None,
         judge_identity=jcfg.identity() if jres else None,
+        exact_judge=bool(jres) and judge_needs(jres.judge, "checkers"),
     )
     return EvalResult(evaluation=ev, summary=summary, collect=res, judged=jres)
 

@@ -124,12 +124,14 @@ def record(
     extra: dict[str, Any] | None = None,
     judge: str | None = None,
     judge_identity: Any = None,
+    exact_judge: bool = False,
 ) -> tuple[Evaluation, Summary]:
     """Summarise the run's trajectories and store the evaluation (id from the run: re-running
-    an evaluation replaces its row with the same numbers)."""
+    an evaluation replaces its row with the same numbers). A judge's rate is debiased by the
+    human labels (prediction-powered) unless it is ``exact_judge`` (it reads the checkers)."""
     outcomes = run_outcomes(wh, run_id, judge)
     s = summarize(outcomes)
-    debiased = prediction_powered(wh, outcomes) if judge and judge != "programmatic" else None
+    debiased = prediction_powered(wh, outcomes) if judge and not exact_judge else None
     if debiased is not None:
         extra = {**(extra or {}), "ppi": debiased}
     ev = Evaluation(
