@@ -63,7 +63,7 @@ def om2w_home(tmp_path: Path) -> Path:
     return home
 
 
-def test_an_om2w_run_rejudged_under_three_protocols(prefect_harness, tmp_path: Path):
+def test_an_om2w_run_rejudged_under_three_protocols(prefect_harness, tmp_path: Path, monkeypatch):
     home = om2w_home(tmp_path)
     names = ("outcome", "webvoyager", "webjudge")
     with FakeOpenAI([], default=("fn", judge_model)) as fake:
@@ -112,6 +112,30 @@ def test_an_om2w_run_rejudged_under_three_protocols(prefect_harness, tmp_path: P
     assert rows["outcome", "human"].kappa == pytest.approx(2 / 3)
     assert rows["webvoyager", "human"].agree == 4
     assert rows["webvoyager", "human"].kappa == pytest.approx(0.25)
+    # and the dashboard's page shows that table
+    page = dashboard_page(monkeypatch, home, "protocols")
+    own = next(d.value for d in page.dataframe if "ci_low" in d.value.columns)
+    assert own.set_index("protocol")["successes"].to_dict() == {
+        "outcome": 3, "webjudge": 3, "webvoyager": 4
+    }  # fmt: skip
+    human = next(d.value for d in page.dataframe if "human_successes" in d.value.columns)
+    assert human.set_index("protocol")["accuracy"].to_dict() == pytest.approx(
+        {"outcome": 5 / 6, "webjudge": 5 / 6, "webvoyager": 4 / 6}
+    )
+
+
+def dashboard_page(monkeypatch, home: Path, name: str):
+    """The dashboard's page ``name`` after one run (AppTest) on the warehouse of ``home``."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboards.conftest import APP, use_home
+
+    use_home(monkeypatch, home)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.switch_page(f"views/{name}.py")
+    at = at.run()
+    assert not at.exception and not at.error, (at.exception, at.error)
+    return at
 
 
 def test_a_judgment_of_an_earlier_protocol_version_is_judged_again(prefect_harness, tmp_path: Path):
