@@ -14,8 +14,9 @@ from cli.common import Format, FormatOption, print_frame
 def component_rows() -> list[dict[str, Any]]:
     """One row per registered judge, evaluation protocol, PRM scorer and estimator: kind,
     name, what it needs, its options (judges and estimators: every option, with its default;
-    protocols: the judge
-    and the options it fixes, its hash and the published protocol it follows), its summary."""
+    protocols: the judge and the options it fixes, its hash and the published protocol it
+    follows), the hash of the prompts it asks a model with (none: it prompts no model), its
+    summary."""
     from judging.base import SPECS as JUDGES
     from judging.prm import SPECS as SCORERS
     from judging.protocols import PROTOCOLS
@@ -27,6 +28,7 @@ def component_rows() -> list[dict[str, Any]]:
             "name": name,
             "needs": ", ".join(sorted(s.needs)),
             "options": _options(s.parameters),
+            "prompts": s.prompts or "",
             "summary": s.summary,
         }
         for name, s in sorted(JUDGES.items())
@@ -37,6 +39,7 @@ def component_rows() -> list[dict[str, Any]]:
             "name": f"{name} ({p.hash})",
             "needs": ", ".join(sorted(p.needs)),
             "options": ", ".join([p.judge, *(f"{k}={v!r}" for k, v in p.options.items())]),
+            "prompts": p.prompts or "",
             "summary": f"{p.summary} Follows {p.follows}.",
         }
         for name, p in sorted(PROTOCOLS.items())
@@ -48,6 +51,7 @@ def component_rows() -> list[dict[str, Any]]:
             "needs": f"level {s.level}, objective {s.objective}"
             + "".join(f", engine {flag}" for flag in s.engine),
             "options": _options(s.options),
+            "prompts": "",
             "summary": s.summary,
         }
         for name, s in sorted(ESTIMATORS.items())
@@ -59,6 +63,7 @@ def component_rows() -> list[dict[str, Any]]:
             "needs": ", ".join(sorted(s.needs))
             + (", expert candidate" if s.expert_candidate else ""),
             "options": "",
+            "prompts": s.prompts or "",
             "summary": s.summary,
         }
         for name, s in sorted(SCORERS.items())

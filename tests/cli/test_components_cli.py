@@ -20,6 +20,8 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert by["advantage estimator", "awr"]["options"] == "gamma=1.0, beta=1.0, w_max=20.0"
     assert by["PRM scorer", "exact"]["needs"] == "bundled, replay, expert candidate"
     assert by["PRM scorer", "vlm"]["needs"] == "endpoint"
+    assert len(by["PRM scorer", "vlm"]["prompts"]) == 16
+    assert by["PRM scorer", "exact"]["prompts"] == ""
     assert {n for k, n in by if k == "judge"} == {
         "ensemble", "outcome_vlm", "programmatic", "rubric_vlm"
     }  # fmt: skip
@@ -27,6 +29,7 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert set(protocols) == {"checkers", "outcome", "webvoyager", "webjudge"}
     assert protocols["webjudge"]["options"] == "rubric_vlm, selection='model', k=4, max_tokens=512"
     assert "Online-Mind2Web" in protocols["webjudge"]["summary"]
+    assert by["judge", "rubric_vlm"]["prompts"] == protocols["webjudge"]["prompts"] != ""
     assert (
         protocols["outcome"]["needs"] == "endpoint" and protocols["checkers"]["needs"] == "checkers"
     )

@@ -204,6 +204,7 @@ def test_the_judges_say_what_they_need():
     assert {n: sorted(s.needs) for n, s in SPECS.items()} == {
         "programmatic": ["checkers"],
         "rubric_vlm": ["endpoint"],
+        "outcome_vlm": ["endpoint"],
         "ensemble": ["members"],
     }
     assert SPECS["rubric_vlm"].options == ("base_url", "model", "k", "selection")
