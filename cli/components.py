@@ -4,11 +4,11 @@ those of ``WEBLOOP_PLUGINS``' modules)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from cli.common import Format, FormatOption, print_frame
+from cli.common import ConfigError, Format, FormatOption, print_frame
 
 
 def component_rows() -> list[dict[str, Any]]:
@@ -78,12 +78,61 @@ def _options(params: dict[str, Any]) -> str:
     return ", ".join(k if v is Parameter.empty else f"{k}={v!r}" for k, v in params.items())
 
 
-def components(fmt: FormatOption = Format.table) -> None:
+def option_rows(name: str) -> tuple[str, list[dict[str, str]]]:
+    """A judge's or estimator's options: (its kind, one row per option: name, default, help —
+    the ``:param`` entries of its docstring). ValueError naming the known ones otherwise."""
+    from judging.base import SPECS as JUDGES
+    from training.advantages import SPECS as ESTIMATORS
+    from warehouse.registry import option_help
+
+    if name in JUDGES:
+        kind, fn, params = "judge", JUDGES[name].factory, JUDGES[name].parameters
+    elif name in ESTIMATORS:
+        kind, fn, params = "advantage estimator", ESTIMATORS[name].fn, ESTIMATORS[name].options
+    else:
+        known = sorted({*JUDGES, *ESTIMATORS})
+        raise ValueError(f"no judge or advantage estimator {name!r}; known: {known}")
+    helps = option_help(fn)
+    rows = [
+        {"option": k, "default": _options({k: v}).partition("=")[2] or "(required)",
+         "help": helps.get(k, "")}
+        for k, v in params.items()
+    ]  # fmt: skip
+    return kind, rows
+
+
+def options_table(name: str) -> str:
+    """A Markdown table of the options of the judge or estimator ``name`` (the docs' marker
+    ``<!-- options: NAME -->``)."""
+    _, rows = option_rows(name)
+    lines = ["| option | default | what it does |", "|---|---|---|"]
+    for r in rows:
+        text = r["help"].replace("|", "\\|")
+        default = f"`{r['default']}`" if r["default"] != "(required)" else "(required)"
+        lines.append(f"| `{r['option']}` | {default} | {text} |")
+    return "\n".join(lines)
+
+
+def components(
+    name: Annotated[
+        str | None,
+        typer.Argument(help="A judge or estimator: its options with their defaults and help."),
+    ] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
     """The registered judges, evaluation protocols, PRM scorers and advantage estimators: what
-    each needs, its options, its summary (yours too: name their modules in WEBLOOP_PLUGINS)."""
+    each needs, its options, its summary (yours too: name their modules in WEBLOOP_PLUGINS);
+    with a NAME, that judge's or estimator's options, their defaults and what they do."""
     from warehouse.frames import rows_frame
 
-    print_frame(rows_frame(component_rows(), text=True), fmt)
+    if name is None:
+        print_frame(rows_frame(component_rows(), text=True), fmt)
+        return
+    try:
+        kind, rows = option_rows(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print_frame(rows_frame(rows, text=True), fmt, title=f"{kind} {name}: options")
 
 
 def register(app: typer.Typer) -> None:

@@ -54,6 +54,13 @@ class EnsembleJudge:
     def __init__(
         self, members: list[str] | str, rule: str = "majority", threshold: float = 0.5
     ) -> None:
+        """An ensemble of stored verdicts.
+
+        :param members: the member judges (two or more; a list or comma-separated).
+        :param rule: unanimous, majority or threshold.
+        :param threshold: rule threshold: the share of success votes for a success (and of
+            failure votes for a failure), in [0.5, 1].
+        """
         names = [m.strip() for m in members.split(",")] if isinstance(members, str) else members
         names = [m for m in names if m]
         if len(names) < 2:

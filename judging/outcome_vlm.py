@@ -89,6 +89,17 @@ class OutcomeVLMJudge:
         retries: int = 2,
         backoff_s: float = 0.5,
     ) -> None:
+        """The judge over the OpenAI-compatible server at ``base_url``.
+
+        :param base_url: the server, e.g. http://127.0.0.1:8000/v1.
+        :param model: the judge model the server serves.
+        :param last_k: the last screenshots shown, the final page last (0: none).
+        :param history: whether the call shows the agent's actions too.
+        :param max_tokens: the reply budget of the call.
+        :param timeout_s: seconds one model call may take.
+        :param retries: retries of a failed call (with backoff) before a judge error.
+        :param backoff_s: the first retry's wait, doubled each time.
+        """
         if last_k < 0:
             raise ValueError("last_k (screenshots shown, newest last) must be >= 0")
         self.client = ChatClient(

@@ -185,6 +185,18 @@ class RubricVLMJudge:
         retries: int = 2,
         backoff_s: float = 0.5,
     ) -> None:
+        """The judge over the OpenAI-compatible server at ``base_url``.
+
+        :param base_url: the server, e.g. http://127.0.0.1:8000/v1.
+        :param model: the judge model the server serves.
+        :param k: key screenshots at most (the image cap; 0: none).
+        :param selection: how key screenshots are chosen: model (one relevance call per
+            screenshot) or heuristic (the last page and the newest after a navigation).
+        :param max_tokens: the reply budget of each call.
+        :param timeout_s: seconds one model call may take.
+        :param retries: retries of a failed call (with backoff) before a judge error.
+        :param backoff_s: the first retry's wait, doubled each time.
+        """
         if selection not in ("model", "heuristic"):
             raise ValueError("selection is 'model' or 'heuristic'")
         if k < 0:

@@ -5,6 +5,8 @@ A page says what it wants with a marker on a line of its own:
 * ``<!-- config: stages.collect.CollectConfig -->`` — a table of the config's every field (its
   YAML key, command-line flag, type, default and help), from the ``setting(...)`` metadata the
   CLI and the YAML loader read too;
+* ``<!-- options: rubric_vlm -->`` — a table of a judge's or advantage estimator's options
+  (default and help, from its ``:param`` docstring entries, as ``webloop components NAME``);
 * ``<!-- bench-results -->`` — the benchmark page, rendered from ``bench/results/*.json`` by
   ``bench/render.py``.
 """
@@ -20,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MARKER = re.compile(r"^<!-- (config|bench-results)(?::\s*(.*?))? -->$", re.M)
+MARKER = re.compile(r"^<!-- (config|options|bench-results)(?::\s*(.*?))? -->$", re.M)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -33,6 +35,10 @@ def _render(kind: str, arg: str) -> str:
         from cli.reference import config_table
 
         return config_table(arg)
+    if kind == "options":
+        from cli.components import options_table
+
+        return options_table(arg)
     # bench/ is a folder of scripts, not a package: load the renderer from its file
     spec = importlib.util.spec_from_file_location("bench_render", ROOT / "bench" / "render.py")
     assert spec is not None and spec.loader is not None

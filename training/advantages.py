@@ -295,7 +295,10 @@ def grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     ``A(τ) = (R(τ) − mean_{τ'∈g} R(τ')) / (std_{τ'∈g} R(τ') + eps)`` with the population std over
     the group's *trajectories* (each counts once, whatever its length); a group of one or a
     group with one reward gives 0 (:func:`warehouse.advantage.group_relative`). Every turn of
-    ``τ`` gets ``A(τ)``."""
+    ``τ`` gets ``A(τ)``.
+
+    :param eps: added to the group's std (no division by zero).
+    """
     frame = _drop_produced(frame, ["advantage"])
     out = _prepare(frame, "grpo", ["traj_id", "group_id", "reward"])
     kept = out.filter(pl.col(_KEEP))
@@ -319,7 +322,10 @@ def step_grpo(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     ``A(s, a) = (score(s, a) − mean_{a'} score(s, a')) / (std_{a'} score(s, a') + eps)``,
     population std over the state's candidates; a state with one candidate, or whose candidates
     all score the same, gives 0 (:func:`warehouse.advantage.group_relative`, the advantage
-    ``judging.prm`` stores in ``step_scores``)."""
+    ``judging.prm`` stores in ``step_scores``).
+
+    :param eps: added to the group's std (no division by zero).
+    """
     frame = _drop_produced(frame, ["advantage"])
     out = _prepare(frame, "step_grpo", ["traj_id", "step_idx", "score"])
     kept = out.filter(pl.col(_KEEP))
@@ -347,7 +353,12 @@ def step_awr(
     scored best, however unlikely the policy found them, where PPO's clipped ratio lets a
     candidate of probability p grow only to (1 + ε)·p per update. A state without a signal weighs
     nothing: its candidates are the policy's own top choices (not samples), and weighting them
-    alike would pull the policy toward choosing among them uniformly."""
+    alike would pull the policy toward choosing among them uniformly.
+
+    :param beta: the temperature of the weights exp(A / beta).
+    :param w_max: the largest weight.
+    :param eps: added to the group's std (no division by zero).
+    """
     if beta <= 0 or w_max <= 0:
         raise ValueError(f"step_awr: need beta > 0 and w_max > 0; got {beta=}, {w_max=}")
     frame = _drop_produced(frame, ["advantage", "weight"])
@@ -379,7 +390,10 @@ def step_best(frame: pl.DataFrame, eps: float = EPS) -> pl.DataFrame:
     action at each state, however unlikely the policy found it: one iteration can make a
     candidate the policy ranked fifth its first choice, which neither PPO-clip (a ratio capped
     at 1 + ε) nor :func:`step_awr` (positive weights on the worse candidates too) does. With
-    the reference scorer's 0/1 labels it is DAgger's update on the labelled states."""
+    the reference scorer's 0/1 labels it is DAgger's update on the labelled states.
+
+    :param eps: added to the group's std (no division by zero).
+    """
     frame = _drop_produced(frame, ["advantage", "weight"])
     out = _prepare(frame, "step_best", ["traj_id", "step_idx", "score"])
     kept = out.filter(pl.col(_KEEP))
@@ -404,7 +418,12 @@ def awr(
 
     ``G_t = γ^(T−1−t) · R``,  ``A_t = G_t − V(s_t)``,  ``weight_t = min(exp(A_t / β), w_max)``.
 
-    Excluded rows (infra_error / timeout) get advantage 0 and weight 0."""
+    Excluded rows (infra_error / timeout) get advantage 0 and weight 0.
+
+    :param gamma: the discount over the turns left.
+    :param beta: the temperature of the weights exp(A / beta).
+    :param w_max: the largest weight.
+    """
     if beta <= 0 or w_max <= 0 or not 0 < gamma <= 1:
         raise ValueError(
             f"awr: need 0 < gamma <= 1, beta > 0, w_max > 0; got {gamma=}, {beta=}, {w_max=}"
@@ -434,7 +453,11 @@ def turn(frame: pl.DataFrame, gamma: float = 1.0, eps: float = EPS) -> pl.DataFr
 
     ``r_t = progress_t − progress_{t−1}`` (``progress_{−1} = 0``), plus ``R`` on the last turn;
     ``Â_t = Σ_{k≥t} γ^(k−t) r_k``; then over all kept rows ``A_t = (Â_t − mean Â) / (std Â + eps)``
-    (population std; 0 everywhere when all ``Â`` are equal)."""
+    (population std; 0 everywhere when all ``Â`` are equal).
+
+    :param gamma: the discount of later turns' progress.
+    :param eps: added to the group's std (no division by zero).
+    """
     frame = _drop_produced(frame, ["advantage"])
     out = _prepare(frame, "turn", ["traj_id", "step_idx", "progress", "reward"])
     kept = out.filter(pl.col(_KEEP))

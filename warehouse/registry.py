@@ -4,6 +4,7 @@ are looked up by the name a user types."""
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -68,3 +69,23 @@ def check_options(kind: str, name: str, given: Iterable[str], known: Iterable[st
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise ValueError(f"{kind} {name!r}: unknown option(s) {unknown}; known: {sorted(known)}")
+
+
+def option_help(fn: Callable) -> dict[str, str]:
+    """Each option's help text: the ``:param name: text`` entries of the factory's docstring (a
+    class: its constructor's docstring, else the class's), continuation lines joined."""
+    doc = inspect.getdoc(fn.__init__) if isinstance(fn, type) else inspect.getdoc(fn)
+    if isinstance(fn, type) and ":param" not in (doc or ""):
+        doc = inspect.getdoc(fn)
+    out: dict[str, str] = {}
+    current = None
+    for line in (doc or "").splitlines():
+        m = re.match(r"\s*:param\s+(\w+):\s*(.*)", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2).strip()
+        elif current and line.strip() and not line.lstrip().startswith(":"):
+            out[current] += " " + line.strip()
+        else:
+            current = None
+    return out

@@ -42,3 +42,26 @@ def test_components_lists_each_estimator_and_scorer_with_what_it_needs(tmp_path:
     assert all(r["summary"] for r in rows)
     table = webloop(tmp_path, "components").stdout
     assert "step_best" in table and "reference" in table
+
+
+def test_components_name_prints_its_options_with_defaults_and_help(tmp_path: Path):
+    rows = json.loads(webloop(tmp_path, "components", "rubric_vlm", "--format", "json").stdout)
+    by = {r["option"]: r for r in rows}
+    assert by["k"]["default"] == "4" and by["k"]["help"].startswith("key screenshots at most")
+    assert by["base_url"]["default"] == "(required)"
+    awr = json.loads(webloop(tmp_path, "components", "awr", "--format", "json").stdout)
+    assert [(r["option"], r["default"]) for r in awr] == [
+        ("gamma", "1.0"), ("beta", "1.0"), ("w_max", "20.0")
+    ]  # fmt: skip
+    r = webloop(tmp_path, "components", "nope", ok=False)
+    assert r.returncode == 2 and "no judge or advantage estimator 'nope'" in r.stderr
+
+
+def test_every_built_in_option_says_what_it_does():
+    from cli.components import option_rows
+    from judging.base import SPECS as JUDGES
+    from training.advantages import SPECS as ESTIMATORS
+
+    for name in (*JUDGES, *ESTIMATORS):
+        missing = [r["option"] for r in option_rows(name)[1] if not r["help"]]
+        assert not missing, f"{name}: no :param help for {missing}"

@@ -63,6 +63,11 @@ def test_every_config_field_is_in_its_stage_page(site: Path):
     for f in dataclasses.fields(RLConfig):
         assert f.name in training, f"RLConfig.{f.name} is not documented"
     assert "rollout.n_tasks" in training and "--group-size" in training  # nested, renamed flag
+    # every built-in judge's and estimator's options, from their docstrings
+    assert "the temperature of the weights exp(A / beta)." in training
+    judging = text_of(site, "stages/judging")
+    assert "key screenshots at most (the image cap; 0: none)." in judging
+    assert "the last screenshots shown, the final page last (0: none)." in judging
 
 
 def test_the_benchmark_page_comes_from_the_results_files(site: Path):
