@@ -26,6 +26,7 @@ from warehouse import Warehouse
 from warehouse.ids import make_id
 from warehouse.listings import run_exists
 from warehouse.records import ProtocolComparison
+from warehouse.relations import with_relations
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,12 @@ def protocol_names(text: str | None, wh: Warehouse, run_id: str) -> list[str]:
 
 
 def _column(wh: Warehouse, run_id: str, p: EvalProtocol, model: str | None) -> ProtocolColumn:
-    df = wh.sql(  # the latest judgment per trajectory and model under this protocol's hash
-        "SELECT traj_id, model, verdict FROM (SELECT j.traj_id, j.model, j.verdict, j.error "
-        "FROM judgments j JOIN trajectories t USING (traj_id) WHERE t.run_id = $run AND "
-        "j.protocol = $hash QUALIFY row_number() OVER (PARTITION BY j.traj_id, j.model "
-        "ORDER BY j.created_at DESC, j.judge_version DESC) = 1) "
-        "WHERE error IS NULL AND verdict IN ('success', 'failure')",
+    df = wh.sql(  # the protocol's latest judgment per trajectory and judge model
+        with_relations(
+            "SELECT j.traj_id, j.model, j.verdict FROM latest_protocol_judgments j "
+            "JOIN trajectories t USING (traj_id) WHERE t.run_id = $run AND j.protocol = $hash "
+            "AND j.error IS NULL AND j.verdict IN ('success', 'failure')"
+        ),
         {"run": run_id, "hash": p.hash},
     )
     models = sorted({m for m in df["model"].to_list() if m is not None})

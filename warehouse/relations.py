@@ -39,6 +39,11 @@ The relations:
 ``latest_judgments_per_version``
     The same rule per (trajectory, judge, judge_version): to calibrate one version of a judge.
 
+``latest_protocol_judgments``
+    The same rule per (trajectory, named evaluation protocol, judge model), over the judgments
+    made under a protocol (``protocol`` set): a protocol's verdict on a trajectory, for the
+    side-by-side comparison of protocols.
+
 ``trajectory_verdicts``
     One row per trajectory that some judge decided: ``traj_id``, ``judge``, ``verdict``
     (success / failure) of the newest of its ``latest_judgments`` with a success or failure
@@ -147,6 +152,9 @@ RELATIONS: dict[str, Callable[[Table], str]] = {
     "latest_judgments": _first("judgments", LATEST, "traj_id", "judge"),
     "latest_judgments_per_version": _first(
         "judgments", LATEST, "traj_id", "judge", "judge_version"
+    ),
+    "latest_protocol_judgments": _first(
+        "judgments", LATEST, "traj_id", "protocol", "model", where="WHERE protocol IS NOT NULL "
     ),
     "trajectory_verdicts": _trajectory_verdicts,
     "latest_tasks": _first("tasks", "version DESC", "task_id"),
