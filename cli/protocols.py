@@ -4,12 +4,15 @@ and with the human labels."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from cli.common import _open, console
+
+if TYPE_CHECKING:
+    from stages.protocols import ProtocolTable
 
 
 def _pct(x: float | None) -> str:
@@ -20,7 +23,12 @@ def _kappa(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def print_table(table) -> None:
+def _agreement(r) -> str:
+    """The share of a pair row's trajectories on which both sides agree."""
+    return _pct(r.agree / r.n if r.n else None)
+
+
+def print_table(table: ProtocolTable) -> None:
     """The stored rows of a :class:`stages.protocols.ProtocolTable`, as three tables."""
     judged = {c.protocol.name: len(c.verdicts) for c in table.columns}
     console.print(
@@ -63,7 +71,7 @@ def print_table(table) -> None:
             r.protocol,
             r.other,
             str(r.n),
-            f"{r.agree} ({_pct(r.agree / r.n if r.n else None)})",
+            f"{r.agree} ({_agreement(r)})",
             str(r.only_this),
             str(r.only_other),
             _kappa(r.kappa),
@@ -79,7 +87,7 @@ def print_table(table) -> None:
             ht.add_row(
                 r.protocol,
                 str(r.n),
-                _pct(r.agree / r.n if r.n else None),
+                _agreement(r),
                 _kappa(r.kappa),
                 f"{r.successes}/{r.n}",
                 f"{r.other_successes}/{r.n}",
