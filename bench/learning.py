@@ -550,12 +550,14 @@ def differences(
     b: Bench,
     pairs: list[tuple[str, str]] | None = None,
     force: frozenset[tuple[str, str]] = frozenset(),
+    common_tasks: bool = False,
 ) -> None:
     """B − A for the checkpoints evaluated on the same tasks: paired (every checkpoint is
     evaluated greedily on the same seeded tasks of deterministic sites): the template-clustered
     bootstrap interval and the exact McNemar test, Newcombe's unpaired interval beside them.
     ``pairs`` (A, B): default the learning bench's; ``force``: pairs compared although their
-    evaluation protocols differ (on purpose, e.g. prompt modes), which the line then says."""
+    evaluation protocols differ (on purpose, e.g. prompt modes), which the line then says;
+    ``common_tasks``: pair evaluations of different sizes on the tasks both ran."""
     from training.evaluate import ProtocolMismatch, compare_evaluations
 
     pairs = pairs or [
@@ -575,7 +577,9 @@ def differences(
             if ea is None or ec is None:
                 continue
             try:
-                r = compare_evaluations(b.wh, ea["row"], ec["row"], force=(a, c) in force)
+                r = compare_evaluations(
+                    b.wh, ea["row"], ec["row"], force=(a, c) in force, common_tasks=common_tasks
+                )
             except ProtocolMismatch as exc:
                 say(f"  {split:<5} {c} - {a}: not compared ({exc})")
                 continue

@@ -123,6 +123,8 @@ def _print_compare(c: dict[str, Any], by: str) -> None:
         if c["unpaired_tasks"]
         else ""
     )
+    if c.get("tasks_left_out"):
+        left += f"; {c['tasks_left_out']} task(s) run by one only, left out (--common-tasks)"
     console.print(
         f"paired on {c['n_pairs']} tasks ({c['clusters']} template clusters){left}: "
         + _paired_line(c),
@@ -242,9 +244,14 @@ def register(app: typer.Typer) -> None:
         force: Annotated[
             bool, typer.Option(help="Compare evaluations made under different protocols.")
         ] = False,
+        common_tasks: Annotated[
+            bool,
+            typer.Option(help="Pair on the tasks both ran when their task sets differ."),
+        ] = False,
     ) -> None:
         """B − A success rate with its 95% interval: paired (exact McNemar test, template-
-        clustered bootstrap) when both ran the same tasks, else Newcombe's unpaired interval."""
+        clustered bootstrap) when both ran the same tasks (or, with --common-tasks, on the tasks
+        both ran), else Newcombe's unpaired interval."""
         from training.evaluate import ProtocolMismatch, compare_evaluations, find_evaluation
 
         if by not in ("site", "template", "none"):
@@ -253,7 +260,7 @@ def register(app: typer.Typer) -> None:
             ea = _user_errors(lambda: find_evaluation(wh, a))
             eb = _user_errors(lambda: find_evaluation(wh, b))
             try:
-                c = compare_evaluations(wh, ea, eb, force=force)
+                c = compare_evaluations(wh, ea, eb, force=force, common_tasks=common_tasks)
             except ProtocolMismatch as exc:
                 raise ConfigError(str(exc)) from None
         _print_compare(c, by)

@@ -294,6 +294,7 @@ def compare_evaluations(
     b: dict[str, Any],
     *,
     force: bool = False,
+    common_tasks: bool = False,
     n_boot: int = 10_000,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -316,7 +317,11 @@ def compare_evaluations(
     Protocols (:func:`stages.evaluate.protocol`: judge, prompts, parser, decoding, budgets):
     when both are recorded and differ, :class:`ProtocolMismatch` names the fields, unless
     ``force`` (then ``protocol_differs`` holds them); ``protocol_known`` says whether both were
-    recorded."""
+    recorded.
+
+    ``common_tasks``: when the task sets differ but share tasks (e.g. one evaluation ran the
+    first 100 of the same seeded order as the other's 300), pair on the shared tasks;
+    ``tasks_left_out`` counts the tasks only one of them ran."""
     differs = protocol_differences(a, b)
     if differs and not force:
         fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in differs.items())
@@ -333,6 +338,12 @@ def compare_evaluations(
     tb = per_task(run_outcomes(wh, b["run_id"], b.get("judge")))
     only_a = set(ta["task_id"]) - set(tb["task_id"])
     only_b = set(tb["task_id"]) - set(ta["task_id"])
+    shared = ta.height - len(only_a)
+    if common_tasks and shared and (only_a or only_b):
+        base["tasks_left_out"] = len(only_a) + len(only_b)
+        ta = ta.filter(~pl.col("task_id").is_in(list(only_a)))
+        tb = tb.filter(~pl.col("task_id").is_in(list(only_b)))
+        only_a = only_b = set()
     if only_a or only_b or ta.is_empty():
         why = (
             f"the evaluations ran different tasks ({len(only_a)} only in A, {len(only_b)} only "

@@ -199,6 +199,15 @@ def test_eval_of_a_checkpoint_stores_intervals_and_compares(
     assert "different tasks (1 only in A" in other["unpaired_because"]
     out = webloop(wh.cfg.home, "eval", "compare", expert.evaluation_id, two.evaluation_id).stdout
     assert "unpaired (the evaluations ran different tasks" in out and "Newcombe" in out
+    # asked to, it pairs on the tasks both ran (the 2 are the first of the same seeded order)
+    common = compare_evaluations(
+        wh, exp_row, find_evaluation(wh, two.evaluation_id), common_tasks=True
+    )
+    assert common["method"] == "paired" and common["n_pairs"] == 2
+    assert common["tasks_left_out"] == 1 and common["diff"] == 0.0
+    out = webloop(wh.cfg.home, "eval", "compare", "--common-tasks", expert.evaluation_id,
+                  two.evaluation_id).stdout  # fmt: skip
+    assert "paired on 2 tasks" in out and "1 task(s) run by one only, left out" in out
     # the untrained ranker runs text-only: no screenshot was captured
     shots = wh.sql(
         "SELECT count(*) FROM steps JOIN trajectories USING (traj_id) "
