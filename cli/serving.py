@@ -1,4 +1,4 @@
-"""``webloop serve-model --engine vllm|hf --model PATH|tiny-idefics [--port N] [--dev-mode]``:
+"""``webloop serve-model --engine vllm|hf --model PATH|PRESET [--port N] [--dev-mode]``:
 start and supervise a model server (see :mod:`serving.supervisor`)."""
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ def _engine(value: str) -> str:
 def serve_model(
     model: Annotated[
         str,
-        typer.Option(help="Checkpoint folder, or 'tiny-idefics' (a tiny offline Idefics3)."),
+        typer.Option(
+            help=(
+                "Checkpoint folder, or a preset built offline: 'tiny-idefics' (a tiny random "
+                "Idefics3), 'smol-idefics' (SmolLM2-135M-Instruct as its text model)."
+            )
+        ),
     ],
     engine: Annotated[
         str, typer.Option(help="hf (webloop's transformers server) or vllm.", callback=_engine)

@@ -48,6 +48,9 @@ from warehouse.secrets import register as register_secret
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("hf", "vllm")
 TINY_IDEFICS = "tiny-idefics"
+SMOL_IDEFICS = "smol-idefics"
+#: Model presets built offline on first use, by name: their builder in :mod:`training.models`.
+PRESETS = {TINY_IDEFICS: "build_tiny_idefics", SMOL_IDEFICS: "build_smol_idefics"}
 
 
 class ServerError(RuntimeError):
@@ -67,24 +70,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def tiny_idefics_dir(home: str | Path | None = None) -> Path:
-    """Where the ``tiny-idefics`` preset is built: ``HOME/models/tiny-idefics``, HOME being
-    ``home``, else ``$WEBLOOP_HOME``, else ``.webloop``."""
+def preset_dir(name: str, home: str | Path | None = None) -> Path:
+    """Where the preset ``name`` is built: ``HOME/models/NAME``, HOME being ``home``, else
+    ``$WEBLOOP_HOME``, else ``.webloop``."""
     root = Path(home or os.environ.get("WEBLOOP_HOME") or ".webloop").absolute()
-    return root / "models" / TINY_IDEFICS
+    return root / "models" / name
+
+
+def tiny_idefics_dir(home: str | Path | None = None) -> Path:
+    """Where the ``tiny-idefics`` preset is built (:func:`preset_dir`)."""
+    return preset_dir(TINY_IDEFICS, home)
 
 
 def resolve_model(model: str, home: str | Path | None = None) -> str:
-    """A checkpoint folder for ``model``: ``tiny-idefics`` is built offline on first use (the
-    tiny Idefics3 preset, under ``home``: see :func:`tiny_idefics_dir`), anything else must be
+    """A checkpoint folder for ``model``: a preset of :data:`PRESETS` (``tiny-idefics``: a tiny
+    random Idefics3; ``smol-idefics``: SmolLM2-135M-Instruct as an Idefics3's text model) is
+    built offline on first use under ``home`` (see :func:`preset_dir`); anything else must be
     an existing folder with a ``config.json``."""
-    if model == TINY_IDEFICS:
-        out = tiny_idefics_dir(home)
+    if model in PRESETS:
+        out = preset_dir(model, home)
         if not (out / "config.json").exists():
-            from training.models import build_tiny_idefics
+            from training import models as builders
 
+            build = getattr(builders, PRESETS[model])
             tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-            build_tiny_idefics(tmp)  # then renamed: a kill leaves no half-built folder
+            try:
+                build(tmp)  # then renamed: a kill leaves no half-built folder
+            except builders.ModelBuildError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ServerError(f"--model {model}: {exc}") from None
             if not (out / "config.json").exists():
                 shutil.rmtree(out, ignore_errors=True)  # a half folder from an older build
                 tmp.rename(out)
@@ -93,7 +107,10 @@ def resolve_model(model: str, home: str | Path | None = None) -> str:
         return str(out)
     path = Path(model)
     if not (path / "config.json").exists():
-        raise ServerError(f"--model {model!r}: not a checkpoint folder (no config.json)")
+        presets = ", ".join(PRESETS)
+        raise ServerError(
+            f"--model {model!r}: not a checkpoint folder (no config.json) nor a preset ({presets})"
+        )
     return str(path.absolute())
 
 

@@ -169,14 +169,16 @@ def flywheel_rl() -> RLConfig:
 class PolicyConfig:
     """The policy the flywheel trains: the CPU-scale ``ranker`` (a fresh one in round 1), or
     ``hf``: a Hugging Face vision-language model folder (Qwen2.5-VL / Qwen3-VL class on a GPU;
-    ``tiny-idefics``, built offline, on a CPU) that round 1 fine-tunes and whose RL rollouts
-    are served (``rl.serve``)."""
+    the ``tiny-idefics`` or ``smol-idefics`` preset, built offline, on a CPU) that round 1
+    fine-tunes and whose RL rollouts are served (``rl.serve``)."""
 
     kind: Literal["ranker", "hf"] = setting(
         "ranker", help="ranker (CPU-scale, bundled sites) or hf (a Hugging Face VLM folder)."
     )
     model: str | None = setting(
-        None, help="hf: the start checkpoint folder (or tiny-idefics, built offline)."
+        None,
+        help="hf: the start checkpoint folder (or a preset built offline: tiny-idefics, "
+        "smol-idefics).",
     )
     lora_r: int | None = setting(None, help="hf: LoRA rank of SFT (none: full).", min=1, max=4096)
 
@@ -606,7 +608,7 @@ def start_checkpoint(home: str | None, cfg: FlywheelConfig) -> str:
     from serving.supervisor import ServerError, resolve_model
 
     try:
-        # tiny-idefics: built offline in this warehouse's home (its path names runs)
+        # a preset: built offline in this warehouse's home (its path names runs)
         return resolve_model(str(cfg.policy.model), WarehouseConfig.from_env(home=home).home)
     except ServerError as exc:
         raise FlywheelError(f"policy.model: {exc}") from None

