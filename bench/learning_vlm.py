@@ -59,6 +59,7 @@ TEMPLATES = ["mail_archive", "shop_photo_colour", "shop_product_fact", "wiki_fac
 PIXELS = "shop_photo_colour"
 
 FULL = dict(
+    model="tiny",  # tiny: a random Idefics3 of --hidden x --layers; smol: the smol-idefics preset
     tasks=1600,
     train=500,
     heldout=100,
@@ -301,7 +302,7 @@ def metrics_line(b: Any, label: str, path: Path, turns: list[Any]) -> dict[str, 
 async def run_all(b: Any, home: Path) -> None:
     from sites.tasks import generate
     from training.data import find_dataset, sft_turns
-    from training.models import IdeficsSize, build_idefics
+    from training.models import IdeficsSize, build_idefics, build_smol_idefics
     from warehouse.tasks import put_tasks
 
     a = b.a
@@ -329,16 +330,20 @@ async def run_all(b: Any, home: Path) -> None:
     turns["heldout-a11y"] = [without_images(t) for t in turns["heldout"]]
 
     t0 = time.perf_counter()
-    size = IdeficsSize(hidden=a.hidden, layers=a.layers, vocab_size=a.vocab)
-    start = build_idefics(
-        home / "models" / "vlm-untrained", seed=0, size=size, corpus=prompt_texts(turns["train"])
-    )
+    if a.model == "smol":
+        start = build_smol_idefics(home / "models" / "smol-idefics", seed=0)
+        shape = "smol-idefics (SmolLM2-135M-Instruct, pretrained; random vision tower)"
+    else:
+        size = IdeficsSize(hidden=a.hidden, layers=a.layers, vocab_size=a.vocab)
+        corpus = prompt_texts(turns["train"])
+        start = build_idefics(home / "models" / "vlm-untrained", seed=0, size=size, corpus=corpus)
+        shape = f"Idefics3 {a.hidden} wide x {a.layers} layers, vocabulary {a.vocab}, random"
     b.timed("build", t0)
     n_params, tokens = parameters(start), mean_prompt_tokens(start, turns["heldout"])
     visible = target_visible(turns["train"])
     say(
-        f"model: Idefics3 {a.hidden} wide x {a.layers} layers, {n_params / 1e6:.2f} M "
-        f"parameters, vocabulary {a.vocab}; mean prompt {tokens:.0f} tokens; the expert's "
+        f"model: {shape}, {n_params / 1e6:.2f} M parameters; mean prompt {tokens:.0f} tokens; "
+        "the expert's "
         f"target is in the cut tree in {visible:.0%} of its ref actions"
     )
     if learning.RESULTS is not None:
