@@ -6,18 +6,21 @@ scratch on 2 cores, learn to act? Prints, in one run:
    pixels-only ``shop_photo_colour``), with a screenshot and the accessibility tree cut to
    ``--a11y-chars`` around the focused element in every prompt; judged; an SFT dataset of
    each (the ``test`` one is never trained on: held-out NLL and next-action accuracy);
-2. the model: a byte-level BPE tokenizer trained on the training prompts and replies
-   (``--vocab``) and an Idefics3 of ``--hidden`` × ``--layers`` (32-wide heads, a small SigLIP
-   tower: the architecture vLLM serves here), random weights; the mean prompt length in tokens;
+2. the model (``--model tiny``): a byte-level BPE tokenizer trained on the training prompts
+   and replies (``--vocab``) and an Idefics3 of ``--hidden`` × ``--layers`` (32-wide heads, a
+   small SigLIP tower: the architecture vLLM serves here), random weights; ``--model smol``: the
+   ``smol-idefics`` preset (SmolLM2-135M-Instruct, pretrained, as an Idefics3's text model);
+   ``--system-prompt short``: the short system prompt; the mean prompt length in tokens;
 3. SFT from scratch (``--epochs``, ``--lr``, ``--batch``) through the product's trainer, twice on
    the same turns: with the screenshot (``screenshot+a11y``) and without it (``a11y only``,
    the same prompts less their image);
 4. for the untrained model and each SFT model: held-out NLL per reply token, next-action
    accuracy (greedy reply's action against the expert's, at the expert's states), and
    closed-loop success on ``--eval-n`` held-out ``test`` tasks in Chromium (greedy, the
-   product's ``hf`` rollout policy), with 95% intervals; SFT vs untrained and screenshot vs
-   accessibility-only paired on the same tasks, overall and on the pixels-only template's own
-   ``test`` tasks (up to ``--pixels-n``);
+   product's ``hf`` rollout policy; the untrained, accessibility-only and candidates arms on
+   the first ``--secondary-n`` of them, paired on those), with 95% intervals; SFT vs
+   untrained and screenshot vs accessibility-only paired on the same tasks, overall and on the
+   pixels-only template's own ``test`` tasks (up to ``--pixels-n``);
 5. RL (``--no-rl``: none): GRPO on token log-probs from the screenshot SFT checkpoint, its
    samples acting by ``--rl-choose`` (``candidates``: in-process, see 6; ``generate``: rolled
    out by the served model, ``--rl-serve hf``: serve-model, weights synced after each update),
@@ -64,8 +67,10 @@ FULL = dict(
     train=500,
     heldout=100,
     eval_n=60,
+    secondary_n=60,  # untrained, a11y only and candidates: on the first N of the eval tasks
     eval_max_steps=5,
     a11y_chars=1200,
+    system_prompt="full",  # full | short (rollouts.prompts.SYSTEM_PROMPTS)
     vocab=4096,
     hidden=128,
     layers=4,
@@ -126,6 +131,7 @@ def collect_settings(a: argparse.Namespace, screenshots: bool = True) -> dict[st
         "k_images": 1,
         "a11y_chars": a.a11y_chars,
         "a11y_focus": True,
+        "system_prompt": a.system_prompt,
     }
 
 
@@ -367,24 +373,27 @@ async def run_all(b: Any, home: Path) -> None:
 
     ids = sorted(t.task_id for t in tasks if t.split == "test")
     random.Random(0).shuffle(ids)  # (sorted ids are grouped by template)
-    ids = tuple(sorted(ids[: a.eval_n]))
-    say(f"closed loop (greedy, {len(ids)} test tasks, max {a.eval_max_steps} steps):")
+    ids, few = tuple(sorted(ids[: a.eval_n])), tuple(sorted(ids[: min(a.secondary_n, a.eval_n)]))
+    say(
+        f"closed loop (greedy, max {a.eval_max_steps} steps): SFT and RL on {len(ids)} test "
+        f"tasks, untrained, a11y only and candidates on the first {len(few)} of them:"
+    )
     roll = {"policy": "hf", **collect_settings(a)}
     blind_roll = {"policy": "hf", **collect_settings(a, screenshots=False)}
-    await learning.evaluate(b, "untrained", str(start), "test", ids, roll)
+    await learning.evaluate(b, "untrained", str(start), "test", few, roll)
     await learning.evaluate(b, "sft screenshot+a11y", seeing.checkpoint, "test", ids, roll)
     if rl_res is not None:
         await learning.evaluate(b, "rl", rl_res.checkpoint, "test", ids, roll)
-    await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", ids, blind_roll)
+    await learning.evaluate(b, "sft a11y only", blind_res.checkpoint, "test", few, blind_roll)
     pixel_ids = tuple(sorted(t.task_id for t in tasks if t.split == "test" and PIXELS in t.task_id))
     pixel_ids = pixel_ids[: a.pixels_n]
     say(f"pixels only ({PIXELS}, all {len(pixel_ids)} of its test tasks, greedy):")
     await learning.evaluate(b, "px screenshot+a11y", seeing.checkpoint, "test", pixel_ids, roll)
     await learning.evaluate(b, "px a11y only", blind_res.checkpoint, "test", pixel_ids, blind_roll)
     choosing = {**roll, "choose": "candidates"}
-    await learning.evaluate(b, "sft candidates", seeing.checkpoint, "test", ids, choosing)
+    await learning.evaluate(b, "sft candidates", seeing.checkpoint, "test", few, choosing)
     if rl_res is not None:
-        await learning.evaluate(b, "rl candidates", rl_res.checkpoint, "test", ids, choosing)
+        await learning.evaluate(b, "rl candidates", rl_res.checkpoint, "test", few, choosing)
     labels = ["sft screenshot+a11y", "sft a11y only", "sft candidates"]
     for label in labels + ["rl candidates"] * (rl_res is not None):
         learning.by_template(b, label, "test")
@@ -447,7 +456,10 @@ def report(b: Any) -> None:
     )
     rl = [("sft screenshot+a11y", "rl"), ("sft candidates", "rl candidates")]
     learning.differences(
-        b, [*pairs, choice, *rl, pixels], force=frozenset({pairs[1], choice, pixels})
+        b,
+        [*pairs, choice, *rl, pixels],
+        force=frozenset({pairs[1], choice, pixels}),
+        common_tasks=b.a.secondary_n < b.a.eval_n,  # (paired on the tasks both ran)
     )
     tables = {k: learning.solved_by_template(b, k, "test") for k in (pairs[1][0], pairs[1][1])}
     blind, seeing = (tables[k].get(PIXELS, (0, 0)) for k in pairs[1])

@@ -64,6 +64,7 @@ def prompt_config(run_config: dict[str, Any] | None, k_images: int) -> PromptCon
         self_summary=bool(c.get("self_summary")),
         max_a11y_chars=int(c.get("a11y_chars") or 12_000),
         a11y_focus=bool(c.get("a11y_focus")),
+        system=c.get("system_prompt") or "full",
     )
 
 

@@ -40,7 +40,7 @@ from rollouts.browser import SharedSlot
 from rollouts.engine import Engine, EngineConfig, Finished, Job, Stats, make_jobs
 from rollouts.env import BrowserEnv, EnvConfig
 from rollouts.policies import expert_action_space, make_policy
-from rollouts.prompts import PromptConfig
+from rollouts.prompts import SYSTEM_PROMPTS, PromptConfig
 from rollouts.proxy import private_addresses_allowed
 from rollouts.writer import BatchWriter, WriterStats
 from sites.server import SiteServer
@@ -148,6 +148,11 @@ class CollectConfig:
     a11y_focus: bool = setting(
         False, help="Cut it to whole lines around the focused element, not to its first ones."
     )
+    system_prompt: Literal["full", "short"] = setting(
+        "full",
+        help="full: every action form; short: the accessibility-ref actions only, about 40% of "
+        "the tokens (small models; not with --prompt-mode screenshot).",
+    )
     inject_answer: bool = setting(
         False, help="Expert: append a prompt injection to every answer (judge robustness)."
     )
@@ -215,6 +220,7 @@ COLLECT_IDENTITY = Identity(
         "a11y_chars",
         "a11y_focus",
         "choose",
+        "system_prompt",
     ),
 )
 """How a collect run is named: every setting but the operational ones; the later ones only when
@@ -251,12 +257,20 @@ def select_tasks(wh: Warehouse, cfg: CollectConfig) -> list[Task]:
 def prompt_config(cfg: CollectConfig) -> PromptConfig:
     if cfg.prompt_mode not in ("screenshot", "a11y", "both"):
         raise WarehouseError("--prompt-mode is screenshot, a11y or both")
+    if cfg.system_prompt not in SYSTEM_PROMPTS:
+        raise WarehouseError(f"--system-prompt is one of {', '.join(SYSTEM_PROMPTS)}")
+    if cfg.system_prompt == "short" and cfg.prompt_mode == "screenshot":
+        raise WarehouseError(
+            "--system-prompt short lists the accessibility-ref actions only; a screenshot-only "
+            "prompt has no refs (use --system-prompt full)"
+        )
     return PromptConfig(
         mode=cfg.prompt_mode,
         k_images=cfg.k_images,
         self_summary=cfg.self_summary,
         max_a11y_chars=cfg.a11y_chars,
         a11y_focus=cfg.a11y_focus,
+        system=cfg.system_prompt,
     )
 
 

@@ -192,7 +192,7 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
     differ unless forced."""
     from judging.base import SPECS
     from rollouts.actions import ACTION_GRAMMAR_VERSION
-    from rollouts.prompts import PROMPT_FORMAT_VERSION, SYSTEM_PROMPT
+    from rollouts.prompts import PROMPT_FORMAT_VERSION, system_prompt
 
     judge: dict[str, Any] = {"judge": "own grading (the suite's checkers)"}
     if jres is not None:
@@ -203,11 +203,11 @@ def protocol(cfg: EvalConfig, coll: CollectConfig, jres: Any, jcfg: Any) -> dict
         prompts = sorted({SPECS[n].prompts for n in names if n in SPECS and SPECS[n].prompts})
         if prompts:  # (one hash as before; a list when judges with other prompts join)
             judge["judge_prompts"] = prompts[0] if len(prompts) == 1 else prompts
-    system = hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()[:16]
+    system = hashlib.sha256(system_prompt(coll.system_prompt).encode()).hexdigest()[:16]
     off_default = {  # how the tree was cut and the action chosen, where not the default
         # (older protocols lack them)
         k: getattr(coll, k)
-        for k in ("a11y_chars", "a11y_focus", "choose")
+        for k in ("a11y_chars", "a11y_focus", "choose", "system_prompt")
         if getattr(coll, k) != CollectConfig.__dataclass_fields__[k].default
     }
     return {

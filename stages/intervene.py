@@ -215,6 +215,7 @@ def plan_items(
             k_images=int(run.get("k_images") or 3),
             max_a11y_chars=int(run.get("a11y_chars") or 12_000),
             a11y_focus=bool(run.get("a11y_focus")),
+            system=run.get("system_prompt") or "full",
         )
         items.append(Item(v, ref, env, expert_action_space(mode, marks), prompt))
     return items, skipped

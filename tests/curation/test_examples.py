@@ -319,3 +319,15 @@ def test_exported_image_bytes_are_the_screenshot_blob(engine_wh: Warehouse, tmp_
     url = sft_messages(row)[1]["content"][1]["image_url"]["url"]
     assert base64.b64decode(url.split(",", 1)[1]) == row["images"][0]["bytes"]
     assert datasets.Image().decode_example(row["images"][0]).size == (160, 100)
+
+
+def test_training_rows_render_with_the_system_prompt_their_run_used():
+    """A run collected with ``--system-prompt short`` trains on prompts with that system prompt
+    (what its policy saw); runs that predate the setting render with the full one."""
+    from curation.render import prompt_config
+
+    run = {"prompt_mode": "a11y", "a11y_chars": 600, "a11y_focus": True}
+    assert prompt_config(run, 1).system == "full"
+    short = prompt_config({**run, "system_prompt": "short"}, 1)
+    assert (short.system, short.max_a11y_chars, short.a11y_focus) == ("short", 600, True)
+    assert prompt_config(None, 3).system == "full"

@@ -166,6 +166,13 @@ def test_collect_options_reach_the_environment_and_prompts():
     # the tree settings join a run's identity only off their defaults: earlier runs keep ids
     assert not {"a11y_chars", "a11y_focus"} & set(cfg.identity())
     assert (cut.identity()["a11y_chars"], cut.identity()["a11y_focus"]) == (900, True)
+    # so does the short system prompt; it reaches the policy's prompts, never screenshot-only
+    short = dataclasses.replace(cfg, prompt_mode="a11y", system_prompt="short")
+    assert "system_prompt" not in cfg.identity()
+    assert short.identity()["system_prompt"] == "short"
+    assert make_policy_for(short).prompt.system == "short"
+    with pytest.raises(WarehouseError, match="a screenshot-only prompt has no refs"):
+        prompt_config(dataclasses.replace(short, prompt_mode="screenshot"))
     for bad in (CollectConfig(coords="inches"), CollectConfig(prompt_mode="audio")):
         with pytest.raises(WarehouseError):
             env_config(bad)
