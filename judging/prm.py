@@ -391,7 +391,7 @@ class ReferenceScorer:
     name, version = "reference", "1"
 
     async def score(self, state: State, cands: Sequence[Proposal]) -> list[ScoreResult]:
-        from rollouts.labeller import same_action
+        from rollouts.labeller import matches_label
 
         label = reference_label(state)
         if label is None:
@@ -401,7 +401,7 @@ class ReferenceScorer:
             )
             return [ScoreResult(None, error=error) for _ in cands]
         return [
-            ScoreResult(1.0 if same_action(c.action_text, label) else 0.0, {"label": label})
+            ScoreResult(1.0 if matches_label(c.action_text, label) else 0.0, {"label": label})
             for c in cands
         ]
 

@@ -15,8 +15,10 @@ noise-free shadow of the scripted expert beside the learner in the same episode:
   goes on; otherwise the trajectory has left the path and no later state is labelled (the
   reference's plan no longer says what is right there).
 
-States without a label (off the path, the reference exhausted, an element the plan names that is
-not on the page) get ``None``. The engine stores the labels in the trajectory's
+Once the reference is exhausted, the label is the expert's closing ``answer("done")``: a policy
+that does not stop there (it adds a fourth item to a three-item cart) makes its first error at
+that state. States without a label (off the path, an element the plan names that is not on the
+page) get ``None``. The engine stores the labels in the trajectory's
 ``meta.reference_labels`` (one per step) and the index of the first error in
 ``meta.first_error``; the PRM's ``reference`` scorer reads them (``webloop score-steps --scorer
 reference``).
@@ -28,7 +30,7 @@ import random
 import re
 from typing import Any
 
-from rollouts.actions import ParseError, format_action, parse_action
+from rollouts.actions import Answer, ParseError, format_action, parse_action
 from rollouts.policies import ExpertPolicy, PolicyContext
 from rollouts.prompts import Turn
 
@@ -50,6 +52,19 @@ def same_action(a: str | None, b: str | None) -> bool:
     if isinstance(pa, ParseError) or isinstance(pb, ParseError):
         return a.strip() == b.strip()
     return format_action(pa) == format_action(pb)
+
+
+#: The label of a state where the reference is exhausted: the expert stops there. Any answer
+#: matches it (its text is the expert's placeholder; the task's checker reads the page's state).
+CLOSING = 'answer("done")'
+
+
+def matches_label(action_text: str | None, label: str | None) -> bool:
+    """Whether an action is the labelled one: the same action (:func:`same_action`), or any
+    answer where the label is the closing :data:`CLOSING`."""
+    if label == CLOSING and action_text is not None:
+        return isinstance(parse_action(action_text), Answer)
+    return same_action(action_text, label)
 
 
 class ReferenceLabeller:
@@ -90,7 +105,7 @@ class ReferenceLabeller:
         if label is None:
             self.on_path = False
             return None
-        if same_action(action_text, label):
+        if matches_label(action_text, label):
             self._follow()
         else:
             if self.first_error is None:
@@ -113,12 +128,11 @@ class ReferenceLabeller:
 
     async def _expert_action(self) -> str | None:
         """The reference's next step grounded on the page, committing the shadow's cursor only
-        when the learner then follows it (the caller's comparison); None where the plan is done
-        or its element is not on the page."""
+        when the learner then follows it (the caller's comparison); where the plan is done, the
+        expert's closing ``answer("done")`` (stopping is a decision too: a policy that goes on
+        after the task is done errs there); None where the plan's element is not on the page."""
         memory = self.ctx.memory
-        cursor = memory.setdefault("cursor", 0)
-        if cursor >= len(self.ctx.reference or []):
-            return None
+        memory.setdefault("cursor", 0)
         before = dict(memory)
         out = await self.expert.act(self.ctx)
         grounding_failed = memory.pop("grounding_error", None) is not None

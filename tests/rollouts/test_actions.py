@@ -179,3 +179,16 @@ def test_messy_outputs(output, canonical):
 def test_messy_outputs_that_must_fail(output, reason):
     result = parse_action(output, bounds=(1280, 800))
     assert isinstance(result, ParseError) and reason in result.reason, result
+
+
+def test_the_closing_label_matches_any_answer_and_nothing_else():
+    """Once the reference is exhausted the label is the expert's closing ``answer("done")``:
+    stopping with any answer follows it; going on (a click) is the first error there."""
+    from rollouts.labeller import CLOSING, matches_label
+
+    assert matches_label('answer("done")', CLOSING)
+    assert matches_label('answer("3 items in the cart")', CLOSING)
+    assert not matches_label("click(e4)", CLOSING) and not matches_label(None, CLOSING)
+    # other labels keep the exact comparison: an answer's text matters there
+    assert matches_label("click( e4 )", "click(e4)") and not matches_label("click(e5)", "click(e4)")
+    assert not matches_label('answer("Paris")', 'answer("Lyon")')

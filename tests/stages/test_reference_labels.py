@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollouts.labeller import matches_label
 from sites.tasks import generate
 from stages.collect import CollectConfig, run_collect
 from stages.score_steps import ScoreStepsConfig, run_score_steps_async
@@ -55,12 +56,10 @@ def test_the_flawless_expert_follows_every_label(tmp_path, sites, chromium):
             meta, actions = _meta(m), _actions(wh, traj_id)
             labels = meta["reference_labels"]
             assert len(labels) == len(actions) and meta["first_error"] is None
-            # every labelled state's label is what the expert did there; the states after the
-            # reference is exhausted (the expert's closing answer) have none
-            assert [a for a, lab in zip(actions, labels, strict=True) if lab] == [
-                lab for lab in labels if lab
-            ]
-            assert sum(lab is not None for lab in labels) >= len(actions) - 1 >= 2
+            # every state's label is what the expert did there, its closing answer included
+            # (once the reference is exhausted, stopping is the right action)
+            assert labels == actions and len(actions) >= 2
+            assert actions[-1] == 'answer("done")'
 
 
 def test_a_noisy_policy_gets_its_first_error_which_the_scorer_and_the_labels_teacher_use(
@@ -75,7 +74,7 @@ def test_a_noisy_policy_gets_its_first_error_which_the_scorer_and_the_labels_tea
             meta, actions = _meta(m), _actions(wh, traj_id)
             labels, first = meta["reference_labels"], meta["first_error"]
             pairs = enumerate(zip(actions, labels, strict=True))
-            off = [i for i, (a, lab) in pairs if lab and a != lab]
+            off = [i for i, (a, lab) in pairs if lab and not matches_label(a, lab)]
             # the first error is the first labelled state where the policy did otherwise
             assert first == (off[0] if off else None), (actions, labels)
             erred += first is not None
@@ -98,7 +97,7 @@ def test_a_noisy_policy_gets_its_first_error_which_the_scorer_and_the_labels_tea
         meta = _meta(m)
         label = meta["reference_labels"][step]
         assert status != "success" and step >= meta["first_error"]  # first_error selection
-        assert score == (1.0 if action == label else 0.0)
+        assert score == (1.0 if matches_label(action, label) else 0.0)
         if policy == "expert-reference":
             assert action == label and score == 1.0
     assert {s for *_, s, _, _ in got} == {0.0, 1.0}
