@@ -168,9 +168,10 @@ def without_images(turn: Any) -> Any:
     return dataclasses.replace(turn, prompt=render(messages), images=())
 
 
-def heldout_metrics(path: Path, turns: list[Any], a: argparse.Namespace) -> dict[str, float]:
+def heldout_metrics(path: Path, turns: list[Any], a: argparse.Namespace) -> dict[str, Any]:
     """NLL per reply token (the trainer's own log-probs) and next-action accuracy (greedy reply
-    parsed, against the expert's action) of the model at ``path`` on held-out ``turns``."""
+    parsed, against the expert's action; overall and by the expert's action type) of the model
+    at ``path`` on held-out ``turns``."""
     import torch
 
     from rollouts.actions import ParseError, format_action, parse_action
@@ -186,15 +187,23 @@ def heldout_metrics(path: Path, turns: list[Any], a: argparse.Namespace) -> dict
             nll -= float(lp.logprob.sum())
             n_tok += float(lp.n_tokens.sum())
     gen = HFGenerator(model.module, model.processor)
-    hits = 0
+    by_type: dict[str, list[int]] = {}  # the expert's action type: [hits, n]
     for i in range(0, len(turns), 8):
         batch = turns[i : i + 8]
         outs = gen.run_batch([turn_messages(t) for t in batch], a.max_new_tokens)
         for t, out in zip(batch, outs, strict=True):
             want, got = parse_action(t.completion), parse_action(out.text)
             ok = not isinstance(got, ParseError) and not isinstance(want, ParseError)
-            hits += ok and format_action(got) == format_action(want)
-    return {"nll": nll / max(n_tok, 1.0), "accuracy": hits / max(len(turns), 1), "n": len(turns)}
+            tally = by_type.setdefault(type(want).__name__.lower(), [0, 0])
+            tally[0] += ok and format_action(got) == format_action(want)
+            tally[1] += 1
+    hits = sum(h for h, _ in by_type.values())
+    return {
+        "nll": nll / max(n_tok, 1.0),
+        "accuracy": hits / max(len(turns), 1),
+        "n": len(turns),
+        "by_action": {k: {"hits": h, "n": n} for k, (h, n) in sorted(by_type.items())},
+    }
 
 
 def parameters(path: Path) -> int:
@@ -292,13 +301,14 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
     return res
 
 
-def metrics_line(b: Any, label: str, path: Path, turns: list[Any]) -> dict[str, float]:
+def metrics_line(b: Any, label: str, path: Path, turns: list[Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     m = heldout_metrics(path, turns, b.a)
     b.timed("held-out metrics", t0)
+    kinds = ", ".join(f"{k} {v['hits']}/{v['n']}" for k, v in m["by_action"].items())
     say(
         f"  {label:<24} held-out NLL {m['nll']:.3f}/token, next-action accuracy "
-        f"{m['accuracy']:.1%} of {m['n']} turns"
+        f"{m['accuracy']:.1%} of {m['n']} turns ({kinds})"
     )
     if learning.RESULTS is not None:
         learning.RESULTS.figures.setdefault("heldout", {})[label] = m

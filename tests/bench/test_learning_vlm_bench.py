@@ -33,7 +33,11 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     sizes = dict(re.findall(r"dataset vlm-([\w-]+): \{'sft': (\d+)", out))
     assert set(sizes) == {"train", "train-a11y", "heldout"}
     assert int(sizes["train"]) == int(sizes["train-a11y"]) > 0  # the same turns, less the image
-    model = re.search(r"model: Idefics3 64 wide x 2 layers, ([\d.]+) M .*prompt (\d+) tok", out)
+    model = re.search(
+        r"model: Idefics3 64 wide x 2 layers, vocabulary 1024, random, ([\d.]+) M "
+        r".*prompt (\d+) tok",
+        out,
+    )
     assert model and 0.1 < float(model[1]) < 5 and 100 < int(model[2]) < 2000
     losses = re.findall(r"sft (screenshot\+a11y|a11y only): .* loss ([\d.]+) -> ([\d.]+)", out)
     assert [m[0] for m in losses] == ["screenshot+a11y", "a11y only"]
@@ -43,6 +47,13 @@ def test_learning_vlm_bench_quick_trains_a_vlm_from_scratch_and_evaluates_it():
     held = dict(re.findall(r"^  ([\w +]+?) +held-out NLL ([\d.]+)/token", out, re.M))
     assert set(held) == {"untrained", "sft screenshot+a11y", "rl", "sft a11y only"}
     assert float(held["sft screenshot+a11y"]) < float(held["untrained"])  # it learned something
+    # next-action accuracy by the expert's action type, which add up to the turns
+    kinds = re.findall(r"held-out NLL .* accuracy [\d.]+% of (\d+) turns \(([^)]*)\)", out)
+    assert len(kinds) == 4
+    for n, listed in kinds:
+        counts = re.findall(r"(\w+) (\d+)/(\d+)", listed)
+        assert counts and sum(int(c[2]) for c in counts) == int(n), listed
+        assert all(int(h) <= int(k) for _, h, k in counts)
     evals = re.findall(
         r"^  (untrained|rl(?: candidates)?|sft [\w+ ]+?) +test +(\d+)/(\d+) ", out, re.M
     )
