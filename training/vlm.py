@@ -40,10 +40,10 @@ from rollouts.hf import end_of_turn_token, load_model, prompt_text, split_messag
 from rollouts.prompts import BLOB_REF, DATA_URL
 from training.interface import DataMismatch, Turn, TurnLogprobs
 
-# LoRA on the language model's projections only (the vision tower of Qwen2.5-VL has MLP layers
-# with the same names; they stay frozen).
+# LoRA on the language model's projections only: Qwen-VL's ``language_model``, Idefics3's (the
+# presets') ``text_model``; the vision towers have layers with the same names, which stay frozen.
 DEFAULT_LORA_TARGETS = (
-    r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+    r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 )
 ENCODE_CACHE_BYTES = 512 * 2**20  # encoded turns kept (a small model's: ~100 KB with its image)
 _ACTION_LINE = re.compile(r"^[ \t]*Action:", re.MULTILINE)

@@ -296,6 +296,29 @@ def test_idefics_batches_turns_with_different_image_counts_like_one_by_one(turns
     assert torch.allclose(together, alone, atol=1e-4), (together, alone)
 
 
+def test_lora_on_idefics_adapts_its_text_models_projections_and_saves_merged(
+    turns, idefics, tmp_path
+):
+    """The presets are Idefics3s, whose language model is ``text_model``: LoRA adapts its seven
+    projections in every layer (not the vision tower's), and the saved checkpoint is merged."""
+    pol = fresh(idefics, lora={"r": 4, "lora_alpha": 8}).train()
+    names = [n for n, p in pol.module.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n and ".text_model." in n for n in names)
+    kinds = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in names}
+    assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    opt = torch.optim.AdamW(list(pol.parameters()), lr=1e-2)
+    (-pol.logprobs(turns[:2]).logprob.sum()).backward()
+    opt.step()
+    pol.train(False)
+    pol.save(tmp_path / "ckpt")
+    back = VLMTrainable.load(tmp_path / "ckpt").train(False)
+    with torch.no_grad():
+        a, b = pol.logprobs(turns[:2]).logprob, back.logprobs(turns[:2]).logprob
+        base = fresh(idefics).train(False).logprobs(turns[:2]).logprob
+    assert torch.allclose(a, b, atol=1e-4), (a, b)
+    assert not torch.allclose(a, base, atol=1e-3)
+
+
 def test_idefics_sft_lowers_the_loss_and_its_checkpoint_serves_with_rollout_tokens(
     turns, idefics, tmp_path
 ):
