@@ -410,16 +410,18 @@ async def evaluate(
     res = await run_evaluation(b.wh, cfg, server=b.server, browser=b.browser)
     b.timed("evaluate", t0)
     s = dataclasses.asdict(res.summary)
+    w = s.get("within")
+    within = f", within templates [{w['ci_low']:6.1%}, {w['ci_high']:6.1%}]" if w else ""
     say(
         f"  {label:<22} {split:<5} {s['n_success']:>4}/{s['n']:<4} {s['rate']:6.1%} "
-        f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]  ({time.perf_counter() - t0:.0f} s)"
+        f"[{s['ci_low']:6.1%}, {s['ci_high']:6.1%}]{within}  ({time.perf_counter() - t0:.0f} s)"
     )
     if s["n"] == 0:
         raise SystemExit(f"evaluation {label}/{split}: no episode ended with an outcome")
     b.evals[(label, split)] = {**s, "row": dataclasses.asdict(res.evaluation)}
     if RESULTS is not None:
         RESULTS.figures.setdefault("evaluations", {})[f"{label}/{split}"] = {
-            k: s[k] for k in ("n", "n_success", "rate", "ci_low", "ci_high", "clustered")
+            k: s[k] for k in ("n", "n_success", "rate", "ci_low", "ci_high", "clustered", "within")
         }
     return b.evals[(label, split)]
 

@@ -82,6 +82,14 @@ def _print_eval(res: EvalResult) -> None:
             f"or fail together): [95% CI {c['ci_low']:.1%}, {c['ci_high']:.1%}]",
             soft_wrap=True,
         )
+    if s.within:
+        w = s.within
+        console.print(
+            f"  resampling tasks within each of the {w['templates']} templates (the templates "
+            f"fixed: new tasks of these templates): [95% CI {w['ci_low']:.1%}, "
+            f"{w['ci_high']:.1%}]",
+            soft_wrap=True,
+        )
     if res.judged is not None:
         console.print(f"  judge run: {res.judged.line}", soft_wrap=True)
     ppi = (ev.breakdown or {}).get("ppi")

@@ -74,6 +74,9 @@ class Summary:
     # together: the Wilson interval, which counts every task as independent, is too narrow);
     # None with fewer than two templates
     clustered: dict[str, Any] | None = None
+    # the 95% interval resampling tasks within each template (the suite's templates fixed: new
+    # tasks of these templates); None with fewer than two templates
+    within: dict[str, Any] | None = None
 
 
 def summarize(outcomes: pl.DataFrame) -> Summary:
@@ -82,14 +85,18 @@ def summarize(outcomes: pl.DataFrame) -> Summary:
     excluded = outcomes.filter(pl.col("success").is_null()).group_by("status").len().sort("status")
     n, k = scored.height, int(scored["success"].sum() or 0)
     lo, hi = wilson(k, n) if n else (0.0, 1.0)
-    clustered = None
+    clustered = within = None
     if "template" in scored.columns and n:
         templates = scored["template"].fill_null(scored["task_id"]).to_list()
         if len(set(templates)) > 1:
-            c_lo, c_hi = cluster_bootstrap(scored["success"].to_list(), templates)
+            values = scored["success"].to_list()
+            c_lo, c_hi = cluster_bootstrap(values, templates)
             clustered = {"ci_low": c_lo, "ci_high": c_hi, "clusters": len(set(templates))}
+            w_lo, w_hi = stratified_bootstrap(values, templates)
+            within = {"ci_low": w_lo, "ci_high": w_hi, "templates": len(set(templates))}
     return Summary(
         clustered=clustered,
+        within=within,
         n=n,
         n_success=k,
         rate=k / n if n else 0.0,
@@ -152,6 +159,7 @@ def record(
             "difficulty": s.by_difficulty,
             "excluded": s.excluded,
             "clustered": s.clustered,
+            "within": s.within,
             **(extra or {}),
         },
     )

@@ -187,4 +187,7 @@ def test_an_evaluation_s_interval_resamples_templates_whole():
     s = summarize(frame)
     assert (s.n, s.n_success) == (20, 10) and s.ci_low == pytest.approx(0.299, abs=1e-3)
     assert s.clustered == {"ci_low": 0.0, "ci_high": 1.0, "clusters": 2}
-    assert summarize(frame.with_columns(pl.lit("one").alias("template"))).clustered is None
+    # resampling tasks within each template keeps both: every draw is 10 of 20 (no spread)
+    assert s.within == {"ci_low": 0.5, "ci_high": 0.5, "templates": 2}
+    one = summarize(frame.with_columns(pl.lit("one").alias("template")))
+    assert one.clustered is None and one.within is None
