@@ -150,6 +150,22 @@ def test_reply_weights_split_at_the_last_action_line():
     assert reply_weights("click(e1)", [(0, 5), (5, 9)], 0.0) == [1.0, 1.0]  # no Action line
 
 
+def step_save_and_reload(pol: VLMTrainable, turns: list[Turn], start: Path, ckpt: Path) -> None:
+    """One optimiser step of ``pol`` on ``turns``, saved to ``ckpt``: the reloaded checkpoint
+    gives the trained log-probs (LoRA: merged), not the ``start`` model's."""
+    opt = torch.optim.AdamW(list(pol.parameters()), lr=1e-2)
+    (-pol.logprobs(turns).logprob.sum()).backward()
+    opt.step()  # LoRA B starts at zero: one step makes the adapter matter
+    pol.train(False)
+    pol.save(ckpt)
+    back = VLMTrainable.load(ckpt).train(False)
+    with torch.no_grad():
+        a, b = pol.logprobs(turns).logprob, back.logprobs(turns).logprob
+        base = fresh(start).train(False).logprobs(turns).logprob
+    assert torch.allclose(a, b, atol=1e-4), (a, b)
+    assert not torch.allclose(a, base, atol=1e-3)  # the update is in the checkpoint
+
+
 @pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8}])
 def test_save_then_load_gives_identical_logprobs_and_greedy_outputs(turns, tiny, tmp_path, lora):
     pol = fresh(tiny, lora=lora).train()
@@ -158,18 +174,7 @@ def test_save_then_load_gives_identical_logprobs_and_greedy_outputs(turns, tiny,
         assert trainable and all(
             "lora_" in n for n, p in pol.module.named_parameters() if p.requires_grad
         )
-    opt = torch.optim.AdamW(trainable, lr=1e-2)
-    out = pol.logprobs(turns[:4])
-    (-out.logprob.sum()).backward()
-    opt.step()  # LoRA B starts at zero: one step makes the adapter matter
-    pol.train(False)
-    pol.save(tmp_path / "ckpt")
-    back = VLMTrainable.load(tmp_path / "ckpt").train(False)
-    with torch.no_grad():
-        a, b = pol.logprobs(turns[:4]).logprob, back.logprobs(turns[:4]).logprob
-        base = fresh(tiny).train(False).logprobs(turns[:4]).logprob
-    assert torch.allclose(a, b, atol=1e-4), (a, b)
-    assert not torch.allclose(a, base, atol=1e-3)  # the update is in the checkpoint
+    step_save_and_reload(pol, turns[:4], tiny, tmp_path / "ckpt")
     messages = [_messages(t) for t in turns[:3]]
     model, proc = load_model(tmp_path / "ckpt")  # as the hf policy loads it
     live = HFGenerator(pol.module, pol.processor).run_batch(messages, 8)
@@ -306,17 +311,7 @@ def test_lora_on_idefics_adapts_its_text_models_projections_and_saves_merged(
     assert names and all("lora_" in n and ".text_model." in n for n in names)
     kinds = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in names}
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    opt = torch.optim.AdamW(list(pol.parameters()), lr=1e-2)
-    (-pol.logprobs(turns[:2]).logprob.sum()).backward()
-    opt.step()
-    pol.train(False)
-    pol.save(tmp_path / "ckpt")
-    back = VLMTrainable.load(tmp_path / "ckpt").train(False)
-    with torch.no_grad():
-        a, b = pol.logprobs(turns[:2]).logprob, back.logprobs(turns[:2]).logprob
-        base = fresh(idefics).train(False).logprobs(turns[:2]).logprob
-    assert torch.allclose(a, b, atol=1e-4), (a, b)
-    assert not torch.allclose(a, base, atol=1e-3)
+    step_save_and_reload(pol, turns[:2], idefics, tmp_path / "ckpt")
 
 
 def test_idefics_sft_lowers_the_loss_and_its_checkpoint_serves_with_rollout_tokens(
