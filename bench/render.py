@@ -26,8 +26,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES: dict[str, str] = {
     "learning": "Does the flywheel make an agent better? Expert data → curated SFT → RL "
     "(variants chosen on `val`) → paired evaluation on `test`, with the ranker policy.",
-    "learning_vlm": "Does a generative vision-language policy learn here, from scratch? "
-    "Tokenizer + small Idefics3, SFT with and without the screenshot, GRPO, closed loop.",
+    "learning_vlm": "Does a generative vision-language policy learn here? A small Idefics3 from "
+    "scratch (tokenizer and all) or the smol-idefics preset (a pretrained SmolLM2 backbone), SFT "
+    "with and without the screenshot, GRPO, closed loop.",
     "curation_value": "Does curating a weak policy's own rollouts pay? All steps / successes / "
     "prefixes before the first error / + first-error corrections, equal steps, paired.",
     "demo_rounds": "`make demo` per seed: round 1 and round 2 on the same held-out tasks "
