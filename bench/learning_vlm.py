@@ -35,7 +35,11 @@ scratch on 2 cores, learn to act? Prints, in one run:
 Everything runs the product's own code path in one process with one sites server and one
 Chromium, into a fresh warehouse; the bench writes a results file like the others.
 
-    python bench/learning_vlm.py [--quick] [--train 500] [--epochs 3] [--home DIR]
+``--seed`` draws the training tasks, initialises the new weights and orders SFT's and RL's data
+(the held-out turns and the evaluation tasks are the same for every seed: comparable across
+seeds).
+
+    python bench/learning_vlm.py [--quick] [--train 500] [--epochs 3] [--seed 0] [--home DIR]
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ FULL = dict(
     serve_check="auto",
     serve_check_n=16,
     pixels_n=30,
+    seed=0,  # the training tasks' draw, the new weights' initialisation, SFT's and RL's order
 )
 QUICK = dict(
     FULL,
@@ -240,6 +245,7 @@ def sft_vlm(b: Any, ds: Any, start: Path, label: str, text_only: bool = False) -
         batch_size=a.batch,
         save_every=1_000_000,
         text_only=text_only,
+        seed=a.seed,
     )
     res = run_sft(b.wh, cfg)
     secs = time.perf_counter() - t0
@@ -271,6 +277,7 @@ async def rl_vlm(b: Any, start: str, anchor: str) -> Any:
         "max_steps": a.eval_max_steps,
         "temperature": 1.0,
         "choose": a.rl_choose,
+        "seed": a.seed,
         **collect_settings(a),
     }
     cfg = config_from_mapping(
@@ -326,7 +333,9 @@ async def run_all(b: Any, home: Path) -> None:
     put_tasks(b.wh, tasks)
     say(f"tasks: {len(tasks)} of {', '.join(TEMPLATES)} (suite version 4)")
     seen = collect_settings(a)
-    train_run = await learning.expert_run(b, "vlm-train", n=a.train, collect=seen)
+    train_run = await learning.expert_run(
+        b, "vlm-train", n=a.train, collect={**seen, "seed": a.seed}
+    )
     held_run = await learning.expert_run(b, "vlm-heldout", split="test", n=a.heldout, collect=seen)
     sets = {  # name: (split, run, screenshots per prompt)
         "train": ("train", train_run, 1),
@@ -347,12 +356,14 @@ async def run_all(b: Any, home: Path) -> None:
 
     t0 = time.perf_counter()
     if a.model == "smol":
-        start = build_smol_idefics(home / "models" / "smol-idefics", seed=0)
+        start = build_smol_idefics(home / "models" / "smol-idefics", seed=a.seed)
         shape = "smol-idefics (SmolLM2-135M-Instruct, pretrained; random vision tower)"
     else:
         size = IdeficsSize(hidden=a.hidden, layers=a.layers, vocab_size=a.vocab)
         corpus = prompt_texts(turns["train"])
-        start = build_idefics(home / "models" / "vlm-untrained", seed=0, size=size, corpus=corpus)
+        start = build_idefics(
+            home / "models" / "vlm-untrained", seed=a.seed, size=size, corpus=corpus
+        )
         shape = f"Idefics3 {a.hidden} wide x {a.layers} layers, vocabulary {a.vocab}, random"
     b.timed("build", t0)
     n_params, tokens = parameters(start), mean_prompt_tokens(start, turns["heldout"])

@@ -120,6 +120,27 @@ def message_text(choice: dict[str, Any]) -> str:
     return text if isinstance(text, str) else str(text)
 
 
+def sampled_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]] | None:
+    """The reply's token ids and log-probs from a choice's ``logprobs`` when the server named
+    its tokens by id (``return_tokens_as_token_ids``: vLLM and webloop's ``hf`` engine write
+    ``token_id:N``); None when it did not (no log-probs, or tokens named by their text)."""
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list) or not content:
+        return None
+    ids, lps = [], []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or not token.startswith("token_id:"):
+            return None
+        try:
+            ids.append(int(token.removeprefix("token_id:")))
+        except ValueError:
+            return None
+        lps.append(float(lp) if isinstance(lp, int | float) else float("nan"))
+    return ids, lps
+
+
 def image_part(png: bytes) -> dict[str, Any]:
     """An image content part (data URL) for a chat message."""
     return {

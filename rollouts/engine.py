@@ -554,6 +554,8 @@ class Engine:
             action_error=parsed.reason if isinstance(parsed, ParseError) else None,
             logprob=out.logprob,
             latency_model_s=round(t_model, 4),
+            token_ids=_listed(getattr(out, "token_ids", None)),
+            image_spans=_listed(getattr(out, "image_spans", None)),
         )
 
     def _aborted(
@@ -611,3 +613,10 @@ def _share_met(meta: dict[str, Any]) -> float:
     """The share of a grader's criteria that passed (0 without criteria)."""
     crit = meta.get("criteria") or []
     return sum(bool(c.get("passed")) for c in crit) / len(crit) if crit else 0.0
+
+
+def _listed(value: Any) -> Any:
+    """Tuples (of tuples) as JSON-ready lists; None stays None."""
+    if value is None:
+        return None
+    return [_listed(v) if isinstance(v, tuple | list) else v for v in value]

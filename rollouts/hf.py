@@ -123,6 +123,36 @@ class Generation:
     finish_reason: str = "stop"
     pieces: list[str] = field(default_factory=list)  # the text each token adds (streaming)
     token_ids: list[int] = field(default_factory=list)  # the reply's token ids, in order
+    # where the image placeholder tokens sit in the prompt's ids: [start, length] runs
+    image_spans: list[list[int]] = field(default_factory=list)
+
+
+def image_token_id(processor: Any) -> int | None:
+    """The id of the processor's image placeholder token (None: a text-only processor)."""
+    found = getattr(processor, "image_token_id", None)
+    if isinstance(found, int):
+        return found
+    token = getattr(processor, "image_token", None)
+    tok = getattr(processor, "tokenizer", None)
+    if isinstance(token, str) and tok is not None:
+        tid = tok.convert_tokens_to_ids(token)
+        return tid if isinstance(tid, int) and tid != tok.unk_token_id else None
+    return None
+
+
+def token_runs(ids: list[int], token: int | None) -> list[list[int]]:
+    """The ``[start, length]`` runs of ``token`` in ``ids`` (none for ``token`` None)."""
+    runs: list[list[int]] = []
+    if token is None:
+        return runs
+    for k, t in enumerate(ids):
+        if t != token:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return runs
 
 
 @dataclass(frozen=True)
@@ -335,7 +365,9 @@ class HFGenerator:
         gen = out.sequences[:, n_prompt:]
         logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.logits], 1)
         results = []
+        image_id = image_token_id(proc)
         for i in range(len(batch)):
+            prompt_ids = inputs["input_ids"][i][inputs["attention_mask"][i].bool()].tolist()
             ids = gen[i].tolist()[: limits[i]]
             stops = _stop_ids(tok)
             end = next((k for k, t in enumerate(ids) if t in stops), None)
@@ -345,7 +377,14 @@ class HFGenerator:
             text, pieces = _pieces(tok, ids)
             results.append(
                 Generation(
-                    text, lp, int(inputs["attention_mask"][i].sum()), len(ids), finish, pieces, ids
+                    text,
+                    lp,
+                    len(prompt_ids),
+                    len(ids),
+                    finish,
+                    pieces,
+                    ids,
+                    token_runs(prompt_ids, image_id),
                 )
             )
         return results
@@ -528,12 +567,20 @@ class HFPolicy:
         )
         text = gen.text
         logprob = sum(lp for _, lp in gen.token_logprobs) if gen.token_logprobs else None
+        token_ids: tuple[int, ...] | None = tuple(gen.token_ids)
         if self.choose == "candidates":
             best = await asyncio.to_thread(self._best_candidate, messages, text, ctx.rng)
             if best is not None:
                 text, logprob = best
+                token_ids = None  # a reply the model scored, not the tokens it sampled
         return PolicyOutput(
-            text, parse_action(text), logprob, time.perf_counter() - start, messages
+            text,
+            parse_action(text),
+            logprob,
+            time.perf_counter() - start,
+            messages,
+            token_ids=token_ids,
+            image_spans=tuple(tuple(r) for r in gen.image_spans),
         )
 
     def _best_candidate(

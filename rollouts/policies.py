@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollouts.actions import Action, Answer, ParseError, format_action, parse_action
-from rollouts.chat import ChatClient, ModelUnavailable, message_text
+from rollouts.chat import ChatClient, ModelUnavailable, message_text, sampled_tokens
 from rollouts.prompts import PromptConfig, Turn, build_messages
 from warehouse.registry import Registry
 
@@ -59,6 +59,10 @@ class PolicyOutput:
     logprob: float | None = None
     latency_s: float = 0.0
     messages: list[dict[str, Any]] | None = None  # the prompt, when a model saw one
+    # the reply's token ids as the engine sampled them (no end-of-turn token) and the prompt's
+    # image-token runs ((start, length)), where the engine named them; None: unknown
+    token_ids: tuple[int, ...] | None = None
+    image_spans: tuple[tuple[int, int], ...] | None = None
 
 
 class Policy(Protocol):
@@ -359,7 +363,10 @@ class RandomPolicy:
 
 @register("openai")
 class OpenAIPolicy:
-    """Chat completions over HTTP with retries; logprobs summed over the reply when returned."""
+    """Chat completions over HTTP with retries; logprobs summed over the reply when returned.
+    ``token_ids``: ask the server to name the reply's tokens by id (``return_tokens_as_token_ids``,
+    a vLLM extension webloop's ``hf`` engine speaks too; stock OpenAI endpoints reject it) and
+    record them, so RL trains on exactly the sampled tokens."""
 
     name = "openai"
 
@@ -376,6 +383,7 @@ class OpenAIPolicy:
         logprobs: bool = True,
         prompt: PromptConfig | None = None,
         seeded: bool = False,
+        token_ids: bool = False,
     ) -> None:
         self.client = ChatClient(
             base_url, model, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s
@@ -386,6 +394,7 @@ class OpenAIPolicy:
         # seeded: each sampled request carries a seed from the episode's rng (servers that
         # honour it, vLLM and webloop's hf engine, then reproduce a run's samples)
         self.seeded = seeded
+        self.token_ids = token_ids
 
     async def act(self, ctx: PolicyContext) -> PolicyOutput:
         messages = build_messages(
@@ -397,8 +406,14 @@ class OpenAIPolicy:
         choice = body["choices"][0]
         text = message_text(choice)
         remember_summary(ctx, text)
+        sampled = sampled_tokens(choice) if self.token_ids else None
         return PolicyOutput(
-            text, parse_action(text), _logprob(choice), time.perf_counter() - start, messages
+            text,
+            parse_action(text),
+            _logprob(choice),
+            time.perf_counter() - start,
+            messages,
+            token_ids=None if sampled is None else tuple(sampled[0]),
         )
 
     async def complete(
@@ -407,8 +422,10 @@ class OpenAIPolicy:
         options: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
         if seed is not None:
             options["seed"] = seed
-        if self.logprobs:
+        if self.logprobs or self.token_ids:
             options["logprobs"] = True
+        if self.token_ids:
+            options["return_tokens_as_token_ids"] = True
         try:
             return await self.client.complete(messages, **options)
         except ModelUnavailable as exc:

@@ -168,6 +168,8 @@ def apply_stop(gen: Generation, stops: list[str]) -> Generation:
         len(head),
         "stop",
         head,
+        gen.token_ids[: len(head)],
+        gen.image_spans,
     )
 
 

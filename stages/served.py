@@ -16,8 +16,9 @@ the ids of the tokens it chose (``return_tokens_as_token_ids``); the trainer sco
 tokens after the same prompt (:meth:`training.vlm.VLMTrainable.token_logprobs`). A per-token
 difference over ``tol`` is tokenisation or chat-template drift between engine and trainer (or
 weights that did not arrive): the run stops with :class:`ParityError` naming the prompt and token.
-Whether the reply's text tokenises back into the same ids is reported too (the trainer optimises
-the re-tokenised text).
+Whether the reply's text tokenises back into the same ids is reported too: a diagnostic since
+the rollouts record the sampled token ids (``steps.token_ids``) and the trainer optimises exactly
+those tokens; only steps without them (older rows) are re-tokenised from their text.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from rollouts.chat import sampled_tokens
 from serving.supervisor import ModelServer, ServerSpec, free_port, vllm_python
 
 SERVE_CHOICES = ("in-process", "auto", "hf", "vllm")
@@ -185,15 +187,15 @@ class ServedCheckpoints:
             raise ParityError(
                 f"log-prob parity: the server answered {r.status_code}: {r.text[:200]}"
             )
-        content = ((r.json()["choices"][0].get("logprobs") or {}).get("content")) or []
-        ids, lps = [], []
-        for entry in content:
-            token = str(entry.get("token", ""))
-            if not token.startswith("token_id:"):
-                raise ParityError(f"log-prob parity: the server named a token {token!r}, not by id")
-            ids.append(int(token.removeprefix("token_id:")))
-            lps.append(float(entry["logprob"]))
-        return ids, lps
+        choice = r.json()["choices"][0]
+        sampled = sampled_tokens(choice)
+        if sampled is None:
+            content = (choice.get("logprobs") or {}).get("content") or []
+            first = next((e.get("token") for e in content if isinstance(e, dict)), None)
+            if first is None:
+                return [], []
+            raise ParityError(f"log-prob parity: the server named a token {first!r}, not by id")
+        return sampled
 
     def stop(self) -> None:
         if self.server is not None:
@@ -268,6 +270,7 @@ class ServedPolicy:
                 temperature=self.temperature,
                 max_tokens=self.served.max_tokens,
                 seeded=self.served.seeded,
+                token_ids=True,
             )
         return await self._client.act(ctx)
 

@@ -148,7 +148,7 @@ def run_steps(wh: Warehouse, run_ids: Sequence[str], judge: str | None = None) -
         with_relations(
             "SELECT s.traj_id, s.step_idx, t.run_id, t.task_id, t.group_id, "
             f"{status} AS status, k.site, k.difficulty, k.split, s.prompt_hash, "
-            "s.model_output, s.action_text, s.logprob, "
+            "s.model_output, s.action_text, s.logprob, s.token_ids, s.image_spans, "
             "count(*) OVER (PARTITION BY s.traj_id) AS n_turns "
             "FROM steps s JOIN trajectories t USING (traj_id) "
             "LEFT JOIN trajectory_tasks k USING (traj_id) "
@@ -187,9 +187,20 @@ def rl_turns(wh: Warehouse, steps: pl.DataFrame, *, rollout_logprobs: bool = Fal
                 key=f"{r['traj_id']}/{r['step_idx']}"
                 + (f"/c{r['cand_idx']}" if r.get("cand_idx") is not None else ""),
                 meta={"task_id": r["task_id"], "site": r["site"], "status": r["status"]},
+                reply_ids=_json_tuple(r.get("token_ids")),
+                image_spans=_json_tuple(r.get("image_spans")),
             )
         )
     return out
+
+
+def _json_tuple(value: Any) -> Any:
+    """A JSON column's list (as text or list) as nested tuples; None stays None."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    if value is None:
+        return None
+    return tuple(_json_tuple(v) if isinstance(v, list) else v for v in value)
 
 
 def prompt_images(wh: Warehouse, prompt: str, where: str) -> tuple[bytes, ...]:

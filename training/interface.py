@@ -31,7 +31,11 @@ class Turn:
     ``weight``: example weight (SFT; curation's ``weight``). ``advantage``: the turn's RL
     advantage.
     ``old_logprob``: the log-prob of ``completion`` under the policy that sampled it (RL; None:
-    recomputed before the first update). ``key``: a stable id (``traj_id/step_idx``)."""
+    recomputed before the first update). ``key``: a stable id (``traj_id/step_idx``).
+    ``reply_ids``: the token ids the rollout engine sampled for ``completion`` (None: the trainer
+    tokenises the text); the VLM path trains on exactly these. ``image_spans``: where the
+    engine's prompt ids held the image tokens (``(start, length)`` runs; None: unknown), checked
+    against the trainer's own prompt ids."""
 
     prompt: str
     completion: str
@@ -41,6 +45,8 @@ class Turn:
     old_logprob: float | None = None
     key: str = ""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    reply_ids: tuple[int, ...] | None = None
+    image_spans: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True)

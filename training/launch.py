@@ -143,7 +143,15 @@ def job_from_json(data: Any) -> Job:
             raise ValueError("an image does not match its hash")
 
         def turn(d: dict[str, Any]) -> Turn:
-            return Turn(**{**d, "images": tuple(images[h] for h in d["images"])})
+            ids, spans = d.get("reply_ids"), d.get("image_spans")
+            return Turn(
+                **{
+                    **d,
+                    "images": tuple(images[h] for h in d["images"]),
+                    "reply_ids": None if ids is None else tuple(int(i) for i in ids),
+                    "image_spans": None if spans is None else tuple(tuple(r) for r in spans),
+                }
+            )
 
         ref = data["ref_model"]
         return Job(

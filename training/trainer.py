@@ -197,11 +197,14 @@ def schedule(n: int, cfg: TrainConfig) -> list[tuple[int, int, list[int]]]:
 
 
 def data_fingerprint(turns: Sequence[Turn]) -> str:
-    """sha256 over every turn's key, prompt, completion, images, weight, advantage, old log-prob."""
+    """sha256 over every turn's key, prompt, completion, images, weight, advantage, old log-prob
+    (and its sampled reply ids where it has them: turns without them hash as before)."""
     h = hashlib.sha256()
     for t in turns:
         images = [hashlib.sha256(b).hexdigest() for b in t.images]
         rec = [t.key, t.prompt, t.completion, images, t.weight, t.advantage, t.old_logprob]
+        if t.reply_ids is not None:
+            rec.append(list(t.reply_ids))
         h.update(json.dumps(rec, ensure_ascii=False).encode())
         h.update(b"\n")
     return h.hexdigest()

@@ -10,6 +10,14 @@ the completion's tokens (tokenised alone, no special tokens added) and the templ
 end-of-turn token (``<|im_end|>`` for Qwen-VL), which the reply's log-prob includes — a
 generation that stops is a generation that emitted it.
 
+A turn that carries the ids the rollout engine sampled (``Turn.reply_ids``, from
+``steps.token_ids``) trains on exactly those tokens (a trailing end-of-turn id the engine
+reported is dropped, then the template's is appended as above); only turns without them are
+tokenised from their text, which can differ from what was sampled (one string, several
+spellings in tokens). A turn's stored image-token runs (``Turn.image_spans``) must match the
+trainer's own prompt ids, else :class:`DataMismatch`: the processor that built the rollout's
+prompt and the trainer's lay the prompt out differently.
+
 Log-probs (RL4VLM): ``logprob = λ·Σ log p(thought tokens) + Σ log p(action tokens)``, where the
 thought is the part of the reply before its LAST line starting with ``Action:`` (a token that
 overlaps that line counts as action) and λ is ``reasoning_weight``; a reply without an
@@ -36,7 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollouts.hf import end_of_turn_token, load_model, prompt_text, split_messages
+from rollouts.hf import (
+    end_of_turn_token,
+    image_token_id,
+    load_model,
+    prompt_text,
+    split_messages,
+    token_runs,
+)
 from rollouts.prompts import BLOB_REF, DATA_URL
 from training.interface import DataMismatch, Turn, TurnLogprobs
 
@@ -287,9 +302,11 @@ class VLMTrainable:
 
     def _reply(self, turn: Turn) -> tuple[list[int], list[float], bool]:
         """The completion's token ids (no end-of-turn token), their weights, and whether the
-        tokenizer covers it (no unknown token)."""
+        tokenizer covers it (no unknown token). The sampled ids where the turn has them."""
         tok = self.tokenizer
         lam = self.reasoning_weight
+        if turn.reply_ids is not None:
+            return self._sampled_reply(turn)
         if lam == 1.0:
             ids = tok(turn.completion, add_special_tokens=False)["input_ids"]
             weights = [1.0] * len(ids)
@@ -302,12 +319,49 @@ class VLMTrainable:
         unk = getattr(tok, "unk_token_id", None)
         return ids, weights, unk is None or unk not in ids
 
+    def _sampled_reply(self, turn: Turn) -> tuple[list[int], list[float], bool]:
+        """:meth:`_reply` of a turn with sampled ids: those ids (a trailing end-of-turn id
+        dropped; an id outside the vocabulary is a :class:`DataMismatch`), weighted by where
+        each token's text falls in the decoded reply."""
+        ids = list(turn.reply_ids or ())
+        stops = {self.end_id, getattr(self.tokenizer, "eos_token_id", None)}
+        while ids and ids[-1] in stops:
+            ids.pop()
+        vocab = self.module.get_input_embeddings().weight.shape[0]
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise DataMismatch(
+                f"turn {turn.key or '?'}: sampled token id {bad} is outside the model's "
+                f"vocabulary of {vocab}: the steps were sampled by a model with another tokenizer"
+            )
+        if self.reasoning_weight == 1.0:
+            return ids, [1.0] * len(ids), True
+        decode = self.tokenizer.decode
+        ends = [len(decode(ids[: k + 1])) for k in range(len(ids))]
+        offsets = list(zip([0, *ends[:-1]], ends, strict=True))
+        return ids, reply_weights(decode(ids), offsets, self.reasoning_weight), True
+
+    def image_check(self, turn: Turn, prompt_ids: list[int]) -> None:
+        """:class:`DataMismatch` where the turn's stored image-token runs differ from those of
+        the trainer's prompt ids."""
+        if turn.image_spans is None:
+            return
+        mine = [tuple(r) for r in token_runs(prompt_ids, image_token_id(self.processor))]
+        if mine != [tuple(r) for r in turn.image_spans]:
+            raise DataMismatch(
+                f"turn {turn.key or '?'}: the rollout's prompt held image tokens at "
+                f"{list(turn.image_spans)[:4]} (start, length), the trainer's at {mine[:4]}: the "
+                "engine and the trainer build the prompt differently (processor or template "
+                "version)"
+            )
+
     def encode(self, turn: Turn) -> _Encoded:
         """Prompt ids (as at rollout) + reply ids (completion + end-of-turn) and weights; cached
-        by prompt and completion (a rendered prompt names its images by hash), the latest
-        :data:`ENCODE_CACHE_BYTES` of them: the processor's image splitting and tokenising cost
-        an SFT epoch of a small model more than its forward and backward passes."""
-        key = hashlib.sha256(f"{turn.prompt}\0{turn.completion}".encode()).hexdigest()
+        by prompt, completion and sampled ids (a rendered prompt names its images by hash), the
+        latest :data:`ENCODE_CACHE_BYTES` of them: the processor's image splitting and tokenising
+        cost an SFT epoch of a small model more than its forward and backward passes."""
+        ids = "" if turn.reply_ids is None else ",".join(map(str, turn.reply_ids))
+        key = hashlib.sha256(f"{turn.prompt}\0{turn.completion}\0{ids}".encode()).hexdigest()
         hit = self._encoded.pop(key, None)
         if hit is None:
             hit = self._encode(turn)
@@ -321,6 +375,7 @@ class VLMTrainable:
         inputs = self.prompt_inputs(turn)
         ids, weights, covered = self._reply(turn)
         prompt_ids = inputs.pop("input_ids")
+        self.image_check(turn, prompt_ids[0].tolist())
         inputs.pop("attention_mask", None)
         n = prompt_ids.shape[1]
         per_token = {

@@ -168,6 +168,10 @@ class Step(Record):
     latency_model_s: float | None = None
     latency_env_s: float | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
+    # the reply's sampled token ids (no end-of-turn token) and the prompt's image-token runs
+    # ([start, length]), where the engine named them (schema 0007); None: not recorded
+    token_ids: list[int] | None = None
+    image_spans: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,16 @@ class ScriptedModel:
 
 
 def engine_warehouse(
-    wh: Warehouse, *, k_images: int = 2, samples: int = 2, extra: tuple = ()
+    wh: Warehouse,
+    *,
+    k_images: int = 2,
+    samples: int = 2,
+    extra: tuple = (),
+    token_ids: bool = False,
 ) -> None:
     """Tasks, a collect run (its prompt config in runs.config) and its trajectories, written
-    by the real engine and batch writer over a simulated browser."""
+    by the real engine and batch writer over a simulated browser (``token_ids``: the policy
+    records the sampled token ids the fake server names)."""
     tasks = [
         Task(
             task_id=tid,
@@ -117,7 +123,9 @@ def engine_warehouse(
 
     async def go() -> None:
         with FakeOpenAI([], default=("fn", model)) as server:
-            policy = OpenAIPolicy(server.url, "scripted", prompt=prompt, retries=0)
+            policy = OpenAIPolicy(
+                server.url, "scripted", prompt=prompt, retries=0, token_ids=token_ids
+            )
             writer = BatchWriter(wh).start()
             zero = lambda _rng: 0.0  # noqa: E731
             engine = Engine(

@@ -4,7 +4,9 @@ It stands in for a remote model provider (which cannot exist here). Each request
 scripted behaviour: ``("status", 500)``, ``("sleep", seconds)``, ``("garbage", text)`` (a
 non-JSON body), ``("unauthorized", None)`` (a 401 whose body echoes the bearer key, as some
 providers do), ``("reply", content)`` (a well-formed completion whose message is content), or
-``("fn", f)`` (the reply is ``f(request body)``).
+``("fn", f)`` (the reply is ``f(request body)``). Its log-probs name two tokens, by text, or by
+id (``token_id:7``, ``token_id:9``) when the request asks ``return_tokens_as_token_ids``, as vLLM
+does.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class FakeOpenAI:
             kind, arg = "reply", arg(body)
         if kind == "garbage":
             return Response(arg, media_type="application/json")
+        by_id = bool(body.get("return_tokens_as_token_ids"))
+        tokens = ["token_id:7", "token_id:9"] if by_id else ["x", "y"]
         return JSONResponse(
             {
                 "id": "chatcmpl-test",
@@ -63,8 +67,8 @@ class FakeOpenAI:
                         "message": {"role": "assistant", "content": arg},
                         "logprobs": {
                             "content": [
-                                {"token": "x", "logprob": -0.25},
-                                {"token": "y", "logprob": -0.5},
+                                {"token": tokens[0], "logprob": -0.25},
+                                {"token": tokens[1], "logprob": -0.5},
                             ]
                         },
                     }

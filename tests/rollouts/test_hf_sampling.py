@@ -15,7 +15,15 @@ import torch
 from PIL import Image
 
 from rollouts.actions import format_action
-from rollouts.hf import HFGenerator, HFPolicy, Sampling, load_model, model_inputs
+from rollouts.hf import (
+    HFGenerator,
+    HFPolicy,
+    Sampling,
+    image_token_id,
+    load_model,
+    model_inputs,
+    token_runs,
+)
 from rollouts.policies import PolicyContext
 from rollouts.prompts import Turn, build_messages
 
@@ -193,3 +201,47 @@ def test_the_candidates_choice_acts_on_the_most_likely_candidate_action(gen):
     assert set(picks) <= set(cands) and len(set(picks)) >= 2, picks
     with pytest.raises(ValueError, match="choose is one of generate, candidates"):
         HFPolicy(generator=gen, choose="best")
+
+
+def test_the_hf_policy_records_its_sampled_token_ids_and_image_token_runs(gen):
+    """The ids of a sampled reply (what RL must score, however the text would re-tokenise) and
+    where the prompt held its image tokens; a candidates choice (a reply the model scored, not
+    sampled) records no ids."""
+    out = asyncio.run(HFPolicy(generator=gen, max_new_tokens=12, temperature=1.0).act(ctx(5)))
+    tok = gen.processor.tokenizer
+    assert out.token_ids and tok.decode(list(out.token_ids)) == out.text
+    ids = model_inputs(gen.processor, [MESSAGES])["input_ids"][0].tolist()
+    image = image_token_id(gen.processor)
+    assert image is not None and ids.count(image) > 0
+    assert out.image_spans == tuple(map(tuple, token_runs(ids, image)))
+    assert sum(n for _, n in out.image_spans) == ids.count(image)
+    assert all(ids[s : s + n] == [image] * n for s, n in out.image_spans)
+    chooser = HFPolicy(generator=gen, max_new_tokens=12, choose="candidates")
+    picked = asyncio.run(chooser.act(ctx(0)))
+    assert picked.token_ids is None
+
+
+def test_token_runs_and_a_cut_reply_keeps_its_token_ids(tiny):
+    from starlette.testclient import TestClient
+
+    from serving.server import build_app
+
+    assert token_runs([5, 1, 1, 2, 1], 1) == [[1, 2], [4, 1]]
+    assert token_runs([5, 1], None) == []
+    text = [{"role": "user", "content": "Say hi"}]
+    with TestClient(build_app(str(tiny), "tiny")) as client:
+
+        def ask(**kw: Any) -> Any:
+            body = {"messages": text, "max_tokens": 10, "logprobs": True, **kw}
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]
+
+        full = ask(return_tokens_as_token_ids=True)
+        words = full["message"]["content"]
+        stop = words[len(words) // 2 : len(words) // 2 + 2]
+        assert stop.strip(), words
+        cut = ask(return_tokens_as_token_ids=True, stop=[stop])
+        named = [t["token"] for t in cut["logprobs"]["content"]]
+        assert named and all(t.startswith("token_id:") for t in named)
+        assert named == [t["token"] for t in full["logprobs"]["content"]][: len(named)]

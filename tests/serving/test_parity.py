@@ -40,3 +40,34 @@ def test_parity_holds_for_the_served_weights_and_fails_for_others(engine, server
     other = VLMTrainable.load(build_tiny_idefics(tmp_path / "other", seed=1))
     with pytest.raises(ParityError, match=r"token 0 .* of the reply to turn img: server"):
         served.parity(other, turns())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_served_rollout_records_the_ids_the_server_sampled(engine, server_of):
+    """An ``openai`` policy asking for token ids (as RL's served rollouts do) records the ids
+    the engine sampled: the trainer holding the served weights gives them the server's
+    log-probs, and a turn carrying them trains on exactly them."""
+    import asyncio
+    import random
+
+    from rollouts.policies import OpenAIPolicy, PolicyContext
+    from rollouts.prompts import Turn as Observation
+    from training.vlm import VLMTrainable
+
+    png = base64.b64decode(WITH_IMAGE[0]["content"][0]["image_url"]["url"][len(DATA_URL) :])
+    obs = [Observation("http://mail.test/", "Inbox", png, '- link "Inbox" [ref=e2]')]
+    ctx = PolicyContext("t", "Open the inbox", None, obs, random.Random(0))
+    policy = OpenAIPolicy(
+        server_of.base_url, NAME, max_tokens=8, temperature=1.0, seeded=True, token_ids=True
+    )
+    try:
+        out = asyncio.run(policy.act(ctx))
+    finally:
+        asyncio.run(policy.aclose())
+    assert out.token_ids and out.messages is not None and out.logprob is not None
+    trainable = VLMTrainable.load(server_of.spec.model).train(False)
+    turn = Turn(render(out.messages), out.text, (png,), reply_ids=out.token_ids)
+    ids = [i for i in out.token_ids if i != trainable.end_id]
+    assert trainable.encode(turn).reply_ids == [*ids, trainable.end_id]
+    mine = trainable.token_logprobs(turn, ids)
+    assert sum(mine) == pytest.approx(out.logprob, abs=1e-3)

@@ -100,6 +100,23 @@ def test_rl_turns_from_a_run_carry_rewards_and_group_advantages(built):
     assert mixed, "the fixture must hold a group with both outcomes"
 
 
+def test_sampled_token_ids_go_from_the_server_through_the_warehouse_to_rl_turns(tmp_path):
+    """A policy that asks for its tokens by id stores them per step (``steps.token_ids``);
+    RL's turns carry them to the trainer. A policy that does not ask stores none (and does not
+    send the vLLM-only field a stock OpenAI endpoint would reject)."""
+    cfg = WarehouseConfig.from_env(home=tmp_path / "home", warehouse="")
+    with Warehouse.open(cfg) as wh:
+        engine_warehouse(wh, token_ids=True)
+        stored = wh.sql("SELECT token_ids FROM steps")["token_ids"].to_list()
+        assert stored and all(json.loads(v) == [7, 9] for v in stored)
+        turns, _ = prepare(wh, [RUN], "grpo")
+        assert turns and all(t.reply_ids == (7, 9) for t in turns)
+    with Warehouse.open(WarehouseConfig.from_env(home=tmp_path / "h2", warehouse="")) as wh:
+        engine_warehouse(wh)
+        assert wh.sql("SELECT count(*) FROM steps WHERE token_ids IS NOT NULL").item() == 0
+        assert all(t.reply_ids is None for t in prepare(wh, [RUN], "grpo")[0])
+
+
 def test_metrics_relogged_after_a_resume_are_not_duplicated_and_lineage_is_one_join(built):
     wh, ds, base = built
     rid = registry.training_run_id("sft", "ranker", ds.dataset_id, {"lr": 1e-3})

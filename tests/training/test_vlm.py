@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from curation.examples import sft_messages
-from rollouts.hf import HFGenerator, load_model, model_inputs
+from rollouts.hf import HFGenerator, Sampling, load_model, model_inputs
 from rollouts.prompts import render
 from tests.training.conftest import turn_of
 from training.interface import DataMismatch, Turn
@@ -387,3 +387,49 @@ def test_scored_replies_are_the_trainers_log_probs(arch, rows, tiny, tmp_path):
         want = pol.logprobs(turns).logprob.tolist()
     assert scores == pytest.approx(want, abs=1e-4)
     assert len(set(scores)) == 3
+
+
+def test_sampled_reply_ids_train_as_sampled_not_as_retokenised(rows, tiny):
+    """A turn carrying the engine's sampled ids trains on exactly those tokens: the ids the
+    generator chose (and their log-probs), a spelling of the text other than the tokenizer's
+    own, a trailing end-of-turn id dropped once; ids outside the vocabulary and image tokens
+    placed differently from the trainer's prompt are refused."""
+    pol = fresh(tiny).train(False)
+    tok, row = pol.tokenizer, rows[2]
+    gen = HFGenerator(pol.module, pol.processor)
+    [g] = gen.run_batch([sft_messages(row)[:-1]], 10, sampling=[Sampling(1.0, 1.0, 3)])
+    assert g.token_ids and g.image_spans and tok.decode(g.token_ids) == g.text
+    base = dataclasses.replace(turn_of(row), completion=g.text)
+    turn = dataclasses.replace(
+        base, reply_ids=tuple(g.token_ids), image_spans=tuple(map(tuple, g.image_spans))
+    )
+    enc = pol.encode(turn)
+    assert enc.reply_ids == [*g.token_ids, pol.end_id]
+    with torch.no_grad():
+        total = pol.logprobs([turn]).logprob.item()
+    end = pol.token_logprobs(turn, enc.reply_ids)[-1]
+    assert total - end == pytest.approx(sum(lp for _, lp in g.token_logprobs), abs=1e-3)
+    # the same text in other tokens (one token a character): trained as spelled
+    text = "Action: click(e12)"
+    own = tok(text, add_special_tokens=False)["input_ids"]
+    spelled = [i for c in text for i in tok(c, add_special_tokens=False)["input_ids"]]
+    assert spelled != own and tok.decode(spelled) == text
+    as_text = dataclasses.replace(base, completion=text)
+    as_spelled = dataclasses.replace(as_text, reply_ids=(*spelled, pol.end_id))
+    assert pol.encode(as_text).reply_ids == [*own, pol.end_id]
+    assert pol.encode(as_spelled).reply_ids == [*spelled, pol.end_id]
+    with torch.no_grad():
+        two = pol.logprobs([as_text, as_spelled])
+    assert two.n_tokens.tolist() == [len(own) + 1, len(spelled) + 1]
+    assert two.logprob[0].item() != pytest.approx(two.logprob[1].item(), abs=1e-3)
+    # λ weights the thought of sampled ids as it weights the text's tokens
+    half = VLMTrainable(pol.module, pol.processor, reasoning_weight=0.5)
+    thought = dataclasses.replace(base, completion=row["completion"])
+    ids = tuple(tok(row["completion"], add_special_tokens=False)["input_ids"])
+    assert "Thought:" in row["completion"]
+    assert half.counts([dataclasses.replace(thought, reply_ids=ids)]) == half.counts([thought])
+    vocab = pol.module.get_input_embeddings().weight.shape[0]
+    with pytest.raises(DataMismatch, match=f"sampled token id {vocab} is outside"):
+        pol.encode(dataclasses.replace(turn, reply_ids=(1, vocab)))
+    with pytest.raises(DataMismatch, match=r"held image tokens at \[\(0, 2\)\]"):
+        pol.encode(dataclasses.replace(turn, image_spans=((0, 2),)))

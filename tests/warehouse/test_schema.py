@@ -81,3 +81,26 @@ def test_a_new_migration_file_is_applied_to_an_existing_warehouse(
     con.execute("INSERT INTO notes VALUES ('a', 'b')")
     assert con.execute("SELECT count(*) FROM notes").fetchone()[0] == 1
     con.close()
+
+
+def test_steps_written_before_token_ids_read_as_unrecorded_after_the_upgrade(
+    cfg: WarehouseConfig, tmp_path: Path
+):
+    """A warehouse at schema 0006 (steps without ``token_ids``/``image_spans``) opens at the
+    current version; its steps keep their values and read the new columns as NULL."""
+    d = tmp_path / "schema"
+    d.mkdir()
+    for f in sorted(migrations.SCHEMA_DIR.glob("*.sql"))[:6]:
+        shutil.copy(f, d / f.name)
+    con = connect(cfg)
+    assert migrations.migrate(con, d) == list(range(1, 7))
+    con.execute(
+        f"INSERT INTO {LAKE}.steps (traj_id, step_idx, model_output, logprob) "
+        "VALUES ('t1', 0, 'Action: click(e1)', -1.5)"
+    )
+    con.close()
+    with Warehouse.open(cfg) as wh:
+        assert migrations.current_version(wh.con) == migrations.latest_version() >= 7
+        row = wh.sql("SELECT * FROM steps").row(0, named=True)
+        assert (row["model_output"], row["logprob"]) == ("Action: click(e1)", -1.5)
+        assert row["token_ids"] is None and row["image_spans"] is None
