@@ -367,6 +367,7 @@ class VLMTrainable:
             hit = self._encode(turn)
             self._encoded_bytes += _nbytes(hit)
         self._encoded[key] = hit  # (now the latest)
+        self.image_check(turn, hit.prompt_ids)  # (the cache key does not hold the runs)
         while self._encoded_bytes > ENCODE_CACHE_BYTES and len(self._encoded) > 1:
             self._encoded_bytes -= _nbytes(self._encoded.pop(next(iter(self._encoded))))
         return hit
@@ -375,7 +376,6 @@ class VLMTrainable:
         inputs = self.prompt_inputs(turn)
         ids, weights, covered = self._reply(turn)
         prompt_ids = inputs.pop("input_ids")
-        self.image_check(turn, prompt_ids[0].tolist())
         inputs.pop("attention_mask", None)
         n = prompt_ids.shape[1]
         per_token = {

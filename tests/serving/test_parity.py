@@ -6,6 +6,7 @@ that did not arrive, or a drifted tokenizer or chat template, look like)."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -60,10 +61,14 @@ def test_a_served_rollout_records_the_ids_the_server_sampled(engine, server_of):
     policy = OpenAIPolicy(
         server_of.base_url, NAME, max_tokens=8, temperature=1.0, seeded=True, token_ids=True
     )
-    try:
-        out = asyncio.run(policy.act(ctx))
-    finally:
-        asyncio.run(policy.aclose())
+
+    async def act() -> Any:
+        try:
+            return await policy.act(ctx)
+        finally:
+            await policy.aclose()
+
+    out = asyncio.run(act())
     assert out.token_ids and out.messages is not None and out.logprob is not None
     trainable = VLMTrainable.load(server_of.spec.model).train(False)
     turn = Turn(render(out.messages), out.text, (png,), reply_ids=out.token_ids)

@@ -424,9 +424,8 @@ def test_sampled_reply_ids_train_as_sampled_not_as_retokenised(rows, tiny):
     assert two.logprob[0].item() != pytest.approx(two.logprob[1].item(), abs=1e-3)
     # λ weights the thought of sampled ids as it weights the text's tokens
     half = VLMTrainable(pol.module, pol.processor, reasoning_weight=0.5)
-    thought = dataclasses.replace(base, completion=row["completion"])
-    ids = tuple(tok(row["completion"], add_special_tokens=False)["input_ids"])
-    assert "Thought:" in row["completion"]
+    thought = turn_of(next(r for r in rows if r["completion"].startswith("Thought:")))
+    ids = tuple(tok(thought.completion, add_special_tokens=False)["input_ids"])
     assert half.counts([dataclasses.replace(thought, reply_ids=ids)]) == half.counts([thought])
     vocab = pol.module.get_input_embeddings().weight.shape[0]
     with pytest.raises(DataMismatch, match=f"sampled token id {vocab} is outside"):
