@@ -113,7 +113,8 @@ def ingest_lake(data, home: Path) -> tuple[float, float]:
 def ingest_plain(data, path: Path) -> tuple[float, float]:
     """The same rows, in the same transactions (trajectories + steps each), into a DuckDB file."""
     con = duckdb.connect(str(path))
-    con.execute((SCHEMA_DIR / "0001_init.sql").read_text())
+    for migration in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):  # the same tables
+        con.execute(migration.read_text())
     start, cpu = time.perf_counter(), time.process_time()
     for trajs, steps in data:
         con.register("__bench_trajs", trajs.to_arrow())

@@ -12,11 +12,13 @@ generation that stops is a generation that emitted it.
 
 A turn that carries the ids the rollout engine sampled (``Turn.reply_ids``, from
 ``steps.token_ids``) trains on exactly those tokens (a trailing end-of-turn id the engine
-reported is dropped, then the template's is appended as above); only turns without them are
+reported is dropped, then the template's is appended as above). Turns without them are
 tokenised from their text, which can differ from what was sampled (one string, several
-spellings in tokens). A turn's stored image-token runs (``Turn.image_spans``) must match the
-trainer's own prompt ids, else :class:`DataMismatch`: the processor that built the rollout's
-prompt and the trainer's lay the prompt out differently.
+spellings in tokens); so are replies that sampled an image or video placeholder token (a model
+early in training can), which the model cannot take back as text. A turn's stored image-token
+runs (``Turn.image_spans``) must match the trainer's own prompt ids, else
+:class:`DataMismatch`: the processor that built the rollout's prompt and the trainer's lay the
+prompt out differently.
 
 Log-probs (RL4VLM): ``logprob = λ·Σ log p(thought tokens) + Σ log p(action tokens)``, where the
 thought is the part of the reply before its LAST line starting with ``Action:`` (a token that
@@ -135,6 +137,24 @@ def reply_weights(completion: str, offsets: Sequence[tuple[int, int]], lam: floa
     return [lam if end <= cut else 1.0 for _, end in offsets]
 
 
+_MEDIA_TOKENS = (
+    "image_token_id",
+    "image_token_index",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+)
+
+
+def media_token_ids(model: Any, processor: Any) -> frozenset[int]:
+    """The ids that stand for images or videos in a prompt (the model config's and the
+    processor's): a reply that sampled one cannot be replayed through the model as text (it
+    would ask for an image that is not there), so such a reply is tokenised from its text."""
+    cfg = getattr(model, "config", None)
+    found = {getattr(cfg, name, None) for name in _MEDIA_TOKENS} | {image_token_id(processor)}
+    return frozenset(i for i in found if isinstance(i, int) and i >= 0)
+
+
 class VLMTrainable:
     """A Hugging Face VLM (any folder ``rollouts.hf.load_model`` reads) as a trainable policy.
 
@@ -158,6 +178,7 @@ class VLMTrainable:
         self.reasoning_weight = float(reasoning_weight)
         self.lora = dict(lora) if lora is not None else None
         self.module = _with_lora(model, self.lora) if self.lora is not None else model
+        self.media_ids = media_token_ids(model, processor)
         self.end_id = end_of_turn_id(processor)
         self._encoded: dict[str, _Encoded] = {}  # encode()'s cache: epochs re-read the turns
         self._encoded_bytes = 0
@@ -305,7 +326,7 @@ class VLMTrainable:
         tokenizer covers it (no unknown token). The sampled ids where the turn has them."""
         tok = self.tokenizer
         lam = self.reasoning_weight
-        if turn.reply_ids is not None:
+        if turn.reply_ids is not None and not self.media_ids.intersection(turn.reply_ids):
             return self._sampled_reply(turn)
         if lam == 1.0:
             ids = tok(turn.completion, add_special_tokens=False)["input_ids"]

@@ -427,6 +427,11 @@ def test_sampled_reply_ids_train_as_sampled_not_as_retokenised(rows, tiny):
     thought = turn_of(next(r for r in rows if r["completion"].startswith("Thought:")))
     ids = tuple(tok(thought.completion, add_special_tokens=False)["input_ids"])
     assert half.counts([dataclasses.replace(thought, reply_ids=ids)]) == half.counts([thought])
+    # a reply that sampled the image placeholder cannot be fed back as text: its text's tokens
+    image = pol.processor.image_token_id
+    assert image in pol.media_ids
+    odd = dataclasses.replace(as_text, reply_ids=(image, *spelled))
+    assert pol.encode(odd).reply_ids == [*own, pol.end_id]
     vocab = pol.module.get_input_embeddings().weight.shape[0]
     with pytest.raises(DataMismatch, match=f"sampled token id {vocab} is outside"):
         pol.encode(dataclasses.replace(turn, reply_ids=(1, vocab)))
