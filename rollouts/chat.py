@@ -123,7 +123,8 @@ def message_text(choice: dict[str, Any]) -> str:
 def sampled_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]] | None:
     """The reply's token ids and log-probs from a choice's ``logprobs`` when the server named
     its tokens by id (``return_tokens_as_token_ids``: vLLM and webloop's ``hf`` engine write
-    ``token_id:N``); None when it did not (no log-probs, or tokens named by their text)."""
+    ``token_id:N``); None when it did not (no log-probs, tokens named by their text, or a token
+    without a numeric log-prob)."""
     content = (choice.get("logprobs") or {}).get("content")
     if not isinstance(content, list) or not content:
         return None
@@ -137,7 +138,9 @@ def sampled_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]] | No
             ids.append(int(token.removeprefix("token_id:")))
         except ValueError:
             return None
-        lps.append(float(lp) if isinstance(lp, int | float) else float("nan"))
+        if not isinstance(lp, int | float):
+            return None  # (a token without its log-prob: not a reply parity can check)
+        lps.append(float(lp))
     return ids, lps
 
 
